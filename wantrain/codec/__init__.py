@@ -1,0 +1,14 @@
+"""The codec: pure functions and small classes, arrays in, arrays or bytes out, no I/O.
+
+Stage 1 (quantize.py): per-block absmax INT8 with sender-side error feedback (feedback.py).
+Stage 2 (huffman.py): canonical length-limited Huffman over the int8 symbols.
+codec.py ties them to a CodecConfig; chunks.py cuts tensors into wire-sized pieces.
+"""
+
+from .chunks import ChunkSpec, plan_chunks
+from .codec import Codec, Encoded, EncodeStats, encode_arrays
+from .feedback import ErrorFeedback
+from .quantize import dequantize_int8, quantize_int8
+
+__all__ = ["ChunkSpec", "plan_chunks", "Codec", "Encoded", "EncodeStats", "encode_arrays", "ErrorFeedback",
+           "dequantize_int8", "quantize_int8"]

@@ -1,0 +1,159 @@
+"""The codec: fp32, INT8, or INT8 + Huffman, on flat float32 arrays.
+
+`Codec.encode` turns one chunk of numbers into an `Encoded` (what travels) and also returns
+exactly what the receiver will decode, so the sender can keep the error-feedback residual
+and (on the PS) apply the very same values to its own replica.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..config import CodecConfig
+from ..errors import CodecError
+from . import huffman
+from .chunks import ChunkSpec, plan_chunks
+from .feedback import ErrorFeedback
+from .quantize import dequantize_int8, num_blocks, quantize_int8
+
+__all__ = ["Encoded", "Codec", "EncodeStats", "encode_arrays"]
+
+ENCODINGS = ("fp32", "int8", "int8-huffman")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One chunk's numbers as they travel."""
+
+    encoding: str        # one of ENCODINGS
+    length: int          # elements
+    quant_block: int     # elements per scale (int8 encodings), 0 for fp32
+    scales: bytes        # float32 LE, one per quantization block
+    payload: bytes
+
+    @property
+    def wire_bytes(self) -> int:
+        return len(self.scales) + len(self.payload)
+
+    def check(self) -> None:
+        """Sizes must agree with the declared length; raises CodecError otherwise."""
+        if self.encoding not in ENCODINGS:
+            raise CodecError(f"unknown encoding {self.encoding!r}")
+        if self.encoding == "fp32":
+            if len(self.payload) != 4 * self.length or self.scales:
+                raise CodecError(f"fp32 chunk of {self.length} elements has {len(self.payload)} payload bytes")
+            return
+        if self.quant_block <= 0:
+            raise CodecError(f"int8 chunk has quantization block {self.quant_block}")
+        if len(self.scales) != 4 * num_blocks(self.length, self.quant_block):
+            raise CodecError(f"int8 chunk of {self.length} elements has {len(self.scales)} bytes of scales")
+        if self.encoding == "int8" and len(self.payload) != self.length:
+            raise CodecError(f"int8 chunk of {self.length} elements has {len(self.payload)} payload bytes")
+
+
+@dataclass
+class EncodeStats:
+    raw_bytes: int = 0
+    wire_bytes: int = 0
+    symbols: int = 0
+    huffman_bits: int = 0
+    entropy_bits: float = 0.0       # sum over chunks of (empirical entropy * symbols)
+    seconds: float = 0.0
+    chunks: int = 0
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_bytes / self.wire_bytes if self.wire_bytes else 0.0
+
+    @property
+    def huffman_bits_per_symbol(self) -> float:
+        return self.huffman_bits / self.symbols if self.symbols and self.huffman_bits else 0.0
+
+
+class Codec:
+    """Encodes and decodes chunks according to a CodecConfig."""
+
+    def __init__(self, cfg: CodecConfig) -> None:
+        self.cfg = cfg
+
+    def encode(self, x: np.ndarray, stats: EncodeStats | None = None) -> tuple[Encoded, np.ndarray]:
+        """(what travels, what the receiver will decode) for a flat float32 array."""
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        mode = self.cfg.mode
+        if mode == "fp32":
+            enc = Encoded("fp32", x.size, 0, b"", x.astype("<f4").tobytes())
+            decoded = x.copy()
+        else:
+            q, scales = quantize_int8(x, self.cfg.quant_block)
+            if mode == "int8":
+                payload = q.tobytes()
+            else:
+                payload = huffman.encode(q, self.cfg.huffman_block)
+                if stats is not None:
+                    counts = np.bincount(q.view(np.uint8), minlength=256)
+                    stats.entropy_bits += huffman.entropy_bits(counts) * q.size
+                    stats.huffman_bits += 8 * len(payload)
+            enc = Encoded(mode, x.size, self.cfg.quant_block, scales.astype("<f4").tobytes(), payload)
+            decoded = dequantize_int8(q, scales, self.cfg.quant_block)
+            if stats is not None:
+                stats.symbols += q.size
+        if stats is not None:
+            stats.raw_bytes += 4 * x.size
+            stats.wire_bytes += enc.wire_bytes
+            stats.chunks += 1
+        return enc, decoded
+
+    @staticmethod
+    def decode_many(encs: list[Encoded]) -> list[np.ndarray]:
+        """Decode chunks (any mix of encodings); Huffman chunks are decoded together."""
+        for e in encs:
+            e.check()
+        out: list[np.ndarray | None] = [None] * len(encs)
+        huff = [i for i, e in enumerate(encs) if e.encoding == "int8-huffman"]
+        symbols = huffman.decode_many([encs[i].payload for i in huff])
+        for i, sym in zip(huff, symbols):
+            if sym.size != encs[i].length:
+                raise CodecError(f"Huffman chunk decodes to {sym.size} symbols, header says {encs[i].length}")
+            out[i] = _dequantize(encs[i], sym.view(np.int8))
+        for i, e in enumerate(encs):
+            if e.encoding == "fp32":
+                out[i] = np.frombuffer(e.payload, dtype="<f4").astype(np.float32)
+            elif e.encoding == "int8":
+                out[i] = _dequantize(e, np.frombuffer(e.payload, dtype=np.int8))
+        return out  # type: ignore[return-value]
+
+
+def _dequantize(e: Encoded, q: np.ndarray) -> np.ndarray:
+    scales = np.frombuffer(e.scales, dtype="<f4").astype(np.float32)
+    if not np.all(np.isfinite(scales)):
+        raise CodecError("chunk carries non-finite scales")
+    return dequantize_int8(q, scales, e.quant_block)
+
+
+def encode_arrays(arrays: dict[str, np.ndarray], codec: Codec, feedback: ErrorFeedback | None,
+                  stats: EncodeStats | None = None) -> tuple[list[tuple[ChunkSpec, Encoded]], dict[str, np.ndarray]]:
+    """Encode named flat float32 arrays chunk by chunk.
+
+    With error feedback, each tensor's residual is added first and the new residual kept.
+    Returns the chunks and, per tensor, exactly the values the receiver will reconstruct.
+    """
+    t0 = time.perf_counter()
+    sizes = {k: v.size for k, v in arrays.items()}
+    plan = plan_chunks(sizes, codec.cfg.chunk_elements())
+    corrected = {k: feedback.compensate(k, v) if feedback else v for k, v in arrays.items()}
+    decoded = {k: np.empty(v.size, np.float32) for k, v in arrays.items()}
+    chunks = []
+    for spec in plan:
+        part = corrected[spec.tensor][spec.offset: spec.offset + spec.length]
+        enc, dec = codec.encode(part, stats)
+        decoded[spec.tensor][spec.offset: spec.offset + spec.length] = dec
+        chunks.append((spec, enc))
+    if feedback is not None:
+        for k in arrays:
+            feedback.record(k, corrected[k], decoded[k])
+    if stats is not None:
+        stats.seconds += time.perf_counter() - t0
+    return chunks, decoded

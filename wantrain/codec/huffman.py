@@ -1,0 +1,290 @@
+"""Stage 2 of the codec: canonical, length-limited Huffman coding of byte symbols.
+
+Layout of one encoded payload (all integers little-endian unless said otherwise):
+
+    u8   format version (1)
+    u8   max code length L used by this payload (<= MAX_CODE_LEN)
+    u16  symbols per block B
+    u32  number of symbols n
+    128  code lengths of symbols 0..255, one nibble each (low nibble first); 0 = absent
+    u16  bit length of each of the ceil(n / B) blocks
+    ...  the bit stream, as big-endian u32 words, blocks back to back with no padding
+
+Blocks are independently decodable given their start bit (the prefix sum of the block bit
+lengths), so the decoder runs all blocks of all payloads in lock step: each numpy operation
+advances every block by one symbol. Codes are at most L <= 12 bits, so one lookup in a
+2**L-entry table decodes a symbol. The encoder works on symbol pairs (one 65536-entry table
+lookup gives both codes), which halves the number of elements it touches.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from ..errors import CodecError
+
+VERSION = 1
+MAX_CODE_LEN = 12
+DEFAULT_BLOCK = 1024
+_HEADER = struct.Struct("<BBHI")
+_LENGTHS_BYTES = 128
+
+
+# ---------------------------------------------------------------- code construction
+
+def code_lengths(counts: np.ndarray, max_len: int = MAX_CODE_LEN) -> np.ndarray:
+    """Optimal code lengths of at most `max_len` bits (uint8, 0 = absent) for 256 counts.
+
+    Package-merge: an item is a multiset of symbols with a weight; at each of max_len - 1
+    levels, adjacent items of the sorted list are paired into packages and merged back with
+    the leaves. A symbol's code length is how often it appears among the 2n - 2 lightest
+    items of the last list. Each item is kept as a row of per-symbol counts.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    present = np.flatnonzero(counts)
+    lengths = np.zeros(256, dtype=np.uint8)
+    n = present.size
+    if n == 0:
+        return lengths
+    if n == 1:
+        lengths[present[0]] = 1
+        return lengths
+    if n > (1 << max_len):
+        raise CodecError(f"{n} symbols do not fit in codes of {max_len} bits")
+    order = np.argsort(counts[present], kind="stable")
+    leaf_w = counts[present][order]                            # (n,) ascending
+    leaf_items = np.eye(n, dtype=np.int64)                     # (n, n) one symbol each
+    weights, items = leaf_w, leaf_items
+    for _ in range(max_len - 1):
+        k = (weights.size // 2) * 2
+        pack_w = weights[0:k:2] + weights[1:k:2]               # (k/2,)
+        pack_items = items[0:k:2] + items[1:k:2]               # (k/2, n)
+        w = np.concatenate([leaf_w, pack_w])
+        merged = np.argsort(w, kind="stable")                  # leaves before equal packages
+        weights = w[merged]
+        items = np.concatenate([leaf_items, pack_items])[merged]
+    depth = items[: 2 * n - 2].sum(axis=0)                     # (n,)
+    lengths[present[order]] = depth
+    return lengths
+
+
+def canonical_codes(lengths: np.ndarray) -> np.ndarray:
+    """Canonical code of each symbol (uint32): shorter codes first, then by symbol value."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    codes = np.zeros(256, dtype=np.uint32)
+    code = 0
+    prev_len = 0
+    for sym in np.lexsort((np.arange(256), lengths)):
+        ln = int(lengths[sym])
+        if ln == 0:
+            continue
+        code <<= ln - prev_len
+        codes[sym] = code
+        code += 1
+        prev_len = ln
+    return codes
+
+
+def entropy_bits(counts: np.ndarray) -> float:
+    """Empirical entropy in bits per symbol of a count histogram."""
+    counts = np.asarray(counts, dtype=np.float64)
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    p = counts[counts > 0] / total
+    return float(-(p * np.log2(p)).sum())
+
+
+# ---------------------------------------------------------------- encoding
+
+def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK) -> bytes:
+    """Huffman-code a flat uint8 or int8 array into one self-describing payload."""
+    sym = np.ascontiguousarray(symbols).view(np.uint8).reshape(-1)
+    if block <= 0 or block % 2 or block * MAX_CODE_LEN > 0xFFFF:
+        raise CodecError(f"Huffman block must be even and at most {0xFFFF // MAX_CODE_LEN}, got {block}")
+    n = sym.size
+    counts = np.bincount(sym, minlength=256)
+    lengths = code_lengths(counts)
+    max_len = int(lengths.max()) if n else 0
+    header = _HEADER.pack(VERSION, max_len, block, n) + _pack_nibbles(lengths)
+    if n == 0:
+        return header
+    codes = canonical_codes(lengths)
+
+    if n % 2:  # pad to whole pairs with a symbol that has a code; the decoder stops at n
+        sym = np.concatenate([sym, sym[-1:]])
+    pairs = sym.view("<u2")                                    # (m,) = s0 | s1 << 8
+    pair_len, pair_code = _pair_tables(lengths, codes)
+    plen = pair_len[pairs]                                     # (m,) uint64, <= 24
+    ends = np.cumsum(plen, dtype=np.uint64)                    # (m,) bit end of each pair
+    starts = ends - plen
+    total_bits = int(ends[-1])
+
+    # Block bit lengths: block k covers pairs [k*B/2, (k+1)*B/2).
+    half = block // 2
+    block_ends = np.append(ends[half - 1::half], total_bits)[: -(-n // block)]
+    block_bits = np.diff(block_ends, prepend=0).astype("<u2")
+
+    # Each pair's code, left-aligned in 64 bits, is shifted to its offset within its start
+    # word w, so it covers bits of words w and w+1. Codes never overlap, so the pairs that
+    # start in the same word add up without carries (sum == OR); a pair is at most 24 bits,
+    # so every word but the last has a pair starting in it and the segments are words 0..K-1.
+    word = starts >> np.uint64(5)                              # (m,) non-decreasing
+    aligned = pair_code[pairs] >> (starts & np.uint64(31))     # (m,)
+    seg = np.flatnonzero(word[1:] != word[:-1]) + 1
+    seg = np.concatenate([np.zeros(1, seg.dtype), seg])
+    window = np.add.reduceat(aligned, seg)                     # (K,) words w, w+1 of segment w
+    nwords = -(-total_bits // 32)
+    stream = np.zeros(seg.size + 1, np.uint64)
+    stream[:-1] = window >> np.uint64(32)
+    stream[1:] += window & np.uint64(0xFFFFFFFF)
+    words = stream[:nwords].astype(">u4")
+    return header + block_bits.tobytes() + words.tobytes()
+
+
+def _pair_tables(lengths: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """65536-entry tables for symbol pairs: total length, and code left-aligned in 64 bits."""
+    ln = lengths.astype(np.uint64)
+    # A pair is read as one little-endian u16: index = s0 + 256 * s1.
+    s0 = np.tile(np.arange(256), 256)
+    s1 = np.repeat(np.arange(256), 256)
+    l0, l1 = ln[s0], ln[s1]
+    total = l0 + l1
+    code = (codes[s0].astype(np.uint64) << l1) | codes[s1].astype(np.uint64)
+    shift = np.where(total > 0, np.uint64(64) - total, np.uint64(0))
+    aligned = np.where(total > 0, code << shift, np.uint64(0))
+    return total, aligned
+
+
+def _pack_nibbles(lengths: np.ndarray) -> bytes:
+    ln = lengths.astype(np.uint8)
+    return (ln[0::2] | (ln[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+def _unpack_nibbles(raw: bytes) -> np.ndarray:
+    b = np.frombuffer(raw, dtype=np.uint8)
+    out = np.empty(256, dtype=np.uint8)
+    out[0::2] = b & 0x0F
+    out[1::2] = b >> 4
+    return out
+
+
+# ---------------------------------------------------------------- decoding
+
+class _Parsed:
+    __slots__ = ("n", "block", "max_len", "lengths", "block_bits", "words")
+
+    def __init__(self, payload: bytes) -> None:
+        if len(payload) < _HEADER.size + _LENGTHS_BYTES:
+            raise CodecError(f"Huffman payload too short ({len(payload)} bytes)")
+        version, self.max_len, self.block, self.n = _HEADER.unpack_from(payload, 0)
+        if version != VERSION:
+            raise CodecError(f"unknown Huffman payload version {version}")
+        if self.max_len > MAX_CODE_LEN or self.block == 0 or self.block % 2:
+            raise CodecError(f"bad Huffman header (max_len={self.max_len}, block={self.block})")
+        pos = _HEADER.size
+        self.lengths = _unpack_nibbles(payload[pos:pos + _LENGTHS_BYTES])
+        pos += _LENGTHS_BYTES
+        if self.lengths.max(initial=0) > self.max_len:
+            raise CodecError("Huffman code length exceeds the header's maximum")
+        nblocks = -(-self.n // self.block)
+        self.block_bits = np.frombuffer(payload, dtype="<u2", count=nblocks, offset=pos).astype(np.uint64)
+        pos += 2 * nblocks
+        if (len(payload) - pos) % 4:
+            raise CodecError("Huffman bit stream is not a whole number of words")
+        self.words = np.frombuffer(payload, dtype=">u4", offset=pos)
+        total = int(self.block_bits.sum())
+        if total > 32 * self.words.size:
+            raise CodecError("Huffman block index points past the end of the stream")
+        if self.n and not _kraft_ok(self.lengths):
+            raise CodecError("Huffman code lengths do not form a prefix code")
+
+
+def _kraft_ok(lengths: np.ndarray) -> bool:
+    present = lengths[lengths > 0].astype(np.int64)
+    if present.size == 0:
+        return False
+    return int((1 << (MAX_CODE_LEN - present)).sum()) <= (1 << MAX_CODE_LEN)
+
+
+def _decode_table(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """2**MAX_CODE_LEN-entry tables: symbol and code length for each MAX_CODE_LEN-bit window."""
+    order = np.lexsort((np.arange(256), lengths))
+    order = order[lengths[order] > 0]
+    span = 1 << (MAX_CODE_LEN - lengths[order].astype(np.int64))
+    sym = np.repeat(order.astype(np.uint8), span)
+    ln = np.repeat(lengths[order].astype(np.uint64), span)
+    size = 1 << MAX_CODE_LEN
+    if sym.size < size:  # incomplete code (a single symbol): unused windows decode to junk
+        sym = np.concatenate([sym, np.zeros(size - sym.size, np.uint8)])
+        ln = np.concatenate([ln, np.ones(size - ln.size, np.uint64)])
+    return sym, ln
+
+
+def decode(payload: bytes) -> np.ndarray:
+    """Decode one payload into its uint8 symbols."""
+    return decode_many([payload])[0]
+
+
+def decode_many(payloads: list[bytes]) -> list[np.ndarray]:
+    """Decode several payloads at once, all of their blocks advancing in lock step."""
+    parsed = [_Parsed(p) for p in payloads]
+    results: list[np.ndarray] = [np.empty(0, np.uint8) for _ in parsed]
+    live = [i for i, p in enumerate(parsed) if p.n > 0]
+    if not live:
+        return results
+    block = parsed[live[0]].block
+    if any(parsed[i].block != block for i in live):  # rare: decode groups separately
+        for i in live:
+            results[i] = decode_many([payloads[i]])[0]
+        return results
+
+    # One concatenated word stream and one concatenated table; each lane (block) knows
+    # its start bit and which table it uses.
+    word_base = np.cumsum([0] + [parsed[i].words.size for i in live])
+    pad = block * MAX_CODE_LEN // 32 + 2
+    words = np.concatenate([parsed[i].words.astype(np.uint64) for i in live] + [np.zeros(pad, np.uint64)])
+    w64 = (words[:-1] << np.uint64(32)) | words[1:]             # window source: word i and i+1
+    starts, table_base = [], []
+    sym_tables, len_tables = [], []
+    for k, i in enumerate(live):
+        p = parsed[i]
+        starts.append(np.cumsum(p.block_bits) - p.block_bits + np.uint64(32 * word_base[k]))
+        table_base.append(np.full(p.block_bits.size, k << MAX_CODE_LEN, np.uint64))
+        s, ln = _decode_table(p.lengths)
+        sym_tables.append(s)
+        len_tables.append(ln)
+    pos = np.concatenate(starts).astype(np.uint64)             # (lanes,) bit position
+    base = np.concatenate(table_base)                          # (lanes,)
+    sym_table = np.concatenate(sym_tables)
+    len_table = np.concatenate(len_tables)
+    lanes = pos.size
+
+    out = np.empty((block, lanes), dtype=np.uint8)             # row i: i-th symbol of every block
+    idx = np.empty(lanes, np.uint64)
+    win = np.empty(lanes, np.uint64)
+    sh = np.empty(lanes, np.uint64)
+    ln = np.empty(lanes, np.uint64)
+    top = np.uint64(64 - MAX_CODE_LEN)
+    five, low5 = np.uint64(5), np.uint64(31)
+    for i in range(block):
+        np.right_shift(pos, five, out=idx)
+        np.take(w64, idx, out=win)
+        np.bitwise_and(pos, low5, out=sh)
+        np.left_shift(win, sh, out=win)
+        np.right_shift(win, top, out=win)
+        np.add(win, base, out=win)
+        np.take(sym_table, win, out=out[i])
+        np.take(len_table, win, out=ln)
+        np.add(pos, ln, out=pos)
+
+    by_block = out.T                                           # (lanes, block)
+    lane = 0
+    for i in live:
+        p = parsed[i]
+        nb = p.block_bits.size
+        results[i] = np.ascontiguousarray(by_block[lane:lane + nb]).reshape(-1)[: p.n]
+        lane += nb
+    return results

@@ -1,0 +1,56 @@
+"""Stage 1 of the codec: per-block absmax INT8 quantization.
+
+A flat float32 array is cut into blocks of `block` elements; each block gets one float32
+scale (its largest magnitude / 127) and every element becomes round(x / scale) in
+[-127, 127]. The rounding error of an element is at most half a step (scale / 2), and the
+sender keeps it as error feedback (see feedback.py) so nothing is lost for good.
+
+Dequantization is a plain float32 multiply, kept separate from any later add, so that
+every replica (CPU or GPU, numpy or torch) computes the same bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CodecError
+
+QMAX = 127
+
+
+def num_blocks(n: int, block: int) -> int:
+    return -(-n // block)
+
+
+def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize a flat float32 array; returns (int8 symbols (n,), float32 scales (nblocks,))."""
+    if x.ndim != 1 or x.dtype != np.float32:
+        raise CodecError(f"quantize_int8 wants a flat float32 array, got {x.dtype} {x.shape}")
+    if block <= 0:
+        raise CodecError(f"quantization block must be positive, got {block}")
+    n = x.size
+    nb = num_blocks(n, block)
+    padded = np.zeros(nb * block, dtype=np.float32)
+    padded[:n] = x
+    blocks = padded.reshape(nb, block)                        # (nb, block)
+    absmax = np.max(np.abs(blocks), axis=1)                   # (nb,)
+    if not np.all(np.isfinite(absmax)):
+        raise CodecError("cannot quantize non-finite values")
+    scales = (absmax / np.float32(QMAX)).astype(np.float32)   # (nb,)
+    safe = np.where(scales > 0, scales, np.float32(1))
+    q = np.rint(blocks / safe[:, None])                       # (nb, block), |q| <= 127
+    np.clip(q, -QMAX, QMAX, out=q)
+    return q.astype(np.int8).reshape(-1)[:n], scales
+
+
+def dequantize_int8(q: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:
+    """Inverse of quantize_int8 up to rounding: float32 (n,) = q * scale of its block."""
+    n = q.size
+    nb = num_blocks(n, block)
+    if scales.size != nb:
+        raise CodecError(f"{n} elements in blocks of {block} need {nb} scales, got {scales.size}")
+    out = np.zeros(nb * block, dtype=np.float32)
+    out[:n] = q
+    out = out.reshape(nb, block)
+    out *= scales.astype(np.float32, copy=False)[:, None]
+    return out.reshape(-1)[:n]

@@ -1,0 +1,218 @@
+"""Run configuration: frozen dataclasses with units in their names, JSON round-trip.
+
+The parameter server owns the RunConfig and hands it to every site in its Welcome, so a site
+needs nothing but the PS address and its own name. Every value is checked when the config is
+built; an error names the field (`train.inner_steps must be >= 1, got 0`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RunConfig", "CODEC_MODES"]
+
+CODEC_MODES = ("fp32", "int8", "int8-huffman")
+TOKENIZERS = ("byte", "gpt2")
+SHARDINGS = ("contiguous", "document")
+
+
+def _check(cond: bool, field_name: str, message: str, value: Any) -> None:
+    if not cond:
+        raise ConfigError(f"{field_name} {message}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to train: a preset name (see wantrain.models.PRESETS) and its context."""
+
+    preset: str = "tiny"
+    block_size: int = 128   # tokens per training sequence; <= the preset's maximum context
+    seed: int = 0           # initial weights; every party builds the same model from it
+
+    def validate(self, prefix: str = "model") -> None:
+        from .models import PRESETS  # models import torch; keep config import light
+        _check(self.preset in PRESETS, f"{prefix}.preset", f"must be one of {sorted(PRESETS)}", self.preset)
+        _check(self.block_size >= 1, f"{prefix}.block_size", "must be >= 1", self.block_size)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What every site trains on: a corpus, a tokenizer, and how it is cut into shards."""
+
+    corpus: str = "shakespeare"      # "shakespeare" or a path to a text file or a folder of them
+    tokenizer: str = "byte"          # "byte" (vocabulary 256) or "gpt2" (BPE, 50257)
+    sharding: str = "contiguous"     # "contiguous" slices or whole "document"s per site
+    val_fraction: float = 0.05       # held-out tail of the corpus for validation
+
+    def validate(self, prefix: str = "data") -> None:
+        _check(bool(self.corpus), f"{prefix}.corpus", "must name a corpus or a path", self.corpus)
+        _check(self.tokenizer in TOKENIZERS, f"{prefix}.tokenizer", f"must be one of {TOKENIZERS}", self.tokenizer)
+        _check(self.sharding in SHARDINGS, f"{prefix}.sharding", f"must be one of {SHARDINGS}", self.sharding)
+        _check(0.0 < self.val_fraction < 0.5, f"{prefix}.val_fraction", "must be in (0, 0.5)", self.val_fraction)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The DiLoCo loop: inner AdamW steps per round at each site, outer Nesterov at the PS."""
+
+    rounds: int = 12
+    inner_steps: int = 25
+    batch_size: int = 8
+    inner_lr: float = 3e-3
+    inner_weight_decay: float = 0.1
+    warmup_steps: int = 20           # counted in inner steps over the whole run
+    min_lr_ratio: float = 0.1        # cosine decays to inner_lr * min_lr_ratio
+    grad_clip: float = 1.0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    eval_batches: int = 4            # validation batches the PS evaluates after each round
+    seed: int = 0                    # data order; each site adds its index
+
+    def validate(self, prefix: str = "train") -> None:
+        for name in ("rounds", "inner_steps", "batch_size"):
+            _check(getattr(self, name) >= 1, f"{prefix}.{name}", "must be >= 1", getattr(self, name))
+        for name in ("warmup_steps", "eval_batches"):
+            _check(getattr(self, name) >= 0, f"{prefix}.{name}", "must be >= 0", getattr(self, name))
+        for name in ("inner_lr", "outer_lr"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v > 0, f"{prefix}.{name}", "must be a positive number", v)
+        _check(0 <= self.outer_momentum < 1, f"{prefix}.outer_momentum", "must be in [0, 1)", self.outer_momentum)
+        _check(0 <= self.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
+        _check(self.grad_clip >= 0, f"{prefix}.grad_clip", "must be >= 0 (0 disables it)", self.grad_clip)
+        _check(self.inner_weight_decay >= 0, f"{prefix}.inner_weight_decay", "must be >= 0", self.inner_weight_decay)
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """How deltas (uplink) and updates (downlink) are encoded."""
+
+    mode: str = "int8-huffman"        # "fp32" | "int8" | "int8-huffman"
+    quant_block: int = 4096           # elements per int8 scale
+    huffman_block: int = 1024         # symbols per independently decodable Huffman block
+    chunk_bytes: int = 1 << 20        # payload bytes per wire chunk (int8: elements)
+    error_feedback: bool = True
+
+    def validate(self, prefix: str = "codec") -> None:
+        _check(self.mode in CODEC_MODES, f"{prefix}.mode", f"must be one of {CODEC_MODES}", self.mode)
+        _check(self.quant_block >= 1, f"{prefix}.quant_block", "must be >= 1", self.quant_block)
+        _check(2 <= self.huffman_block <= 5460 and self.huffman_block % 2 == 0,
+               f"{prefix}.huffman_block", "must be even and in [2, 5460]", self.huffman_block)
+        _check(4096 <= self.chunk_bytes <= (1 << 20), f"{prefix}.chunk_bytes", "must be in [4096, 1048576]",
+               self.chunk_bytes)
+
+    def chunk_elements(self) -> int:
+        """Elements per chunk: whole quantization blocks, at most chunk_bytes of payload."""
+        per_elem = 4 if self.mode == "fp32" else 1
+        n = self.chunk_bytes // per_elem
+        return max(self.quant_block, n - n % self.quant_block)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything the PS needs to run, and every site needs to join."""
+
+    num_sites: int = 3
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    codec: CodecConfig = field(default_factory=CodecConfig)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check(1 <= self.num_sites <= 1024, "num_sites", "must be in [1, 1024]", self.num_sites)
+        self.model.validate()
+        self.data.validate()
+        self.train.validate()
+        self.codec.validate()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        return _build(cls, d, "")
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunConfig":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunConfig":
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        return cls.from_json(p.read_text())
+
+    def replace(self, **changes: Any) -> "RunConfig":
+        """A copy with top-level or dotted fields changed: replace(**{"train.rounds": 3})."""
+        d = self.to_dict()
+        for key, value in changes.items():
+            target = d
+            *path, last = key.split(".")
+            for part in path:
+                if part not in target or not isinstance(target[part], dict):
+                    raise ConfigError(f"unknown config field {key!r}")
+                target = target[part]
+            if last not in target:
+                raise ConfigError(f"unknown config field {key!r}")
+            target[last] = value
+        return RunConfig.from_dict(d)
+
+
+def _build(cls: type, d: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where} must be an object, got {d!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config field {prefix}{unknown[0]!r} (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, value in d.items():
+        f = fields[name]
+        sub = _SECTIONS.get(name) if cls is RunConfig else None
+        if sub is not None:
+            kwargs[name] = _build(sub, value, f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(f, value, f"{prefix}{name}")
+    if cls is RunConfig:
+        return cls(**kwargs)
+    obj = cls(**kwargs)
+    return obj
+
+
+def _coerce(f: dataclasses.Field, value: Any, name: str) -> Any:
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    elif kind == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        value = float(value)
+    elif kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "codec": CodecConfig}

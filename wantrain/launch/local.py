@@ -1,0 +1,98 @@
+"""Local launcher: each process in its own process group, output to a log file.
+
+A process group lets us stop a process together with anything it started; on Linux the child
+also asks the kernel to send it SIGTERM if its parent dies, so no orphan outlives a killed CLI
+or notebook kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import ProcessError
+from .base import ProcessSpec
+
+__all__ = ["LocalLauncher", "LocalProcess"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+class LocalProcess:
+    def __init__(self, spec: ProcessSpec, popen: subprocess.Popen, log_file) -> None:
+        self.spec, self.name, self.popen, self.pid = spec, spec.name, popen, popen.pid
+        self._log_file = log_file
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"{self.name} (pid {self.pid}) still running after {timeout} s") from None
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def terminate(self) -> None:
+        if self.popen.poll() is None:
+            self._signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+
+    def stop(self, grace_s: float = 3.0) -> int | None:
+        """SIGTERM, then SIGKILL after `grace_s`; always reaps the process."""
+        self.terminate()
+        deadline = time.time() + grace_s
+        while self.popen.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        self.kill()
+        return self.popen.poll()
+
+    def log_tail(self, lines: int = 20) -> str:
+        p = self.spec.log_path
+        if not p or not Path(p).exists():
+            return ""
+        return "\n".join(Path(p).read_text(errors="replace").splitlines()[-lines:])
+
+
+class LocalLauncher:
+    """Starts processes on this machine."""
+
+    def start(self, spec: ProcessSpec) -> LocalProcess:
+        log_file = open(spec.log_path, "ab", buffering=0) if spec.log_path else None
+        env = {**os.environ, **spec.env}
+        try:
+            popen = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
+                                     stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as e:
+            if log_file:
+                log_file.close()
+            raise ProcessError(f"cannot start {spec.name}: {e}") from None
+        return LocalProcess(spec, popen, log_file)

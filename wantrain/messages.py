@@ -1,0 +1,90 @@
+"""The domain objects that travel between a site and the parameter server.
+
+These are plain dataclasses; wire.py is the one place that turns them into protobuf messages
+and back (and checks what arrives). Nothing else in wantrain touches the generated code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .codec import ChunkSpec, Encoded
+from .config import RunConfig
+
+__all__ = ["PROTOCOL_VERSION", "MODEL", "DELTA", "UPDATE", "Join", "Welcome", "TensorChunk", "RoundStart",
+           "RoundMetrics", "RoundResult", "HashReport", "ErrorMessage"]
+
+PROTOCOL_VERSION = 1
+MODEL, DELTA, UPDATE = "model", "delta", "update"   # chunk kinds
+
+
+@dataclass(frozen=True)
+class Join:
+    site: str
+    protocol_version: int = PROTOCOL_VERSION
+    resume_round: int = 0
+    resume_hash: str = ""
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Welcome:
+    run_id: str
+    site_index: int
+    config: RunConfig
+    round: int
+    model_hash: str
+    model_chunks: int
+
+
+@dataclass(frozen=True)
+class TensorChunk:
+    kind: str            # MODEL | DELTA | UPDATE
+    round: int
+    index: int
+    count: int
+    spec: ChunkSpec
+    data: Encoded
+
+
+@dataclass(frozen=True)
+class RoundStart:
+    round: int
+    model_hash: str
+
+
+@dataclass(frozen=True)
+class RoundMetrics:
+    round: int
+    train_loss: float
+    last_train_loss: float
+    tokens: int
+    steps: int
+    raw_bytes: int
+    wire_bytes: int
+    huffman_bits_per_symbol: float
+    encode_s: float
+    decode_s: float
+    compute_s: float
+    comm_s: float
+    chunks: int
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    round: int
+    model_hash: str
+    sites: tuple[str, ...] = field(default_factory=tuple)
+    val_loss: float = float("nan")
+
+
+@dataclass(frozen=True)
+class HashReport:
+    round: int
+    model_hash: str
+
+
+@dataclass(frozen=True)
+class ErrorMessage:
+    code: str
+    message: str

@@ -1,0 +1,54 @@
+"""The outer step of DiLoCo at the parameter server: aggregate deltas, Nesterov SGD.
+
+Sites send pseudo-gradients (start params minus end params). The PS averages them weighted by
+tokens trained and turns the average into an update with Nesterov momentum (DiLoCo defaults:
+lr 0.7, momentum 0.9). The update is what every replica adds to its parameters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import WantrainError
+
+__all__ = ["weighted_average", "OuterNesterov"]
+
+
+def weighted_average(deltas: dict[str, dict[str, np.ndarray]], weights: dict[str, float]) -> dict[str, np.ndarray]:
+    """sum_i w_i * delta_i / sum_i w_i per tensor, sites in name order (deterministic)."""
+    sites = sorted(deltas)
+    if not sites:
+        raise WantrainError("no deltas to aggregate")
+    total = float(sum(weights[s] for s in sites))
+    if total <= 0:
+        raise WantrainError("deltas carry no tokens; cannot weight them")
+    out: dict[str, np.ndarray] = {}
+    for name in deltas[sites[0]]:
+        acc = np.zeros_like(deltas[sites[0]][name])
+        for s in sites:
+            acc += np.float32(weights[s] / total) * deltas[s][name]
+        out[name] = acc
+    return out
+
+
+class OuterNesterov:
+    """SGD with Nesterov momentum on pseudo-gradients: returns the update, not new params."""
+
+    def __init__(self, lr: float = 0.7, momentum: float = 0.9) -> None:
+        self.lr, self.momentum = np.float32(lr), np.float32(momentum)
+        self.buf: dict[str, np.ndarray] = {}
+
+    def update(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {}
+        for name, g in grad.items():
+            b = self.buf.get(name)
+            b = g.copy() if b is None else self.momentum * b + g       # b <- m b + g
+            self.buf[name] = b
+            out[name] = -self.lr * (g + self.momentum * b)             # Nesterov look-ahead
+        return out
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self.buf.items()}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self.buf = {k: np.asarray(v, np.float32).copy() for k, v in state.items()}

@@ -1,0 +1,193 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENCODING_UNSPECIFIED: _ClassVar[Encoding]
+    ENCODING_FP32: _ClassVar[Encoding]
+    ENCODING_INT8: _ClassVar[Encoding]
+    ENCODING_INT8_HUFFMAN: _ClassVar[Encoding]
+
+class ChunkKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHUNK_KIND_UNSPECIFIED: _ClassVar[ChunkKind]
+    CHUNK_KIND_MODEL: _ClassVar[ChunkKind]
+    CHUNK_KIND_DELTA: _ClassVar[ChunkKind]
+    CHUNK_KIND_UPDATE: _ClassVar[ChunkKind]
+ENCODING_UNSPECIFIED: Encoding
+ENCODING_FP32: Encoding
+ENCODING_INT8: Encoding
+ENCODING_INT8_HUFFMAN: Encoding
+CHUNK_KIND_UNSPECIFIED: ChunkKind
+CHUNK_KIND_MODEL: ChunkKind
+CHUNK_KIND_DELTA: ChunkKind
+CHUNK_KIND_UPDATE: ChunkKind
+
+class Chunk(_message.Message):
+    __slots__ = ("kind", "round", "index", "count", "tensor", "offset", "length", "encoding", "quant_block", "scales", "payload", "crc32")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    QUANT_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    SCALES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    kind: ChunkKind
+    round: int
+    index: int
+    count: int
+    tensor: str
+    offset: int
+    length: int
+    encoding: Encoding
+    quant_block: int
+    scales: bytes
+    payload: bytes
+    crc32: int
+    def __init__(self, kind: _Optional[_Union[ChunkKind, str]] = ..., round: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., tensor: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., quant_block: _Optional[int] = ..., scales: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., crc32: _Optional[int] = ...) -> None: ...
+
+class Join(_message.Message):
+    __slots__ = ("site", "protocol_version", "resume_round", "resume_hash", "device")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_ROUND_FIELD_NUMBER: _ClassVar[int]
+    RESUME_HASH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    protocol_version: int
+    resume_round: int
+    resume_hash: str
+    device: str
+    def __init__(self, site: _Optional[str] = ..., protocol_version: _Optional[int] = ..., resume_round: _Optional[int] = ..., resume_hash: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("run_id", "site_index", "config_json", "round", "model_hash", "model_chunks")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SITE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    MODEL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    site_index: int
+    config_json: str
+    round: int
+    model_hash: str
+    model_chunks: int
+    def __init__(self, run_id: _Optional[str] = ..., site_index: _Optional[int] = ..., config_json: _Optional[str] = ..., round: _Optional[int] = ..., model_hash: _Optional[str] = ..., model_chunks: _Optional[int] = ...) -> None: ...
+
+class RoundStart(_message.Message):
+    __slots__ = ("round", "model_hash")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    model_hash: str
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
+
+class RoundMetrics(_message.Message):
+    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "comm_s", "chunks")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HUFFMAN_BITS_PER_SYMBOL_FIELD_NUMBER: _ClassVar[int]
+    ENCODE_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    COMM_S_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    train_loss: float
+    last_train_loss: float
+    tokens: int
+    steps: int
+    raw_bytes: int
+    wire_bytes: int
+    huffman_bits_per_symbol: float
+    encode_s: float
+    decode_s: float
+    compute_s: float
+    comm_s: float
+    chunks: int
+    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class RoundResult(_message.Message):
+    __slots__ = ("round", "model_hash", "sites", "val_loss")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    model_hash: str
+    sites: _containers.RepeatedScalarFieldContainer[str]
+    val_loss: float
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., val_loss: _Optional[float] = ...) -> None: ...
+
+class HashReport(_message.Message):
+    __slots__ = ("round", "model_hash")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    model_hash: str
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SiteMessage(_message.Message):
+    __slots__ = ("join", "chunk", "metrics", "hash_report")
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    HASH_REPORT_FIELD_NUMBER: _ClassVar[int]
+    join: Join
+    chunk: Chunk
+    metrics: RoundMetrics
+    hash_report: HashReport
+    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ...) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("welcome", "chunk", "round_start", "round_result", "error")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    ROUND_START_FIELD_NUMBER: _ClassVar[int]
+    ROUND_RESULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    chunk: Chunk
+    round_start: RoundStart
+    round_result: RoundResult
+    error: Error
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., round_start: _Optional[_Union[RoundStart, _Mapping]] = ..., round_result: _Optional[_Union[RoundResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("from_seq",)
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    from_seq: int
+    def __init__(self, from_seq: _Optional[int] = ...) -> None: ...
+
+class TelemetryEvent(_message.Message):
+    __slots__ = ("seq", "json")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    json: str
+    def __init__(self, seq: _Optional[int] = ..., json: _Optional[str] = ...) -> None: ...

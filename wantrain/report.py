@@ -1,0 +1,117 @@
+"""`wantrain report RUN_DIR`: one self-contained HTML page with the run's charts.
+
+Charts: training loss per site and validation loss of the global model against wall time;
+wire MB per round (each site's uplink, the downlink update) and compression ratio per round,
+with the Huffman stage's own bits per symbol; and a summary table.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .telemetry import read_events, rows
+
+__all__ = ["write_report", "summarize"]
+
+
+def summarize(events: list[dict]) -> dict:
+    """Headline figures of a run, from its events."""
+    start = rows(events, "run_start")
+    ends = rows(events, "round_end")
+    sites = rows(events, "site_round")
+    checks = rows(events, "hash_check")
+    up_raw = sum(e["raw_bytes"] for e in sites)
+    up_wire = sum(e["wire_bytes"] for e in sites)
+    down_raw = sum(e["raw_bytes"] for e in ends)
+    down_wire = sum(e["wire_bytes"] for e in ends)
+    hb = [e["huffman_bits_per_symbol"] for e in sites if e.get("huffman_bits_per_symbol")]
+    return {
+        "run_id": start[0]["run_id"] if start else "?",
+        "num_params": start[0].get("num_params") if start else None,
+        "rounds": len(ends),
+        "initial_val_loss": start[0].get("val_loss") if start else None,
+        "final_val_loss": ends[-1]["val_loss"] if ends else None,
+        "wall_s": (events[-1]["elapsed_s"] - events[0]["elapsed_s"]) if events else 0.0,
+        "uplink_mb": up_wire / 1e6,
+        "uplink_ratio": up_raw / up_wire if up_wire else 0.0,
+        "downlink_mb": down_wire / 1e6,
+        "downlink_ratio": down_raw / down_wire if down_wire else 0.0,
+        "huffman_bits_per_symbol": sum(hb) / len(hb) if hb else 0.0,
+        "hash_checks": len(checks),
+        "hash_mismatches": sum(1 for c in checks if not c["ok"]),
+        "errors": len(rows(events, "error")),
+    }
+
+
+def figures(events: list[dict]) -> list[go.Figure]:
+    sites = rows(events, "site_round")
+    ends = rows(events, "round_end")
+    start = rows(events, "run_start")
+
+    loss = go.Figure()
+    for name in sorted({e["site"] for e in sites}):
+        mine = [e for e in sites if e["site"] == name]
+        loss.add_trace(go.Scatter(x=[e["elapsed_s"] for e in mine], y=[e["train_loss"] for e in mine],
+                                  mode="lines+markers", name=f"train loss {name}"))
+    val_x = ([start[0]["elapsed_s"]] if start and start[0].get("val_loss") is not None else []) + [e["elapsed_s"] for e in ends]
+    val_y = ([start[0]["val_loss"]] if val_x and len(val_x) > len(ends) else []) + [e["val_loss"] for e in ends]
+    loss.add_trace(go.Scatter(x=val_x, y=val_y, mode="lines+markers", name="validation loss (global model)",
+                              line=dict(width=3, color="black")))
+    loss.update_layout(title="Loss against wall time", xaxis_title="seconds since start", yaxis_title="loss",
+                       height=420)
+
+    wire = make_subplots(specs=[[{"secondary_y": True}]])
+    for name in sorted({e["site"] for e in sites}):
+        mine = [e for e in sites if e["site"] == name]
+        wire.add_trace(go.Bar(x=[e["round"] for e in mine], y=[e["wire_bytes"] / 1e6 for e in mine],
+                              name=f"uplink MB {name}"), secondary_y=False)
+    wire.add_trace(go.Bar(x=[e["round"] for e in ends], y=[e["wire_bytes"] / 1e6 for e in ends],
+                          name="downlink MB (update, per site)"), secondary_y=False)
+    by_round: dict[int, list[dict]] = {}
+    for e in sites:
+        by_round.setdefault(e["round"], []).append(e)
+    rounds = sorted(by_round)
+    wire.add_trace(go.Scatter(x=rounds, y=[sum(e["raw_bytes"] for e in by_round[r]) /
+                                           max(1, sum(e["wire_bytes"] for e in by_round[r])) for r in rounds],
+                              mode="lines+markers", name="uplink ratio vs fp32"), secondary_y=True)
+    wire.add_trace(go.Scatter(x=rounds, y=[sum(e["huffman_bits_per_symbol"] for e in by_round[r]) / len(by_round[r])
+                                           for r in rounds],
+                              mode="lines+markers", name="Huffman bits per int8 symbol", line=dict(dash="dot")),
+                   secondary_y=True)
+    wire.update_layout(title="Bytes on the wire and compression per round", barmode="group", height=420,
+                       xaxis_title="round")
+    wire.update_yaxes(title_text="MB", secondary_y=False)
+    wire.update_yaxes(title_text="ratio / bits", secondary_y=True)
+    return [loss, wire]
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write report.html (self-contained: plotly.js inlined) into the run folder or `out`."""
+    run_dir = Path(run_dir)
+    events = read_events(run_dir)
+    s = summarize(events)
+    figs = figures(events)
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
+    table = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in s.items())
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>wantrain run {html.escape(str(s['run_id']))}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}} th{{text-align:left;padding-right:2em}}</style>
+</head><body>
+<h1>wantrain run {html.escape(str(s['run_id']))}</h1>
+<table>{table}</table>
+{''.join(parts)}
+</body></html>
+"""
+    path = Path(out) if out else run_dir / "report.html"
+    path.write_text(page)
+    return path
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return html.escape(str(v))

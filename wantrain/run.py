@@ -1,0 +1,197 @@
+"""A run: the PS and its sites as processes, started, watched and stopped together.
+
+Used by the CLI (`wantrain demo`) and, later, the notebook widgets. `Run` starts the PS, waits
+for the port it bound, starts one worker per site, follows the PS's telemetry over the `Watch`
+RPC, and stops every process it started when the run ends, fails, or is interrupted.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import queue
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+
+from . import wire
+from .config import RunConfig
+from .errors import ProcessError
+from .launch import LocalLauncher, ProcessSpec
+from .launch.local import LocalProcess
+
+__all__ = ["Run", "default_site_names", "new_run_dir"]
+
+SITE_NAMES = ("us-east", "eu-west", "ap-southeast", "us-west", "sa-east", "eu-north", "ap-northeast", "af-south")
+_LIVE_RUNS: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+
+def default_site_names(n: int) -> list[str]:
+    return [SITE_NAMES[i] if i < len(SITE_NAMES) else f"site-{i}" for i in range(n)]
+
+
+def new_run_dir(root: str | Path = "runs") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    d = Path(root) / stamp
+    k = 1
+    while d.exists():
+        k += 1
+        d = Path(root) / f"{stamp}-{k}"
+    d.mkdir(parents=True)
+    return d
+
+
+@atexit.register
+def _stop_all() -> None:
+    for run in list(_LIVE_RUNS):
+        run.stop()
+
+
+class Run:
+    """The processes of one training run on this machine."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
+                 host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
+                 python: str = sys.executable) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir) if run_dir else new_run_dir()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.sites = sites or default_site_names(cfg.num_sites)
+        if len(self.sites) != cfg.num_sites or len(set(self.sites)) != len(self.sites):
+            raise ValueError(f"need {cfg.num_sites} distinct site names, got {self.sites}")
+        self.host, self.site_threads, self.python = host, site_threads, python
+        self.launcher = launcher or LocalLauncher()
+        self.ps: LocalProcess | None = None
+        self.workers: dict[str, LocalProcess] = {}
+        self.port: int | None = None
+        self._events: "queue.Queue[dict | None]" = queue.Queue()
+        self._watch_thread: threading.Thread | None = None
+        self._channel: grpc.Channel | None = None
+        self.events: list[dict] = []
+
+    # ------------------------------------------------------------ processes
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 120.0) -> "Run":
+        _LIVE_RUNS.add(self)
+        cfg_path = self.run_dir / "config.json"
+        cfg_path.write_text(self.cfg.to_json())
+        port_file = self.run_dir / "ps.port"
+        port_file.unlink(missing_ok=True)
+        self.ps = self.launcher.start(ProcessSpec(
+            "parameter server",
+            (self.python, "-m", "wantrain", "ps", "--config", str(cfg_path), "--run-dir", str(self.run_dir),
+             "--host", self.host, "--port", "0", "--port-file", str(port_file)),
+            env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / "ps.log"))
+        deadline = time.time() + timeout_s
+        while not port_file.exists():
+            if self.ps.poll() is not None:
+                raise ProcessError(f"the parameter server exited with code {self.ps.poll()} before listening:\n"
+                                   f"{self.ps.log_tail()}")
+            if time.time() > deadline:
+                self.stop()
+                raise ProcessError(f"the parameter server did not start listening within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+        for name in self.sites:
+            self.start_site(name)
+        self._start_watch()
+        return self
+
+    def start_site(self, name: str) -> LocalProcess:
+        """Start (or restart) the worker process of one site."""
+        old = self.workers.get(name)
+        if old is not None and old.poll() is None:
+            raise ProcessError(f"site {name} is already running (pid {old.pid})")
+        argv = (self.python, "-m", "wantrain", "worker", "--ps", self.address, "--site", name,
+                "--threads", str(self.site_threads))
+        self.workers[name] = self.launcher.start(ProcessSpec(
+            f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
+        return self.workers[name]
+
+    def processes(self) -> list[LocalProcess]:
+        return [p for p in [self.ps, *self.workers.values()] if p is not None]
+
+    def stop(self) -> None:
+        """Stop every process of the run (idempotent)."""
+        for p in self.processes():
+            p.stop(grace_s=2.0)
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        _LIVE_RUNS.discard(self)
+
+    def __enter__(self) -> "Run":
+        return self.start() if self.ps is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ telemetry
+
+    def _start_watch(self) -> None:
+        self._channel = grpc.insecure_channel(self.address, options=[("grpc.max_receive_message_length", 16 << 20)])
+        stub = wire.pb_grpc.ParameterServerStub(self._channel)
+
+        def pump() -> None:
+            seq = 0
+            while True:
+                try:
+                    for ev in stub.Watch(wire.pb.WatchRequest(from_seq=seq)):
+                        self._events.put(json.loads(ev.json))
+                        seq = ev.seq + 1
+                except grpc.RpcError:
+                    pass
+                except ValueError:   # channel closed
+                    break
+                if self._channel is None or (self.ps is not None and self.ps.poll() is not None):
+                    break
+                time.sleep(0.2)
+            self._events.put(None)
+
+        self._watch_thread = threading.Thread(target=pump, name="wantrain-watch", daemon=True)
+        self._watch_thread.start()
+
+    def follow(self, timeout_s: float | None = None) -> Iterator[dict]:
+        """Yield telemetry events as they happen until run_end; raise ProcessError if a process fails."""
+        deadline = time.time() + timeout_s if timeout_s else None
+        while True:
+            try:
+                ev = self._events.get(timeout=0.2)
+            except queue.Empty:
+                ev = "idle"
+            if ev is None:
+                self._check_processes(final=True)
+                raise ProcessError("the parameter server stopped before the run finished:\n" + self.ps.log_tail())
+            if ev != "idle":
+                self.events.append(ev)
+                yield ev
+                if ev["kind"] == "run_end":
+                    return
+            self._check_processes()
+            if deadline and time.time() > deadline:
+                raise ProcessError(f"the run did not finish within {timeout_s:.0f} s")
+
+    def _check_processes(self, final: bool = False) -> None:
+        for p in self.processes():
+            code = p.poll()
+            if code not in (None, 0):
+                raise ProcessError(f"{p.name} exited with code {code}:\n{p.log_tail()}")
+
+    def wait_exit(self, timeout_s: float = 60.0) -> dict[str, int | None]:
+        """After run_end: wait for every process to exit by itself; returns exit codes."""
+        deadline = time.time() + timeout_s
+        for p in self.processes():
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except TimeoutError:
+                pass
+        return {p.name: p.poll() for p in self.processes()}

@@ -1,0 +1,419 @@
+"""The parameter server: a domain object (ParameterServer) and a thin gRPC adapter (Servicer).
+
+ParameterServer holds the global model and runs the rounds. It knows nothing of gRPC: each
+connected site is a `SiteLink` with an outbound queue of domain messages, and tests can drive
+it directly. Servicer turns the gRPC stream of a site into calls on ParameterServer and the
+site's queue back into wire messages; `serve()` runs both on an asyncio gRPC server.
+
+A round: when all `num_sites` sites are connected and hold the current model, the PS sends
+RoundStart; each site answers with its delta chunks and RoundMetrics; when every delta is in,
+the PS decodes and averages them (weighted by tokens), takes the outer Nesterov step, encodes
+the update with its own error feedback, applies exactly the decoded update to its replica, and
+sends the update chunks and a RoundResult (with the new parameter hash) to every site.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+import torch
+
+from .codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays
+from .config import CodecConfig, RunConfig
+from .data import eval_batches, load_run_data
+from .errors import CodecError, ProtocolError, RejectedError
+from .messages import (DELTA, MODEL, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, RoundMetrics,
+                       RoundResult, RoundStart, TensorChunk, Welcome)
+from .models import build_model, count_parameters
+from .outer import OuterNesterov, weighted_average
+from .replica import apply_update, flat_copy, named_params, param_hash
+from .telemetry import Recorder
+from . import wire
+
+__all__ = ["ParameterServer", "Servicer", "serve", "SiteLink", "server_options"]
+
+log = logging.getLogger("wantrain.ps")
+
+
+@dataclass
+class SiteLink:
+    """One connected site, as the PS sees it."""
+
+    name: str
+    index: int
+    device: str
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    closed: bool = False
+
+
+@dataclass
+class _Upload:
+    """A site's delta for the current round, as it arrives."""
+
+    count: int = -1
+    chunks: dict[int, TensorChunk] = field(default_factory=dict)
+    wire_bytes: int = 0
+    metrics: RoundMetrics | None = None
+
+
+class ParameterServer:
+    """Holds the global model and runs DiLoCo rounds over the connected sites."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, run_id: str | None = None,
+                 exit_when_done: bool = True) -> None:
+        self.cfg = cfg
+        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.recorder = Recorder(self.run_dir / "events.jsonl" if self.run_dir else None)
+        self.exit_when_done = exit_when_done
+
+        tok, corpus = load_run_data(cfg.data)
+        self.model = build_model(cfg.model.preset, tok.vocab_size, cfg.model.seed)
+        self.val = eval_batches(corpus.val, cfg.train.batch_size, cfg.model.block_size, cfg.train.eval_batches)
+        self.shapes = {k: p.numel() for k, p in named_params(self.model).items()}
+        self.codec = Codec(cfg.codec)
+        self.model_codec = Codec(CodecConfig(mode="fp32", chunk_bytes=cfg.codec.chunk_bytes,
+                                             quant_block=cfg.codec.quant_block))
+        self.outer = OuterNesterov(cfg.train.outer_lr, cfg.train.outer_momentum)
+        self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
+
+        self.round = 0                        # committed rounds
+        self.hash = param_hash(self.model)
+        self.hashes: dict[int, str] = {0: self.hash}
+        self.registry: dict[str, int] = {}    # every site ever seen -> index
+        self.links: dict[str, SiteLink] = {}  # connected now
+        self.in_round: set[str] = set()       # sites training the current round
+        self.uploads: dict[str, _Upload] = {}
+        self.round_started_at = 0.0
+        self.aggregating = False
+        self.awaiting_model: set[str] = set()
+        self.done = asyncio.Event()
+        self.val_loss = self.evaluate()
+        self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(),
+                           num_params=count_parameters(self.model), val_loss=self.val_loss)
+
+    # ------------------------------------------------------------ site lifecycle
+
+    def join(self, msg: Join) -> SiteLink:
+        """Admit a site or raise RejectedError; queues the Welcome and the model download."""
+        if msg.protocol_version != PROTOCOL_VERSION:
+            raise RejectedError("protocol_version", f"site {msg.site!r} speaks wire protocol {msg.protocol_version}, "
+                                                    f"this parameter server speaks {PROTOCOL_VERSION}")
+        if msg.site in self.links:
+            raise RejectedError("duplicate_site", f"a site named {msg.site!r} is already connected; "
+                                                  "each site needs its own name")
+        if msg.site not in self.registry and len(self.registry) >= self.cfg.num_sites:
+            raise RejectedError("run_full", f"the run already has its {self.cfg.num_sites} sites "
+                                            f"({', '.join(sorted(self.registry))}); {msg.site!r} is not one of them")
+        if self.done.is_set():
+            raise RejectedError("run_finished", f"the run finished after {self.round} rounds")
+        resumed = msg.site in self.registry
+        index = self.registry.setdefault(msg.site, len(self.registry))
+        link = SiteLink(msg.site, index, msg.device)
+        self.links[msg.site] = link
+        self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed)
+        log.info("site %s joined (index %d, %s)%s", msg.site, index, msg.device, " again" if resumed else "")
+        if self.aggregating:       # the model is about to change: send it after the round commits
+            self.awaiting_model.add(link.name)
+        else:
+            self._send_model(link)
+        if self.in_round and not self.aggregating:   # a round is running: this site takes part in it
+            self.in_round.add(link.name)
+            self.uploads[link.name] = _Upload()
+            link.outbox.put_nowait(RoundStart(self.round, self.hash))
+        self.maybe_start_round()
+        return link
+
+    def leave(self, link: SiteLink, reason: str) -> None:
+        if self.links.get(link.name) is not link:
+            return
+        link.closed = True
+        del self.links[link.name]
+        self.uploads.pop(link.name, None)
+        self.in_round.discard(link.name)
+        self.recorder.emit("leave", site=link.name, reason=reason)
+        log.info("site %s left: %s", link.name, reason)
+
+    def _send_model(self, link: SiteLink) -> None:
+        values = flat_copy(self.model)
+        chunks, _ = encode_arrays(values, self.model_codec, None)
+        link.outbox.put_nowait(Welcome(self.run_id, link.index, self.cfg, self.round, self.hash, len(chunks)))
+        for i, (spec, enc) in enumerate(chunks):
+            link.outbox.put_nowait(TensorChunk(MODEL, self.round, i, len(chunks), spec, enc))
+
+    # ------------------------------------------------------------ rounds
+
+    def maybe_start_round(self) -> None:
+        if self.in_round or self.aggregating or self.done.is_set():
+            return
+        if len(self.links) < self.cfg.num_sites:
+            return
+        self.in_round = set(self.links)
+        self.uploads = {name: _Upload() for name in self.in_round}
+        self.round_started_at = time.time()
+        self.recorder.emit("round_start", round=self.round)
+        for link in self.links.values():
+            link.outbox.put_nowait(RoundStart(self.round, self.hash))
+
+    def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
+        """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
+        if c.kind != DELTA:
+            raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
+        if link.name not in self.in_round or self.aggregating:
+            raise ProtocolError(f"delta chunk for round {c.round} while {link.name!r} is not in a round")
+        if c.round != self.round:
+            raise ProtocolError(f"delta chunk for round {c.round}, the current round is {self.round}")
+        numel = self.shapes.get(c.spec.tensor)
+        if numel is None:
+            raise ProtocolError(f"delta chunk names unknown tensor {c.spec.tensor!r}")
+        if c.spec.offset + c.spec.length > numel or c.spec.length == 0:
+            raise ProtocolError(f"delta chunk [{c.spec.offset}, {c.spec.offset + c.spec.length}) is outside "
+                                f"tensor {c.spec.tensor!r} of {numel} elements")
+        up = self.uploads[link.name]
+        if up.count not in (-1, c.count):
+            raise ProtocolError(f"delta chunk says {c.count} chunks, earlier ones said {up.count}")
+        if c.index in up.chunks:
+            raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice")
+        up.count = c.count
+        up.chunks[c.index] = c
+        up.wire_bytes += c.data.wire_bytes
+
+    async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
+        up = self.uploads.get(link.name)
+        if up is None or m.round != self.round or link.name not in self.in_round:
+            raise ProtocolError(f"metrics for round {m.round} from {link.name!r}, which is not in that round")
+        if len(up.chunks) != up.count or m.chunks != up.count:
+            raise ProtocolError(f"metrics after {len(up.chunks)} of {max(up.count, m.chunks)} delta chunks")
+        up.metrics = m
+        fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
+        self.recorder.emit("site_round", round=m.round, site=link.name,
+                           ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
+                           received_wire_bytes=up.wire_bytes, **fields)
+        if all(self.uploads[s].metrics is not None for s in self.in_round):
+            await self._finish_round()
+
+    def on_hash_report(self, link: SiteLink, h: HashReport) -> None:
+        expected = self.hashes.get(h.round + 1)
+        ok = expected == h.model_hash
+        self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
+                           ps_hash=expected)
+        if not ok:
+            self.recorder.emit("error", site=link.name, code="replica_mismatch",
+                               message=f"site {link.name} has hash {h.model_hash} after round {h.round}, "
+                                       f"the PS has {expected}; resyncing the site")
+            log.error("replica mismatch at %s after round %d; resyncing", link.name, h.round)
+            self._send_model(link)
+
+    async def _finish_round(self) -> None:
+        self.aggregating = True
+        uploads = {s: self.uploads[s] for s in sorted(self.in_round)}
+        t0 = time.time()
+        result, stats, update_chunks = await asyncio.to_thread(self._aggregate, uploads)
+        aggregate_s = time.time() - t0
+        r = self.round
+        self.round += 1
+        self.hash = result.model_hash
+        self.hashes[self.round] = self.hash
+        self.val_loss = result.val_loss
+        self.recorder.emit("round_end", round=r, val_loss=result.val_loss, model_hash=result.model_hash,
+                           sites=list(result.sites), raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
+                           ratio=stats.ratio, huffman_bits_per_symbol=stats.huffman_bits_per_symbol,
+                           encode_s=stats.seconds, aggregate_s=aggregate_s, round_s=time.time() - self.round_started_at)
+        for name in result.sites:
+            link = self.links.get(name)
+            if link is None:
+                continue
+            for c in update_chunks:
+                link.outbox.put_nowait(c)
+            link.outbox.put_nowait(result)
+        self.in_round = set()
+        self.uploads = {}
+        self.aggregating = False
+        for name in sorted(self.awaiting_model):
+            if name in self.links:
+                self._send_model(self.links[name])
+        self.awaiting_model.clear()
+        if self.round >= self.cfg.train.rounds:
+            self.recorder.emit("run_end", rounds=self.round, val_loss=self.val_loss)
+            log.info("run finished: %d rounds, validation loss %.4f", self.round, self.val_loss)
+            self.done.set()
+        else:
+            self.maybe_start_round()
+
+    def _aggregate(self, uploads: dict[str, _Upload]) -> tuple[RoundResult, EncodeStats, list[TensorChunk]]:
+        """Decode, average, outer step, encode, apply: runs in a worker thread."""
+        deltas = {s: self._assemble(s, up) for s, up in uploads.items()}
+        weights = {s: float(up.metrics.tokens) for s, up in uploads.items()}
+        avg = weighted_average(deltas, weights)
+        update = self.outer.update(avg)
+        stats = EncodeStats()
+        chunks, decoded = encode_arrays(update, self.codec, self.feedback, stats)
+        apply_update(self.model, decoded)
+        h = param_hash(self.model)
+        val = self.evaluate()
+        msgs = [TensorChunk(UPDATE, self.round, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]
+        return RoundResult(self.round, h, tuple(uploads), val), stats, msgs
+
+    def _assemble(self, site: str, up: _Upload) -> dict[str, np.ndarray]:
+        ordered = [up.chunks[i] for i in range(up.count)]
+        values = Codec.decode_many([c.data for c in ordered])
+        out = {k: np.zeros(n, np.float32) for k, n in self.shapes.items()}
+        covered = {k: 0 for k in self.shapes}
+        for c, v in zip(ordered, values):
+            out[c.spec.tensor][c.spec.offset: c.spec.offset + c.spec.length] = v
+            covered[c.spec.tensor] += c.spec.length
+        missing = [k for k, n in self.shapes.items() if covered[k] != n]
+        if missing:
+            raise ProtocolError(f"delta from {site} does not cover tensor {missing[0]!r} exactly once")
+        for k, v in out.items():
+            if not np.all(np.isfinite(v)):
+                raise ProtocolError(f"delta from {site} has non-finite values in {k!r}")
+        return out
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        if not self.val:
+            return math.nan
+        self.model.eval()
+        losses = [torch.nn.functional.cross_entropy(self.model(x).flatten(0, 1), y.flatten()).item() for x, y in self.val]
+        self.model.train()
+        return float(np.mean(losses))
+
+
+# ---------------------------------------------------------------- gRPC adapter
+
+_REJECT_STATUS = {
+    "protocol_version": grpc.StatusCode.FAILED_PRECONDITION,
+    "duplicate_site": grpc.StatusCode.ALREADY_EXISTS,
+    "run_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "run_finished": grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+class Servicer(wire.pb_grpc.ParameterServerServicer):
+    """Thin adapter: wire messages in and out, all decisions in ParameterServer."""
+
+    def __init__(self, ps: ParameterServer) -> None:
+        self.ps = ps
+
+    async def Session(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        ps = self.ps
+        peer = context.peer()
+        try:
+            first = wire.site_message_from_proto(await anext(request_iterator))
+        except (StopAsyncIteration, ProtocolError) as e:
+            log.warning("rejected stream from %s: %s", peer, e or "closed before joining")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first message must be a valid Join ({e})")
+            return
+        if not isinstance(first, Join):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Join")
+            return
+        try:
+            link = ps.join(first)
+        except RejectedError as e:
+            log.warning("rejected site %r from %s: %s", first.site, peer, e)
+            ps.recorder.emit("error", site=first.site, code=e.code, message=str(e))
+            await context.write(wire.server_message(ErrorMessage(e.code, str(e))))
+            await context.abort(_REJECT_STATUS.get(e.code, grpc.StatusCode.FAILED_PRECONDITION), str(e))
+            return
+
+        async def pump_out() -> None:
+            while True:
+                msg = await link.outbox.get()
+                if msg is None:
+                    return
+                await context.write(wire.server_message(msg))
+
+        writer = asyncio.create_task(pump_out())
+        reason = "stream closed by the site"
+        try:
+            async for raw in request_iterator:
+                msg = wire.site_message_from_proto(raw)
+                if isinstance(msg, TensorChunk):
+                    ps.on_chunk(link, msg)
+                elif isinstance(msg, RoundMetrics):
+                    await ps.on_metrics(link, msg)
+                elif isinstance(msg, HashReport):
+                    ps.on_hash_report(link, msg)
+                else:
+                    raise ProtocolError(f"unexpected {type(msg).__name__} after joining")
+        except (ProtocolError, CodecError) as e:
+            reason = f"rejected: {e}"
+            log.warning("site %s sent a bad message: %s", link.name, e)
+            ps.recorder.emit("error", site=link.name, code="invalid_message", message=str(e))
+            ps.leave(link, reason)
+            writer.cancel()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            return
+        except asyncio.CancelledError:
+            reason = "connection lost"
+            raise
+        finally:
+            ps.leave(link, reason)
+            writer.cancel()
+
+    async def Watch(self, request, context):  # noqa: N802
+        rec = self.ps.recorder
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        unsubscribe = rec.subscribe(lambda: loop.call_soon_threadsafe(wake.set))
+        seq = request.from_seq
+        try:
+            while True:
+                wake.clear()
+                for line in rec.since(seq):
+                    yield wire.event_to_proto(seq, line)
+                    seq += 1
+                await wake.wait()
+        finally:
+            unsubscribe()
+
+
+def server_options() -> list[tuple[str, int]]:
+    """Channel options for the PS side: message caps, and tolerant keepalive (see DESIGN.md)."""
+    return [
+        ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.http2.ping_timeout_ms", 120_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
+async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
+                port_file: str | Path | None = None, linger_s: float = 1.0) -> None:
+    """Run the PS until the run is done (if exit_when_done) or forever; port 0 picks a free port."""
+    server = grpc.aio.server(options=server_options())
+    wire.pb_grpc.add_ParameterServerServicer_to_server(Servicer(ps), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    log.info("parameter server %s listening on %s:%d", ps.run_id, host, bound)
+    if port_file:
+        tmp = Path(str(port_file) + ".tmp")
+        tmp.write_text(f"{bound}\n")
+        tmp.replace(port_file)
+    try:
+        if ps.exit_when_done:
+            await ps.done.wait()
+            deadline = time.time() + 30
+            while ps.links and time.time() < deadline:   # let sites receive the last result
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(linger_s)                  # and watchers the last events
+        else:
+            await server.wait_for_termination()
+    finally:
+        await server.stop(grace=1.0)
+        ps.recorder.close()

@@ -1,0 +1,128 @@
+"""Telemetry: one JSONL event log per run, a recorder that writes it, a reader that reads it.
+
+Every event is one JSON object on one line of runs/<run-id>/events.jsonl with the common
+fields `v` (schema version), `seq` (0, 1, 2, ...), `kind`, `t` (Unix time) and `elapsed_s`
+(seconds since the run started), plus the fields of its kind:
+
+    run_start   run_id, config, num_params
+    join        site, site_index, device, resumed (bool)
+    leave       site, reason
+    round_start round
+    site_round  round, site, train_loss, last_train_loss, tokens, steps, raw_bytes, wire_bytes,
+                ratio, huffman_bits_per_symbol, encode_s, decode_s, compute_s, comm_s, chunks,
+                received_wire_bytes (what the PS counted on its side of the stream)
+    round_end   round, val_loss, model_hash, sites, raw_bytes, wire_bytes, ratio,
+                huffman_bits_per_symbol, encode_s, aggregate_s, round_s   (the downlink update)
+    hash_check  round, site, ok, site_hash, ps_hash
+    error       code, message, site (optional)
+    run_end     rounds, val_loss
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+__all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS"]
+
+SCHEMA_VERSION = 1
+EVENT_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "error", "run_end")
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no NaN: non-finite floats become null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+class Recorder:
+    """Appends events to a JSONL file and keeps them in memory for live watchers (thread-safe)."""
+
+    def __init__(self, path: str | Path | None, start_time: float | None = None) -> None:
+        self.path = Path(path) if path else None
+        self.start = start_time if start_time is not None else time.time()
+        self.events: list[str] = []
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._file = None
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():  # a restarted PS continues the same log
+                self.events = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
+            self._file = open(self.path, "a", buffering=1)
+
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        if kind not in EVENT_KINDS:
+            raise ValueError(f"unknown telemetry event kind {kind!r}")
+        now = time.time()
+        with self._lock:
+            event = {"v": SCHEMA_VERSION, "seq": len(self.events), "kind": kind, "t": now,
+                     "elapsed_s": now - self.start, **_clean(fields)}
+            line = json.dumps(event, separators=(",", ":"))
+            self.events.append(line)
+            if self._file:
+                self._file.write(line + "\n")
+            listeners = list(self._listeners)
+        for notify in listeners:
+            notify()
+        return event
+
+    def since(self, seq: int) -> list[str]:
+        with self._lock:
+            return self.events[seq:]
+
+    def subscribe(self, notify: Callable[[], None]) -> Callable[[], None]:
+        """Call `notify()` after every new event; returns the function that unsubscribes."""
+        with self._lock:
+            self._listeners.append(notify)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if notify in self._listeners:
+                    self._listeners.remove(notify)
+        return unsubscribe
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = None
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """All events of a run: `path` is the events.jsonl file or the run folder holding it."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "events.jsonl"
+    if not p.is_file():
+        raise FileNotFoundError(f"no telemetry at {p}")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}:{n}: not a JSON event ({e})") from None
+        if ev.get("v") != SCHEMA_VERSION:
+            raise ValueError(f"{p}:{n}: telemetry schema version {ev.get('v')} (this wantrain reads {SCHEMA_VERSION})")
+        out.append(ev)
+    return out
+
+
+def rows(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The events of one kind, in order."""
+    return [e for e in events if e["kind"] == kind]
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    with open(path) as f:
+        yield from (ln for ln in f if ln.strip())

@@ -1,0 +1,266 @@
+"""A site: dials the parameter server, trains inner AdamW steps, pushes its delta, applies updates.
+
+The site opens one gRPC stream to the PS (outbound only) and follows the PS's lead:
+
+    Welcome + model chunks   load the global parameters (a fresh join, a rejoin or a resync)
+    RoundStart(r)            train `inner_steps` steps from the global model, send the
+                             pseudo-gradient (start - end) through the codec with error
+                             feedback, then the round's metrics
+    update chunks + result   add exactly the decoded update, hash, report the hash
+
+If the PS is not there (yet) or the stream breaks, the site retries with exponential backoff
+and says so; when it reconnects it joins again under the same name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import wire
+from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays
+from .config import RunConfig
+from .data import BatchSampler, load_run_data
+from .errors import ConnectionLostError, ProtocolError, RejectedError, ReplicaMismatchError
+from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, RoundMetrics, RoundResult, RoundStart,
+                       TensorChunk, Welcome)
+from .models import build_model
+from .replica import apply_update, flat_copy, load_flat, named_params, param_hash
+
+__all__ = ["Site", "SiteOptions", "channel_options", "default_device"]
+
+log = logging.getLogger("wantrain.site")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """Client channel options: message caps, keepalive the PS permits, quick reconnects."""
+    return [
+        ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.http2.ping_timeout_ms", 120_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+
+
+@dataclass(frozen=True)
+class SiteOptions:
+    ps: str                        # host:port of the parameter server
+    name: str                      # unique within the run
+    device: str = "auto"           # "auto" | "cpu" | "cuda" | "cuda:1" ...
+    connect_timeout_s: float = 120.0  # give up if the PS cannot be reached for this long
+    threads: int = 0               # torch CPU threads (0: torch's default)
+
+
+class Site:
+    """One site of a run (usually its own OS process: `wantrain worker`)."""
+
+    def __init__(self, opts: SiteOptions) -> None:
+        self.opts = opts
+        self.device = torch.device(default_device() if opts.device == "auto" else opts.device)
+        if opts.threads:
+            torch.set_num_threads(opts.threads)
+        self.cfg: RunConfig | None = None
+        self.model: torch.nn.Module | None = None
+        self.inner_opt: torch.optim.Optimizer | None = None
+        self.sampler: BatchSampler | None = None
+        self.feedback: ErrorFeedback | None = None
+        self.codec: Codec | None = None
+        self.round = 0               # committed rounds this replica holds
+        self.hash = ""
+        self.finished = False
+        self.last_decode_s = 0.0
+
+    # ------------------------------------------------------------ connection
+
+    async def run(self) -> None:
+        """Join and follow the PS until the run is finished, reconnecting through failures."""
+        backoff, first_failure = 0.5, None
+        while not self.finished:
+            try:
+                await self._session()
+                backoff, first_failure = 0.5, None
+            except grpc.aio.AioRpcError as e:
+                code = e.code()
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+                                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL):
+                    raise ConnectionLostError(f"parameter server at {self.opts.ps} refused {self.opts.name!r}: "
+                                              f"{code.name}: {e.details()}") from None
+                now = time.time()
+                first_failure = first_failure or now
+                if now - first_failure > self.opts.connect_timeout_s:
+                    raise ConnectionLostError(f"parameter server at {self.opts.ps} not reachable for "
+                                              f"{self.opts.connect_timeout_s:.0f} s; giving up") from None
+                log.warning("parameter server at %s not reachable (%s); retrying in %.1f s",
+                            self.opts.ps, e.details() or code.name, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _session(self) -> None:
+        async with grpc.aio.insecure_channel(self.opts.ps, options=channel_options()) as channel:
+            stub = wire.pb_grpc.ParameterServerStub(channel)
+            call = stub.Session(wait_for_ready=False)
+            await call.write(wire.site_message(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
+                                                    device=str(self.device))))
+            model_parts: list[TensorChunk] = []
+            update_parts: list[TensorChunk] = []
+            expected_model = 0
+            while not self.finished:
+                raw = await call.read()
+                if raw is grpc.aio.EOF:
+                    raise ConnectionLostError("the parameter server closed the stream")
+                msg = wire.server_message_from_proto(raw)
+                if isinstance(msg, ErrorMessage):
+                    raise RejectedError(msg.code, msg.message)
+                if isinstance(msg, Welcome):
+                    await asyncio.to_thread(self._on_welcome, msg)
+                    expected_model, model_parts = msg.model_chunks, []
+                elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
+                    model_parts.append(msg)
+                    if len(model_parts) == expected_model:
+                        await asyncio.to_thread(self._load_model, model_parts)
+                        model_parts = []
+                elif isinstance(msg, RoundStart):
+                    if msg.model_hash != self.hash:
+                        raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
+                                                   f"this replica has {self.hash}")
+                    await self._train_and_push(call, msg.round)
+                elif isinstance(msg, TensorChunk) and msg.kind == UPDATE:
+                    update_parts.append(msg)
+                elif isinstance(msg, RoundResult):
+                    await asyncio.to_thread(self._apply_update, update_parts, msg)
+                    update_parts = []
+                    await call.write(wire.site_message(HashReport(msg.round, self.hash)))
+                    if self.round >= self.cfg.train.rounds:
+                        self.finished = True
+                else:
+                    raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
+            await call.done_writing()
+
+    # ------------------------------------------------------------ state
+
+    def _on_welcome(self, w: Welcome) -> None:
+        first = self.cfg is None
+        self.cfg = w.config
+        self.run_id, self.index = w.run_id, w.site_index
+        if first:
+            tok, corpus = load_run_data(w.config.data)
+            self.model = build_model(w.config.model.preset, tok.vocab_size, w.config.model.seed, self.device)
+            shard = corpus.shard(w.site_index, w.config.num_sites, w.config.data.sharding)
+            t = w.config.train
+            self.sampler = BatchSampler(shard, t.batch_size, w.config.model.block_size, t.seed + 1000 * w.site_index)
+            self.inner_opt = torch.optim.AdamW(self.model.parameters(), lr=t.inner_lr, betas=(0.9, 0.95),
+                                               weight_decay=t.inner_weight_decay)
+            self.feedback = ErrorFeedback() if w.config.codec.error_feedback else None
+            self.codec = Codec(w.config.codec)
+            log.info("site %s: run %s, site index %d, %s on %s", self.opts.name, w.run_id, w.site_index,
+                     w.config.model.preset, self.device)
+        self.round = w.round
+        self._expected_hash = w.model_hash
+
+    def _load_model(self, parts: list[TensorChunk]) -> None:
+        values = Codec.decode_many([c.data for c in parts])
+        flat = {k: np.empty(p.numel(), np.float32) for k, p in named_params(self.model).items()}
+        for c, v in zip(parts, values):
+            flat[c.spec.tensor][c.spec.offset: c.spec.offset + c.spec.length] = v
+        load_flat(self.model, flat)
+        self.hash = param_hash(self.model)
+        if self.hash != self._expected_hash:
+            raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self._expected_hash}")
+        log.info("site %s: model at round %d loaded (%s)", self.opts.name, self.round, self.hash)
+
+    def _lr(self, step: int) -> float:
+        t = self.cfg.train
+        total = t.rounds * t.inner_steps
+        if step < t.warmup_steps:
+            return t.inner_lr * (step + 1) / t.warmup_steps
+        progress = min(1.0, (step - t.warmup_steps) / max(1, total - t.warmup_steps))
+        return t.inner_lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    def _train(self, round_: int) -> tuple[dict[str, np.ndarray], dict]:
+        """Inner steps from the current (global) parameters; returns the pseudo-gradient."""
+        t = self.cfg.train
+        start = flat_copy(self.model)
+        t0 = time.perf_counter()
+        losses = []
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else contextlib.nullcontext()
+        self.model.train()
+        for i in range(t.inner_steps):
+            lr = self._lr(round_ * t.inner_steps + i)
+            for g in self.inner_opt.param_groups:
+                g["lr"] = lr
+            x, y = self.sampler.next()
+            x, y = x.to(self.device), y.to(self.device)
+            with autocast:
+                logits = self.model(x)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            self.inner_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if t.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
+            self.inner_opt.step()
+            losses.append(loss.item())
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        compute_s = time.perf_counter() - t0
+        end = flat_copy(self.model)
+        delta = {k: start[k] - end[k] for k in start}
+        # The replica goes back to the global parameters; the PS's update moves it on.
+        load_flat(self.model, start)
+        tokens = t.inner_steps * t.batch_size * self.cfg.model.block_size
+        return delta, dict(train_loss=float(np.mean(losses)), last_train_loss=losses[-1], tokens=tokens,
+                           steps=t.inner_steps, compute_s=compute_s)
+
+    async def _train_and_push(self, call, round_: int) -> None:
+        delta, info = await asyncio.to_thread(self._train, round_)
+        stats = EncodeStats()
+        chunks, _ = await asyncio.to_thread(encode_arrays, delta, self.codec, self.feedback, stats)
+        t0 = time.perf_counter()
+        for i, (spec, enc) in enumerate(chunks):
+            await call.write(wire.site_message(TensorChunk(DELTA, round_, i, len(chunks), spec, enc)))
+        comm_s = time.perf_counter() - t0
+        await call.write(wire.site_message(RoundMetrics(
+            round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
+            huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
+            decode_s=self.last_decode_s, comm_s=comm_s, chunks=len(chunks), **info)))
+        log.info("site %s: round %d pushed, loss %.4f, %.2f MB on the wire (%.2fx)", self.opts.name, round_,
+                 info["train_loss"], stats.wire_bytes / 1e6, stats.ratio)
+
+    def _apply_update(self, parts: list[TensorChunk], result: RoundResult) -> None:
+        if result.round != self.round:
+            raise ProtocolError(f"result for round {result.round}, this replica is at round {self.round}")
+        t0 = time.perf_counter()
+        parts = sorted(parts, key=lambda c: c.index)
+        if not parts or len(parts) != parts[0].count or any(c.round != result.round for c in parts):
+            raise ProtocolError(f"round {result.round}: got {len(parts)} update chunks, "
+                                f"expected {parts[0].count if parts else 'some'}")
+        values = Codec.decode_many([c.data for c in parts])
+        update: dict[str, np.ndarray] = {}
+        for c, v in zip(parts, values):
+            buf = update.setdefault(c.spec.tensor, np.zeros(named_params(self.model)[c.spec.tensor].numel(), np.float32))
+            buf[c.spec.offset: c.spec.offset + c.spec.length] = v
+        apply_update(self.model, update)
+        self.last_decode_s = time.perf_counter() - t0
+        self.round = result.round + 1
+        self.hash = param_hash(self.model)
+        if self.hash != result.model_hash:
+            log.error("site %s: replica hash %s differs from the PS's %s after round %d", self.opts.name,
+                      self.hash, result.model_hash, result.round)
