@@ -182,7 +182,7 @@ def _build(cls: type, d: Any, prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(d) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown config field {prefix}{unknown[0]!r} (known: {', '.join(sorted(fields))})")
+        raise ConfigError(f"unknown config field {prefix + unknown[0]!r} (known: {', '.join(sorted(fields))})")
     kwargs = {}
     for name, value in d.items():
         f = fields[name]

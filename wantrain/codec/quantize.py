@@ -16,6 +16,9 @@ import numpy as np
 from ..errors import CodecError
 
 QMAX = 127
+# Blocks whose largest magnitude is below this are sent as zeros: their scale would be a
+# subnormal float32 with too few bits to quantize against (error feedback keeps the values).
+TINY = np.float32(1e-30)
 
 
 def num_blocks(n: int, block: int) -> int:
@@ -36,7 +39,7 @@ def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     absmax = np.max(np.abs(blocks), axis=1)                   # (nb,)
     if not np.all(np.isfinite(absmax)):
         raise CodecError("cannot quantize non-finite values")
-    scales = (absmax / np.float32(QMAX)).astype(np.float32)   # (nb,)
+    scales = np.where(absmax >= TINY, absmax / np.float32(QMAX), np.float32(0)).astype(np.float32)  # (nb,)
     safe = np.where(scales > 0, scales, np.float32(1))
     q = np.rint(blocks / safe[:, None])                       # (nb, block), |q| <= 127
     np.clip(q, -QMAX, QMAX, out=q)

@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from wantrain.codec import huffman
+from wantrain.errors import CodecError
+
+
+def roundtrip(a: np.ndarray, block: int = huffman.DEFAULT_BLOCK) -> np.ndarray:
+    return huffman.decode(huffman.encode(a, block))
+
+
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(np.int8, st.integers(0, 5000)), st.sampled_from([2, 4, 64, 1024, 4096]))
+def test_roundtrip_any_int8_array(a, block):
+    out = roundtrip(a, block)
+    assert out.dtype == np.uint8
+    assert np.array_equal(out.view(np.int8), a)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 255), st.integers(0, 3000))
+def test_roundtrip_one_symbol(sym, n):
+    a = np.full(n, sym, np.uint8)
+    assert np.array_equal(roundtrip(a), a)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 20000), st.floats(0.01, 0.9))
+def test_roundtrip_skewed(seed, n, p):
+    rng = np.random.default_rng(seed)
+    a = (rng.geometric(p, n) % 256).astype(np.uint8)   # heavily skewed, long codes for rare symbols
+    assert np.array_equal(roundtrip(a), a)
+
+
+def test_roundtrip_edge_cases():
+    for a in [np.empty(0, np.uint8), np.arange(256, dtype=np.uint8), np.arange(256, dtype=np.uint8).repeat(3),
+              np.array([0, 255], np.uint8), np.array([7], np.uint8)]:
+        assert np.array_equal(roundtrip(a), a)
+
+
+def test_code_lengths_are_limited_and_prefix_free():
+    counts = np.array([2 ** min(i, 40) for i in range(256)], dtype=np.int64)  # would need 255-bit codes
+    lengths = huffman.code_lengths(counts)
+    assert lengths.max() <= huffman.MAX_CODE_LEN
+    assert (2.0 ** -lengths.astype(float)).sum() <= 1.0 + 1e-12
+
+
+def test_code_is_optimal_when_unconstrained():
+    # Dyadic probabilities: Huffman lengths equal -log2(p) exactly.
+    counts = np.zeros(256, np.int64)
+    counts[:4] = [8, 4, 2, 2]
+    assert list(huffman.code_lengths(counts)[:4]) == [1, 2, 3, 3]
+
+
+def test_within_005_bits_of_entropy_on_gaussian_symbols():
+    rng = np.random.default_rng(0)
+    q = np.clip(np.rint(rng.standard_normal(1_000_000) * 30), -127, 127).astype(np.int8)
+    counts = np.bincount(q.view(np.uint8), minlength=256)
+    lengths = huffman.code_lengths(counts)
+    avg = float((counts * lengths).sum() / counts.sum())
+    assert avg - huffman.entropy_bits(counts) < 0.06
+
+
+def test_multiple_payloads_with_different_tables_decode_together():
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(0, 256, 3000).astype(np.uint8), np.full(10, 3, np.uint8), np.empty(0, np.uint8),
+              (rng.geometric(0.2, 7777) % 256).astype(np.uint8)]
+    out = huffman.decode_many([huffman.encode(a) for a in arrays])
+    for a, b in zip(arrays, out):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda p: p[:10],                      # truncated header
+    lambda p: bytes([9]) + p[1:],          # unknown version
+    lambda p: p[:-4],                      # stream shorter than the block index says
+    lambda p: p[:2] + b"\x00\x00" + p[4:],  # zero block size
+])
+def test_malformed_payloads_are_rejected(mutate):
+    p = huffman.encode(np.random.default_rng(2).integers(0, 256, 5000).astype(np.uint8))
+    with pytest.raises(CodecError):
+        huffman.decode(mutate(p))

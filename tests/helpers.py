@@ -1,0 +1,71 @@
+"""Shared pieces of the tests that run real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from wantrain.config import RunConfig
+
+
+def small_config(**changes) -> RunConfig:
+    base = {"num_sites": 3, "train.rounds": 4, "train.inner_steps": 8, "train.batch_size": 4,
+            "model.block_size": 64, "train.eval_batches": 2, "train.warmup_steps": 4}
+    base.update(changes)
+    return RunConfig().replace(**base)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wantrain(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "wantrain", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+
+
+class Proc:
+    """A wantrain process that a test started; always killed (with its group) at the end."""
+
+    def __init__(self, *args: str, log: Path) -> None:
+        self.log = log
+        self.f = open(log, "wb")
+        self.p = subprocess.Popen([sys.executable, "-m", "wantrain", *args], stdout=self.f, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, needle: str, timeout: float = 60) -> None:
+        deadline = time.time() + timeout
+        while needle not in self.text():
+            if self.p.poll() is not None or time.time() > deadline:
+                raise AssertionError(f"{needle!r} not seen (exit {self.p.poll()}):\n{self.text()[-3000:]}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.p.wait(10)
+        self.f.close()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

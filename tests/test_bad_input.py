@@ -1,0 +1,110 @@
+"""Bad input gets one clear message that names the problem, and leaves no process behind."""
+
+import json
+import time
+
+import grpc
+import pytest
+
+from wantrain import wire
+from wantrain.messages import PROTOCOL_VERSION
+
+from .helpers import Proc, free_port, pid_alive, small_config, wantrain
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, needle", [
+    (["demo", "--preset", "gpt9"], "model.preset must be one of"),
+    (["demo", "--corpus", "/no/such/corpus"], "corpus path '/no/such/corpus' does not exist"),
+    (["demo", "--rounds", "0"], "train.rounds must be >= 1"),
+])
+def test_cli_names_the_problem(args, needle, tmp_path):
+    r = wantrain(*args, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_bad_config_file_names_the_field(tmp_path):
+    cfg = small_config().to_dict()
+    cfg["codec"]["quant_block"] = -4
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    r = wantrain("ps", "--config", str(tmp_path / "c.json"), "--port", "0")
+    assert r.returncode == 2 and "codec.quant_block must be >= 1" in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(60)
+def test_worker_retries_an_absent_ps_then_gives_up(tmp_path):
+    r = wantrain("worker", "--ps", f"127.0.0.1:{free_port()}", "--site", "lonely", "--connect-timeout", "3")
+    assert r.returncode == 1
+    assert "not reachable" in r.stderr and "retrying in" in r.stderr
+    assert "giving up" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.fixture
+def ps(tmp_path):
+    cfg = small_config(num_sites=2)
+    (tmp_path / "c.json").write_text(cfg.to_json())
+    port = free_port()
+    proc = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
+                log=tmp_path / "ps.log")
+    proc.wait_for("listening on")
+    yield f"127.0.0.1:{port}", proc
+    proc.kill()
+
+
+def raw_join(address: str, **join) -> tuple[list, grpc.RpcError | None]:
+    """Open a Session by hand and send one Join; returns what came back and the final status."""
+    with grpc.insecure_channel(address) as ch:
+        stub = wire.pb_grpc.ParameterServerStub(ch)
+        got = []
+        try:
+            for m in stub.Session(iter([wire.pb.SiteMessage(join=wire.pb.Join(**join))]), timeout=20):
+                got.append(wire.server_message_from_proto(m))
+                if len(got) > 1:
+                    break
+        except grpc.RpcError as e:
+            return got, e
+        return got, None
+
+
+@pytest.mark.timeout(120)
+def test_protocol_version_mismatch(ps):
+    address, proc = ps
+    got, err = raw_join(address, site="old", protocol_version=PROTOCOL_VERSION + 1)
+    assert err is not None and err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "wire protocol" in err.details() and got[0].code == "protocol_version"
+    assert proc.p.poll() is None                      # the PS stays up
+
+
+@pytest.mark.timeout(120)
+def test_duplicate_site_name_is_refused(ps, tmp_path):
+    address, proc = ps
+    first = Proc("worker", "--ps", address, "--site", "twin", "--threads", "1", log=tmp_path / "w1.log")
+    try:
+        first.wait_for("model at round 0 loaded", timeout=60)
+        second = Proc("worker", "--ps", address, "--site", "twin", "--threads", "1", log=tmp_path / "w2.log")
+        try:
+            assert second.p.wait(60) == 1
+            assert "already connected" in second.text() and "Traceback" not in second.text()
+        finally:
+            second.kill()
+        assert first.p.poll() is None and proc.p.poll() is None
+        got, err = raw_join(address, site="", protocol_version=PROTOCOL_VERSION)
+        assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        first.kill()
+    assert not pid_alive(first.p.pid)
+
+
+@pytest.mark.timeout(60)
+def test_garbage_on_the_port_does_not_kill_the_ps(ps):
+    import socket
+    address, proc = ps
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"\x00GARBAGE" * 1000)
+        time.sleep(0.5)
+    got, err = raw_join(address, site="x", protocol_version=PROTOCOL_VERSION)
+    assert got and got[0].__class__.__name__ == "Welcome"
+    assert proc.p.poll() is None

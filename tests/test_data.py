@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from wantrain.data import BatchSampler, ByteTokenizer, GPT2Tokenizer, load_documents, tokenize_corpus
+from wantrain.errors import DataError
+
+
+def test_byte_tokenizer_round_trip():
+    t = ByteTokenizer()
+    ids = t.encode("Wherefore art thou — Romeo?")
+    assert ids.max() < 256 and t.decode(ids) == "Wherefore art thou — Romeo?"
+
+
+def test_gpt2_tokenizer_offline():
+    t = GPT2Tokenizer()
+    ids = t.encode("Hello world")
+    assert list(ids) == [15496, 995]            # GPT-2's own ids
+    assert t.decode(ids) == "Hello world" and t.vocab_size == 50257
+
+
+def test_shakespeare_ships_with_the_package():
+    docs = load_documents("shakespeare")
+    assert len(docs) > 30
+    text = "".join(d.text for d in docs)
+    assert "To be, or not to be" in text and "**" not in text
+
+
+def test_local_files_and_folders(tmp_path):
+    (tmp_path / "a.txt").write_text("first document " * 50)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.md").write_text("second document " * 50)
+    (tmp_path / "ignored.bin").write_bytes(b"\x00\x01")
+    docs = load_documents(str(tmp_path))
+    assert [d.name for d in docs] == ["a.txt", "sub/b.md"]
+    assert load_documents(str(tmp_path / "a.txt"))[0].text.startswith("first")
+
+
+def test_missing_corpus_is_named(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        load_documents(str(tmp_path / "nope"))
+    with pytest.raises(DataError, match="no text files"):
+        load_documents(str(tmp_path))
+
+
+@pytest.mark.parametrize("by", ["contiguous", "document"])
+def test_shards_are_disjoint_and_hold_out_validation(tmp_path, by):
+    from wantrain.data import Document
+    docs = [Document(f"d{i}", f"doc{i} " * (100 + i)) for i in range(9)]
+    c = tokenize_corpus(docs, ByteTokenizer(), 0.1)
+    shards = [c.shard(i, 3, by) for i in range(3)]
+    assert sum(s.size for s in shards) == c.val_start
+    assert all(s.size > 0 for s in shards)
+    if by == "contiguous":
+        assert np.array_equal(np.concatenate(shards), c.tokens[: c.val_start])
+    assert c.val.size == c.tokens.size - c.val_start > 0
+
+
+def test_batch_sampler_resumes_exactly():
+    tokens = np.arange(10_000, dtype=np.int32)
+    a = BatchSampler(tokens, 4, 16, seed=1)
+    for _ in range(3):
+        a.next()
+    state = a.state()
+    x1, y1 = a.next()
+    b = BatchSampler(tokens, 4, 16, seed=99)
+    b.load_state(state)
+    x2, y2 = b.next()
+    assert (x1 == x2).all() and (y1 == y2).all() and (y1[:, :-1] == x1[:, 1:]).all()

@@ -1,0 +1,58 @@
+"""A real PS and three real sites (separate OS processes) over loopback gRPC."""
+
+import pytest
+
+from wantrain.run import Run
+from wantrain.telemetry import read_events, rows
+
+from .helpers import pid_alive, small_config
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["int8-huffman", "fp32"])
+def test_three_sites_train_with_identical_replicas(tmp_path, mode):
+    cfg = small_config(**{"codec.mode": mode, "train.rounds": 4 if mode == "int8-huffman" else 2})
+    run = Run(cfg, run_dir=tmp_path / "run")
+    with run:
+        kinds = [ev["kind"] for ev in run.follow(timeout_s=200)]
+        codes = run.wait_exit(60)
+    pids = [p.pid for p in run.processes()]
+    assert all(c == 0 for c in codes.values()), codes
+    assert not any(pid_alive(p) for p in pids)
+    assert kinds[-1] == "run_end"
+
+    events = read_events(tmp_path / "run")
+    start, ends = rows(events, "run_start")[0], rows(events, "round_end")
+    assert len(ends) == cfg.train.rounds
+    assert len(rows(events, "join")) == 3 and not rows(events, "error")
+
+    # The loss falls: the global model's validation loss, and each site's training loss.
+    vals = [start["val_loss"]] + [e["val_loss"] for e in ends]
+    assert vals[-1] < vals[0] - 0.5, vals
+    for site in ("us-east", "eu-west", "ap-southeast"):
+        mine = [e for e in rows(events, "site_round") if e["site"] == site]
+        assert len(mine) == cfg.train.rounds
+        if len(mine) > 2:
+            assert mine[-1]["train_loss"] < mine[0]["train_loss"]
+
+    # Every round, all four processes hold the same parameters: each site's own hash (computed
+    # in its process after applying the update) equals the PS's.
+    checks = rows(events, "hash_check")
+    assert len(checks) == 3 * cfg.train.rounds
+    for e in ends:
+        mine = [c for c in checks if c["round"] == e["round"]]
+        assert {c["site"] for c in mine} == {"us-east", "eu-west", "ap-southeast"}
+        assert all(c["ok"] and c["site_hash"] == e["model_hash"] for c in mine)
+    assert len({e["model_hash"] for e in ends}) == len(ends)        # and the model really moves
+
+    # The bytes the PS received per round are the bytes the sites' codec produced.
+    for s in rows(events, "site_round"):
+        assert s["received_wire_bytes"] == s["wire_bytes"] > 0
+        expected_raw = 4 * start["num_params"]
+        assert s["raw_bytes"] == expected_raw
+        if mode == "fp32":
+            assert s["wire_bytes"] == expected_raw
+        else:
+            assert 3.9 < s["ratio"] < 5.5 and 5.0 < s["huffman_bits_per_symbol"] < 8.0
+    for e in ends:
+        assert (e["ratio"] > 3.9) if mode != "fp32" else (e["wire_bytes"] == 4 * start["num_params"])
