@@ -95,7 +95,7 @@ class CodecConfig:
 
     mode: str = "int8-huffman"        # "fp32" | "int8" | "int8-huffman"
     quant_block: int = 4096           # elements per int8 scale
-    huffman_block: int = 1024         # symbols per independently decodable Huffman block
+    huffman_block: int = 2048         # symbols per independently decodable Huffman block
     chunk_bytes: int = 1 << 20        # payload bytes per wire chunk (int8: elements)
     error_feedback: bool = True
 

@@ -62,6 +62,7 @@ class _Upload:
     chunks: dict[int, TensorChunk] = field(default_factory=dict)
     wire_bytes: int = 0
     metrics: RoundMetrics | None = None
+    delta: dict[str, np.ndarray] | None = None   # decoded and checked
 
 
 class ParameterServer:
@@ -192,12 +193,19 @@ class ParameterServer:
             raise ProtocolError(f"metrics for round {m.round} from {link.name!r}, which is not in that round")
         if len(up.chunks) != up.count or m.chunks != up.count:
             raise ProtocolError(f"metrics after {len(up.chunks)} of {max(up.count, m.chunks)} delta chunks")
-        up.metrics = m
+        if m.tokens == 0:
+            raise ProtocolError(f"round {m.round} metrics from {link.name!r} report no tokens trained")
+        # Decode and check this site's delta now, while others still train: a bad delta is
+        # rejected here, for this site alone, and never reaches the aggregate.
+        delta = await asyncio.to_thread(self._assemble, link.name, up)
+        if self.uploads.get(link.name) is not up:      # the site left or the round moved on meanwhile
+            return
+        up.delta, up.metrics = delta, m
         fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
         self.recorder.emit("site_round", round=m.round, site=link.name,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
                            received_wire_bytes=up.wire_bytes, **fields)
-        if all(self.uploads[s].metrics is not None for s in self.in_round):
+        if not self.aggregating and all(self.uploads[s].metrics is not None for s in self.in_round):
             await self._finish_round()
 
     def on_hash_report(self, link: SiteLink, h: HashReport) -> None:
@@ -250,7 +258,7 @@ class ParameterServer:
 
     def _aggregate(self, uploads: dict[str, _Upload]) -> tuple[RoundResult, EncodeStats, list[TensorChunk]]:
         """Decode, average, outer step, encode, apply: runs in a worker thread."""
-        deltas = {s: self._assemble(s, up) for s, up in uploads.items()}
+        deltas = {s: up.delta for s, up in uploads.items()}
         weights = {s: float(up.metrics.tokens) for s, up in uploads.items()}
         avg = weighted_average(deltas, weights)
         update = self.outer.update(avg)

@@ -83,3 +83,32 @@ def test_malformed_payloads_are_rejected(mutate):
     p = huffman.encode(np.random.default_rng(2).integers(0, 256, 5000).astype(np.uint8))
     with pytest.raises(CodecError):
         huffman.decode(mutate(p))
+
+
+def _huffman_cost(counts):
+    """Total bits of an unconstrained Huffman code (sum of merged weights)."""
+    import heapq
+    h = [int(c) for c in counts if c > 0]
+    heapq.heapify(h)
+    cost = 0
+    while len(h) > 1:
+        a, b = heapq.heappop(h), heapq.heappop(h)
+        cost += a + b
+        heapq.heappush(h, a + b)
+    return cost
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**6), min_size=256, max_size=256))
+def test_package_merge_is_optimal(counts):
+    counts = np.array(counts, np.int64)
+    lengths = huffman.code_lengths(counts, max_len=12)
+    present = counts > 0
+    assert np.all((lengths > 0) == present) if present.sum() > 1 else True
+    if present.sum() > 1:
+        assert (2.0 ** -lengths[present].astype(float)).sum() <= 1.0
+        cost = int((counts * lengths).sum())
+        unconstrained = _huffman_cost(counts)
+        assert cost >= unconstrained
+        if huffman.code_lengths(counts, max_len=40).max() <= 12:
+            assert cost == unconstrained

@@ -27,7 +27,7 @@ from ..errors import CodecError
 
 VERSION = 1
 MAX_CODE_LEN = 12
-DEFAULT_BLOCK = 1024
+DEFAULT_BLOCK = 2048
 _HEADER = struct.Struct("<BBHI")
 _LENGTHS_BYTES = 128
 
@@ -37,10 +37,12 @@ _LENGTHS_BYTES = 128
 def code_lengths(counts: np.ndarray, max_len: int = MAX_CODE_LEN) -> np.ndarray:
     """Optimal code lengths of at most `max_len` bits (uint8, 0 = absent) for 256 counts.
 
-    Package-merge: an item is a multiset of symbols with a weight; at each of max_len - 1
-    levels, adjacent items of the sorted list are paired into packages and merged back with
-    the leaves. A symbol's code length is how often it appears among the 2n - 2 lightest
-    items of the last list. Each item is kept as a row of per-symbol counts.
+    Package-merge: list 1 holds the symbols by weight; list k+1 merges the symbols with the
+    packages (adjacent pairs) of list k. The 2n - 2 lightest items of the last list are the
+    selection; a symbol's code length is how many selected items contain it. Every list is
+    sorted and packages take the lightest items first, so each selection is a prefix: of the
+    first m items of a list, the c leaves are the c lightest symbols (one more bit each) and
+    the m - c packages select the first 2 (m - c) items of the list below.
     """
     counts = np.asarray(counts, dtype=np.int64)
     present = np.flatnonzero(counts)
@@ -55,17 +57,21 @@ def code_lengths(counts: np.ndarray, max_len: int = MAX_CODE_LEN) -> np.ndarray:
         raise CodecError(f"{n} symbols do not fit in codes of {max_len} bits")
     order = np.argsort(counts[present], kind="stable")
     leaf_w = counts[present][order]                            # (n,) ascending
-    leaf_items = np.eye(n, dtype=np.int64)                     # (n, n) one symbol each
-    weights, items = leaf_w, leaf_items
+    is_leaf = [np.ones(n, bool)]
+    weights = leaf_w
     for _ in range(max_len - 1):
-        k = (weights.size // 2) * 2
-        pack_w = weights[0:k:2] + weights[1:k:2]               # (k/2,)
-        pack_items = items[0:k:2] + items[1:k:2]               # (k/2, n)
+        k = weights.size // 2
+        pack_w = weights[0:2 * k:2] + weights[1:2 * k:2]       # (k,)
         w = np.concatenate([leaf_w, pack_w])
         merged = np.argsort(w, kind="stable")                  # leaves before equal packages
         weights = w[merged]
-        items = np.concatenate([leaf_items, pack_items])[merged]
-    depth = items[: 2 * n - 2].sum(axis=0)                     # (n,)
+        is_leaf.append(merged < n)
+    depth = np.zeros(n, np.int64)
+    m = 2 * n - 2
+    for leaf in reversed(is_leaf):
+        c = int(np.count_nonzero(leaf[:m]))
+        depth[:c] += 1
+        m = 2 * (m - c)
     lengths[present[order]] = depth
     return lengths
 
@@ -74,16 +80,18 @@ def canonical_codes(lengths: np.ndarray) -> np.ndarray:
     """Canonical code of each symbol (uint32): shorter codes first, then by symbol value."""
     lengths = np.asarray(lengths, dtype=np.int64)
     codes = np.zeros(256, dtype=np.uint32)
-    code = 0
-    prev_len = 0
-    for sym in np.lexsort((np.arange(256), lengths)):
-        ln = int(lengths[sym])
-        if ln == 0:
-            continue
-        code <<= ln - prev_len
-        codes[sym] = code
-        code += 1
-        prev_len = ln
+    order = np.lexsort((np.arange(256), lengths))
+    order = order[lengths[order] > 0]
+    if order.size == 0:
+        return codes
+    ln = lengths[order]
+    # The first code of each length L is (first code of L-1 + count of L-1) << 1.
+    per_len = np.bincount(ln, minlength=MAX_CODE_LEN + 2)
+    first = np.zeros(per_len.size, np.int64)
+    for L in range(1, per_len.size):
+        first[L] = (first[L - 1] + per_len[L - 1]) << 1
+    rank = np.arange(order.size) - np.searchsorted(ln, ln)     # position within its length
+    codes[order] = (first[ln] + rank).astype(np.uint32)
     return codes
 
 
@@ -105,7 +113,13 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK) -> bytes:
     if block <= 0 or block % 2 or block * MAX_CODE_LEN > 0xFFFF:
         raise CodecError(f"Huffman block must be even and at most {0xFFFF // MAX_CODE_LEN}, got {block}")
     n = sym.size
-    counts = np.bincount(sym, minlength=256)
+    if n % 2:  # pad to whole pairs with a symbol that has a code; the decoder stops at n
+        sym = np.concatenate([sym, sym[-1:]])
+    pairs = sym.view("<u2")                                    # (m,) = s0 | s1 << 8
+    pair_counts = np.bincount(pairs, minlength=65536).reshape(256, 256)   # [s1, s0]
+    counts = pair_counts.sum(axis=0) + pair_counts.sum(axis=1)
+    if n % 2:
+        counts[sym[-1]] -= 1
     lengths = code_lengths(counts)
     max_len = int(lengths.max()) if n else 0
     header = _HEADER.pack(VERSION, max_len, block, n) + _pack_nibbles(lengths)
@@ -113,11 +127,8 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK) -> bytes:
         return header
     codes = canonical_codes(lengths)
 
-    if n % 2:  # pad to whole pairs with a symbol that has a code; the decoder stops at n
-        sym = np.concatenate([sym, sym[-1:]])
-    pairs = sym.view("<u2")                                    # (m,) = s0 | s1 << 8
     pair_len, pair_code = _pair_tables(lengths, codes)
-    plen = pair_len[pairs]                                     # (m,) uint64, <= 24
+    plen = np.take(pair_len, pairs)                            # (m,) uint8, <= 24 bits
     ends = np.cumsum(plen, dtype=np.uint64)                    # (m,) bit end of each pair
     starts = ends - plen
     total_bits = int(ends[-1])
@@ -129,15 +140,17 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK) -> bytes:
 
     # Each pair's code, left-aligned in 64 bits, is shifted to its offset within its start
     # word w, so it covers bits of words w and w+1. Codes never overlap, so the pairs that
-    # start in the same word add up without carries (sum == OR); a pair is at most 24 bits,
-    # so every word but the last has a pair starting in it and the segments are words 0..K-1.
+    # start in the same word add up without carries (sum == OR). A pair is at most 24 bits, so
+    # every word but the last has a pair starting in it: the segments are words 0..K-1. A
+    # segment's sum is a difference of prefix sums; uint64 wrap-around cancels out exactly.
     word = starts >> np.uint64(5)                              # (m,) non-decreasing
-    aligned = pair_code[pairs] >> (starts & np.uint64(31))     # (m,)
-    seg = np.flatnonzero(word[1:] != word[:-1]) + 1
-    seg = np.concatenate([np.zeros(1, seg.dtype), seg])
-    window = np.add.reduceat(aligned, seg)                     # (K,) words w, w+1 of segment w
+    aligned = np.take(pair_code, pairs)                        # (m,)
+    np.right_shift(aligned, starts & np.uint64(31), out=aligned)
+    prefix = np.cumsum(aligned, out=aligned)
+    last = np.append(np.flatnonzero(word[1:] != word[:-1]), word.size - 1)   # (K,) last pair per word
+    window = np.diff(prefix[last], prepend=np.uint64(0))       # (K,) words w, w+1 of segment w
     nwords = -(-total_bits // 32)
-    stream = np.zeros(seg.size + 1, np.uint64)
+    stream = np.zeros(window.size + 1, np.uint64)
     stream[:-1] = window >> np.uint64(32)
     stream[1:] += window & np.uint64(0xFFFFFFFF)
     words = stream[:nwords].astype(">u4")
@@ -145,17 +158,17 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK) -> bytes:
 
 
 def _pair_tables(lengths: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """65536-entry tables for symbol pairs: total length, and code left-aligned in 64 bits."""
+    """65536-entry tables for symbol pairs: total length (u8), code left-aligned in 64 bits (u64).
+
+    A pair is read as one little-endian u16, index = s0 + 256 * s1: row s1, column s0.
+    """
     ln = lengths.astype(np.uint64)
-    # A pair is read as one little-endian u16: index = s0 + 256 * s1.
-    s0 = np.tile(np.arange(256), 256)
-    s1 = np.repeat(np.arange(256), 256)
-    l0, l1 = ln[s0], ln[s1]
-    total = l0 + l1
-    code = (codes[s0].astype(np.uint64) << l1) | codes[s1].astype(np.uint64)
+    c = codes.astype(np.uint64)
+    total = ln[:, None] + ln[None, :]                          # (256 s1, 256 s0)
+    code = (c[None, :] << ln[:, None]) | c[:, None]            # s0's code, then s1's
     shift = np.where(total > 0, np.uint64(64) - total, np.uint64(0))
     aligned = np.where(total > 0, code << shift, np.uint64(0))
-    return total, aligned
+    return total.astype(np.uint8).reshape(-1), aligned.reshape(-1)
 
 
 def _pack_nibbles(lengths: np.ndarray) -> bytes:
@@ -209,18 +222,25 @@ def _kraft_ok(lengths: np.ndarray) -> bool:
     return int((1 << (MAX_CODE_LEN - present)).sum()) <= (1 << MAX_CODE_LEN)
 
 
-def _decode_table(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """2**MAX_CODE_LEN-entry tables: symbol and code length for each MAX_CODE_LEN-bit window."""
+def _decode_table(lengths: np.ndarray) -> np.ndarray:
+    """2**MAX_CODE_LEN entries (uint16): symbol | code length << 8, for each MAX_CODE_LEN-bit window."""
     order = np.lexsort((np.arange(256), lengths))
     order = order[lengths[order] > 0]
     span = 1 << (MAX_CODE_LEN - lengths[order].astype(np.int64))
-    sym = np.repeat(order.astype(np.uint8), span)
-    ln = np.repeat(lengths[order].astype(np.uint64), span)
+    entry = order.astype(np.uint16) | (lengths[order].astype(np.uint16) << 8)
+    table = np.repeat(entry, span)
     size = 1 << MAX_CODE_LEN
-    if sym.size < size:  # incomplete code (a single symbol): unused windows decode to junk
-        sym = np.concatenate([sym, np.zeros(size - sym.size, np.uint8)])
-        ln = np.concatenate([ln, np.ones(size - ln.size, np.uint64)])
-    return sym, ln
+    if table.size < size:  # incomplete code (a single symbol): unused windows decode to junk
+        table = np.concatenate([table, np.full(size - table.size, 1 << 8, np.uint16)])
+    return table
+
+
+def _transpose(a: np.ndarray, rows: int = 64) -> np.ndarray:
+    """a.T as a contiguous array, copied in bands of rows (about twice numpy's plain copy)."""
+    out = np.empty(a.shape[::-1], a.dtype)
+    for r in range(0, a.shape[0], rows):
+        out[:, r:r + rows] = a[r:r + rows].T
+    return out
 
 
 def decode(payload: bytes) -> np.ndarray:
@@ -248,43 +268,56 @@ def decode_many(payloads: list[bytes]) -> list[np.ndarray]:
     words = np.concatenate([parsed[i].words.astype(np.uint64) for i in live] + [np.zeros(pad, np.uint64)])
     w64 = (words[:-1] << np.uint64(32)) | words[1:]             # window source: word i and i+1
     starts, table_base = [], []
-    sym_tables, len_tables = [], []
+    tables = []
     for k, i in enumerate(live):
         p = parsed[i]
         starts.append(np.cumsum(p.block_bits) - p.block_bits + np.uint64(32 * word_base[k]))
         table_base.append(np.full(p.block_bits.size, k << MAX_CODE_LEN, np.uint64))
-        s, ln = _decode_table(p.lengths)
-        sym_tables.append(s)
-        len_tables.append(ln)
-    pos = np.concatenate(starts).astype(np.uint64)             # (lanes,) bit position
-    base = np.concatenate(table_base)                          # (lanes,)
-    sym_table = np.concatenate(sym_tables)
-    len_table = np.concatenate(len_tables)
+        tables.append(_decode_table(p.lengths))
+    pos = np.concatenate(starts).astype(np.int64)              # (lanes,) bit position
+    pos_u = pos.view(np.uint64)
+    base = np.concatenate(table_base)                          # (lanes,) table offset
+    single_table = len(live) == 1
+    table = np.concatenate(tables)
     lanes = pos.size
 
-    out = np.empty((block, lanes), dtype=np.uint8)             # row i: i-th symbol of every block
-    idx = np.empty(lanes, np.uint64)
+    # Row k of `out` holds symbols 2k and 2k+1 of every block, as one little-endian u16.
+    # One 64-bit window read at a word boundary (shift <= 31) holds two whole codes
+    # (2 * 12 bits), so each pass of the loop decodes two symbols per lane. Indices are int64
+    # views so that np.take takes its fast path.
+    out = np.empty((block // 2, lanes), dtype=np.uint16)
+    idx = np.empty(lanes, np.int64)
     win = np.empty(lanes, np.uint64)
     sh = np.empty(lanes, np.uint64)
+    t = np.empty(lanes, np.uint64)
+    t_i = t.view(np.int64)
+    e1 = np.empty(lanes, np.uint16)                            # table entry: symbol | length << 8
+    e2 = np.empty(lanes, np.uint16)
     ln = np.empty(lanes, np.uint64)
     top = np.uint64(64 - MAX_CODE_LEN)
-    five, low5 = np.uint64(5), np.uint64(31)
-    for i in range(block):
-        np.right_shift(pos, five, out=idx)
-        np.take(w64, idx, out=win)
-        np.bitwise_and(pos, low5, out=sh)
-        np.left_shift(win, sh, out=win)
-        np.right_shift(win, top, out=win)
-        np.add(win, base, out=win)
-        np.take(sym_table, win, out=out[i])
-        np.take(len_table, win, out=ln)
-        np.add(pos, ln, out=pos)
+    low5, eight, low8 = np.uint64(31), np.uint16(8), np.uint16(0xFF)
+    for k in range(block // 2):
+        np.right_shift(pos, 5, out=idx)
+        np.take(w64, idx, out=win, mode="clip")
+        np.bitwise_and(pos_u, low5, out=sh)
+        np.left_shift(win, sh, out=win)                        # next code at the top
+        for e in (e1, e2):
+            np.right_shift(win, top, out=t)
+            if not single_table:
+                np.add(t, base, out=t)
+            np.take(table, t_i, out=e, mode="clip")
+            np.right_shift(e, eight, out=ln)
+            np.left_shift(win, ln, out=win)
+            np.add(pos_u, ln, out=pos_u)
+        np.bitwise_and(e1, low8, out=e1)
+        np.left_shift(e2, eight, out=e2)                       # drops e2's length byte
+        np.bitwise_or(e1, e2, out=out[k])
 
-    by_block = out.T                                           # (lanes, block)
+    by_block = _transpose(out)                                 # (lanes, block / 2) u16
     lane = 0
     for i in live:
         p = parsed[i]
         nb = p.block_bits.size
-        results[i] = np.ascontiguousarray(by_block[lane:lane + nb]).reshape(-1)[: p.n]
+        results[i] = by_block[lane:lane + nb].reshape(-1).view(np.uint8)[: p.n]
         lane += nb
     return results

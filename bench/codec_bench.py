@@ -1,0 +1,93 @@
+"""Codec benchmark on real deltas: bits per parameter per stage, entropy bound, MB/s per core.
+
+Trains a model for a few AdamW steps (a real DiLoCo pseudo-gradient), then codes its int8
+symbols with our Huffman stage and, side by side on the same bytes, with zstd level 1; raw fp32
+and bf16 are the baselines. Encode/decode speeds are single-threaded (per core), best of 3.
+
+    python bench/codec_bench.py [--preset small] [--steps 30 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import best_of, real_delta, save, single_core  # noqa: E402
+
+single_core()
+
+import numpy as np  # noqa: E402
+import zstandard  # noqa: E402
+
+from wantrain.codec import huffman  # noqa: E402
+from wantrain.codec.quantize import quantize_int8  # noqa: E402
+from wantrain.config import CodecConfig  # noqa: E402
+
+
+def measure(flat: np.ndarray, cfg: CodecConfig) -> dict:
+    n = flat.size
+    q, scales = quantize_int8(flat, cfg.quant_block)
+    t_quant = best_of(lambda: quantize_int8(flat, cfg.quant_block))
+    scale_bits = 32 * scales.size / n
+    sym = q.view(np.uint8)
+    # Huffman as the system uses it: one payload per wire chunk, all decoded in one call.
+    step = cfg.chunk_elements()
+    parts = [sym[i:i + step] for i in range(0, n, step)]
+    payloads = [huffman.encode(p, cfg.huffman_block) for p in parts]
+    t_enc = best_of(lambda: [huffman.encode(p, cfg.huffman_block) for p in parts])
+    t_dec = best_of(lambda: huffman.decode_many(payloads))
+    assert all(np.array_equal(a, b) for a, b in zip(huffman.decode_many(payloads), parts))
+    huff_bits = 8 * sum(len(p) for p in payloads) / n
+    # Entropy bound: per chunk (each chunk has its own code), weighted by size.
+    entropy = sum(huffman.entropy_bits(np.bincount(p, minlength=256)) * p.size for p in parts) / n
+    zc = zstandard.ZstdCompressor(level=1)
+    zd = zstandard.ZstdDecompressor()
+    raw = sym.tobytes()
+    z = zc.compress(raw)
+    t_zenc = best_of(lambda: zc.compress(raw))
+    t_zdec = best_of(lambda: zd.decompress(z))
+    mb = n / 1e6  # int8 symbols, one byte each
+    return {
+        "params": n,
+        "bits_per_param": {"fp32": 32.0, "bf16": 16.0, "int8": 8 + scale_bits,
+                           "int8+huffman": huff_bits + scale_bits, "int8+zstd1": 8 * len(z) / n + scale_bits},
+        "huffman_bits_per_symbol": huff_bits,
+        "entropy_bits_per_symbol": entropy,
+        "huffman_minus_entropy": huff_bits - entropy,
+        "huffman_stage_gain": 8 / huff_bits,
+        "ratio_vs_fp32": 32 / (huff_bits + scale_bits),
+        "MBps_per_core": {"quantize (fp32 in)": 4 * mb / t_quant, "huffman encode": mb / t_enc,
+                          "huffman decode": mb / t_dec, "zstd1 compress": mb / t_zenc, "zstd1 decompress": mb / t_zdec},
+        "speed_vs_zstd1": {"encode": t_zenc / t_enc, "decode": t_zdec / t_dec},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--steps", type=int, nargs="+", default=[30, 100])
+    args = ap.parse_args()
+    cfg = CodecConfig()
+    results = {}
+    for steps in args.steps:
+        d = real_delta(args.preset, steps)
+        r = measure(d["flat"], cfg)
+        r["train"] = {"preset": args.preset, "inner_steps": steps, "train_s": d["train_s"], "final_loss": d["final_loss"]}
+        results[f"{args.preset}-{steps}steps"] = r
+        b = r["bits_per_param"]
+        s = r["MBps_per_core"]
+        print(f"\n== {args.preset}, {d['params'] / 1e6:.1f} M params, delta after {steps} AdamW steps ==")
+        print("bits per parameter: " + ", ".join(f"{k} {v:.3f}" for k, v in b.items()))
+        print(f"Huffman: {r['huffman_bits_per_symbol']:.3f} bits/symbol, entropy bound {r['entropy_bits_per_symbol']:.3f} "
+              f"(+{r['huffman_minus_entropy']:.3f}); Huffman stage gain {r['huffman_stage_gain']:.3f}x; "
+              f"total {r['ratio_vs_fp32']:.2f}x vs fp32")
+        print("MB/s per core: " + ", ".join(f"{k} {v:.0f}" for k, v in s.items()))
+        print(f"Huffman speed relative to zstd level 1: encode {r['speed_vs_zstd1']['encode']:.2f}x, "
+              f"decode {r['speed_vs_zstd1']['decode']:.2f}x")
+    print("\nwrote", save("codec", {"config": cfg.__dict__, "results": results}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Server benchmark: wire MB/s a real PS process ingests from three concurrent sites over loopback.
+
+A real `wantrain ps` process runs the real round protocol; three client processes (separate OS
+processes, the real wire code) join, download the model, and for each round push a pre-encoded
+int8+Huffman delta as fast as gRPC flow control lets them. Ingest rate per round = all sites'
+delta bytes / (first chunk sent -> last site's metrics accepted by the stream). The baseline,
+side by side in the same run: the same bytes over plain TCP sockets on loopback (3 senders, one
+receiver process that reads them), reported as a ratio.
+
+    python bench/server_bench.py [--preset small] [--rounds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save  # noqa: E402
+
+SITES = ("us-east", "eu-west", "ap-southeast")
+
+
+def client(address: str, name: str, rounds: int, results: "mp.Queue") -> None:
+    import grpc
+    import numpy as np
+
+    from wantrain import wire
+    from wantrain.codec import Codec, encode_arrays
+    from wantrain.messages import (DELTA, UPDATE, HashReport, Join, RoundMetrics, RoundResult, RoundStart,
+                                   TensorChunk, Welcome)
+    from wantrain.models import build_model
+    from wantrain.replica import named_params
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 8 << 20),
+                                                               ("grpc.use_local_subchannel_pool", 1)]) as ch:
+            call = wire.pb_grpc.ParameterServerStub(ch).Session()
+            await call.write(wire.site_message(Join(name)))
+            chunks = None
+            stats = []
+            while True:
+                msg = wire.server_message_from_proto(await call.read())
+                if isinstance(msg, Welcome) and chunks is None:
+                    cfg = msg.config
+                    model = build_model(cfg.model.preset, 256, cfg.model.seed, "meta")
+                    rng = np.random.default_rng(SITES.index(name))
+                    delta = {k: (rng.standard_normal(p.numel()) * 1e-3).astype(np.float32)
+                             for k, p in named_params(model).items()}
+                    chunks, _ = encode_arrays(delta, Codec(cfg.codec), None)
+                    raw = 4 * sum(v.size for v in delta.values())
+                    wire_bytes = sum(e.wire_bytes for _, e in chunks)
+                elif isinstance(msg, RoundStart):
+                    t0 = time.time()
+                    for i, (spec, enc) in enumerate(chunks):
+                        await call.write(wire.site_message(TensorChunk(DELTA, msg.round, i, len(chunks), spec, enc)))
+                    await call.write(wire.site_message(RoundMetrics(
+                        round=msg.round, train_loss=1.0, last_train_loss=1.0, tokens=1000, steps=1, raw_bytes=raw,
+                        wire_bytes=wire_bytes, huffman_bits_per_symbol=0.0, encode_s=0, decode_s=0, compute_s=0,
+                        comm_s=0, chunks=len(chunks))))
+                    stats.append((msg.round, t0, time.time(), wire_bytes))
+                elif isinstance(msg, RoundResult):
+                    await call.write(wire.site_message(HashReport(msg.round, msg.model_hash)))
+                    if msg.round + 1 >= rounds:
+                        break
+            await call.done_writing()
+            results.put((name, stats))
+
+    asyncio.run(run())
+
+
+def tcp_baseline(nbytes: int, senders: int = 3) -> float:
+    """MB/s of one receiving process reading `nbytes` from each of `senders` processes."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(senders)
+    port = srv.getsockname()[1]
+    code = (f"import socket,time; s=socket.create_connection(('127.0.0.1',{port})); b=bytes(1<<20); n={nbytes}\n"
+            "while n>0:\n s.sendall(b[:min(n,len(b))]); n-=len(b)\ns.close()")
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(senders)]
+    conns = [srv.accept()[0] for _ in range(senders)]
+    t0 = time.time()
+    got = 0
+    import selectors
+    sel = selectors.DefaultSelector()
+    for c in conns:
+        sel.register(c, selectors.EVENT_READ)
+    buf = bytearray(1 << 20)
+    open_conns = len(conns)
+    while open_conns:
+        for key, _ in sel.select():
+            k = key.fileobj.recv_into(buf)
+            if k == 0:
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                open_conns -= 1
+            got += k
+    dt = time.time() - t0
+    for p in procs:
+        p.wait()
+    srv.close()
+    return got / dt / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--rounds", type=int, default=8)
+    args = ap.parse_args()
+
+    from wantrain.config import RunConfig
+    cfg = RunConfig().replace(**{"model.preset": args.preset, "train.rounds": args.rounds, "train.eval_batches": 0})
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "c.json").write_text(cfg.to_json())
+        port_file = Path(tmp) / "port"
+        ps = subprocess.Popen([sys.executable, "-m", "wantrain", "ps", "--config", str(Path(tmp) / "c.json"),
+                               "--port", "0", "--port-file", str(port_file), "--run-dir", tmp],
+                              stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "ps.log", "w"))
+        try:
+            while not port_file.exists():
+                if ps.poll() is not None:
+                    raise SystemExit((Path(tmp) / "ps.log").read_text())
+                time.sleep(0.05)
+            address = f"127.0.0.1:{int(port_file.read_text())}"
+            q: mp.Queue = mp.get_context("spawn").Queue()
+            ctx = mp.get_context("spawn")
+            clients = [ctx.Process(target=client, args=(address, s, args.rounds, q)) for s in SITES]
+            for c in clients:
+                c.start()
+            stats = dict(q.get(timeout=900) for _ in clients)
+            for c in clients:
+                c.join(60)
+            ps.wait(60)
+        finally:
+            if ps.poll() is None:
+                ps.kill()
+        from wantrain.telemetry import read_events, rows
+        events = read_events(tmp)
+    per_round = []
+    for r in range(args.rounds):
+        entries = [next(x for x in stats[s] if x[0] == r) for s in SITES]
+        start, end = min(e[1] for e in entries), max(e[2] for e in entries)
+        per_round.append(sum(e[3] for e in entries) / (end - start) / 1e6)
+    wire_round = sum(next(x for x in stats[s] if x[0] == 0)[3] for s in SITES)
+    ingest = sorted(per_round)[len(per_round) // 2]
+    round_s = [e["round_s"] for e in rows(events, "round_end")]
+    baseline = tcp_baseline(wire_round // 3)
+    result = {"preset": args.preset, "rounds": args.rounds, "wire_MB_per_round_all_sites": wire_round / 1e6,
+              "ingest_MBps_per_round": per_round, "ingest_MBps_median": ingest,
+              "ps_round_s_median": sorted(round_s)[len(round_s) // 2], "raw_tcp_loopback_MBps": baseline,
+              "ingest_vs_raw_tcp": ingest / baseline}
+    print(f"PS ingest from 3 concurrent sites ({args.preset}, {wire_round / 1e6:.1f} MB of int8+Huffman deltas "
+          f"per round): median {ingest:.0f} MB/s (rounds: {', '.join(f'{x:.0f}' for x in per_round)})")
+    print(f"baseline, same bytes over plain TCP on loopback into one process: {baseline:.0f} MB/s; "
+          f"gRPC ingest / raw TCP = {ingest / baseline:.2f}")
+    print(f"whole round at the PS (push + decode + aggregate + encode + send): median {result['ps_round_s_median']:.2f} s")
+    print("wrote", save("server", result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""The PS as a domain object, driven without a network."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from wantrain.codec import Codec, EncodeStats, encode_arrays
+from wantrain.errors import ProtocolError, RejectedError
+from wantrain.messages import (DELTA, MODEL, UPDATE, Join, RoundMetrics, RoundResult, RoundStart, TensorChunk,
+                               Welcome)
+from wantrain.replica import param_hash
+from wantrain.server import ParameterServer
+from wantrain.telemetry import rows
+
+from .helpers import small_config
+
+
+def drain(link):
+    out = []
+    while not link.outbox.empty():
+        out.append(link.outbox.get_nowait())
+    return out
+
+
+def delta_chunks(ps, round_, scale=1e-3, seed=0):
+    rng = np.random.default_rng(seed)
+    delta = {k: (rng.standard_normal(n) * scale).astype(np.float32) for k, n in ps.shapes.items()}
+    stats = EncodeStats()
+    chunks, _ = encode_arrays(delta, Codec(ps.cfg.codec), None, stats)
+    msgs = [TensorChunk(DELTA, round_, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]
+    m = RoundMetrics(round=round_, train_loss=3.0, last_train_loss=3.0, tokens=1000, steps=1,
+                     raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, huffman_bits_per_symbol=0.0,
+                     encode_s=0, decode_s=0, compute_s=0, comm_s=0, chunks=len(msgs))
+    return msgs, m
+
+
+@pytest.mark.timeout(120)
+def test_round_without_network(tmp_path):
+    async def scenario():
+        ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 1}), run_dir=tmp_path)
+        a = ps.join(Join("a"))
+        first = drain(a)
+        assert isinstance(first[0], Welcome) and all(c.kind == MODEL for c in first[1:])
+        assert len(first) - 1 == first[0].model_chunks
+        with pytest.raises(RejectedError, match="already connected"):
+            ps.join(Join("a"))
+        with pytest.raises(RejectedError, match="wire protocol"):
+            ps.join(Join("b", protocol_version=99))
+        b = ps.join(Join("b"))
+        drain(b)
+        with pytest.raises(RejectedError, match="already has its 2 sites"):
+            ps.join(Join("c"))
+        assert isinstance(a.outbox.get_nowait(), RoundStart)
+        h0 = ps.hash
+
+        msgs, m = delta_chunks(ps, 0)
+        with pytest.raises(ProtocolError, match="round 5"):
+            ps.on_chunk(a, TensorChunk(DELTA, 5, 0, msgs[0].count, msgs[0].spec, msgs[0].data))
+        for c in msgs:
+            ps.on_chunk(a, c)
+        with pytest.raises(ProtocolError, match="arrived twice"):
+            ps.on_chunk(a, msgs[0])
+        await ps.on_metrics(a, m)
+        assert ps.round == 0 and ps.hash == h0          # waits for b
+        msgs_b, m_b = delta_chunks(ps, 0, seed=1)
+        for c in msgs_b:
+            ps.on_chunk(b, c)
+        await ps.on_metrics(b, m_b)
+        assert ps.round == 1 and ps.hash != h0 and ps.hash == param_hash(ps.model)
+        out = drain(a)
+        assert all(c.kind == UPDATE for c in out[:-1]) and isinstance(out[-1], RoundResult)
+        assert out[-1].model_hash == ps.hash and ps.done.is_set()
+        ev = ps.recorder.events
+        assert any('"kind":"round_end"' in e for e in ev) and any('"kind":"run_end"' in e for e in ev)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_bad_delta_never_touches_the_model(tmp_path):
+    async def scenario():
+        ps = ParameterServer(small_config(num_sites=1), run_dir=tmp_path)
+        a = ps.join(Join("a"))
+        drain(a)
+        h0 = ps.hash
+        msgs, m = delta_chunks(ps, 0)
+        with pytest.raises(ProtocolError, match="unknown tensor"):
+            bad = msgs[0]
+            ps.on_chunk(a, TensorChunk(DELTA, 0, 0, bad.count, type(bad.spec)("nope", 0, 1), bad.data))
+        with pytest.raises(ProtocolError, match="outside"):
+            ps.on_chunk(a, TensorChunk(DELTA, 0, 0, bad.count, type(bad.spec)(bad.spec.tensor, 10**9, bad.spec.length),
+                                       bad.data))
+        with pytest.raises(ProtocolError, match="metrics after"):
+            await ps.on_metrics(a, m)
+        assert ps.hash == h0 == param_hash(ps.model) and ps.round == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path):
+    from wantrain.codec import Encoded
+
+    async def scenario():
+        ps = ParameterServer(small_config(num_sites=1), run_dir=tmp_path)
+        a = ps.join(Join("a"))
+        drain(a)
+        h0 = ps.hash
+        msgs, m = delta_chunks(ps, 0)
+        first = msgs[0]
+        values = np.zeros(first.spec.length, np.float32)
+        values[3] = np.nan
+        poisoned = TensorChunk(DELTA, 0, 0, first.count, first.spec, Encoded("fp32", first.spec.length, 0, b"",
+                                                                             values.tobytes()))
+        for c in [poisoned] + msgs[1:]:
+            ps.on_chunk(a, c)
+        with pytest.raises(ProtocolError, match="non-finite"):
+            await ps.on_metrics(a, m)
+        assert ps.hash == h0 == param_hash(ps.model) and ps.round == 0 and not ps.aggregating
+
+    asyncio.run(scenario())
