@@ -29,6 +29,7 @@ protos: $(STAMP)
 	$(BIN)/python tools/gen_protos.py
 
 lab: $(STAMP)
+	$(PIP) install -q jupyterlab
 	$(BIN)/python -m jupyter lab
 
 clean:

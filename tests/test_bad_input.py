@@ -108,3 +108,20 @@ def test_garbage_on_the_port_does_not_kill_the_ps(ps):
     got, err = raw_join(address, site="x", protocol_version=PROTOCOL_VERSION)
     assert got and got[0].__class__.__name__ == "Welcome"
     assert proc.p.poll() is None
+
+
+@pytest.mark.timeout(60)
+def test_corrupt_chunk_after_join_gets_invalid_argument(ps):
+    address, proc = ps
+    chunk = wire.pb.Chunk(kind=wire.pb.CHUNK_KIND_DELTA, round=0, index=0, count=1, tensor="wte.weight", offset=0,
+                          length=4, encoding=wire.pb.ENCODING_FP32, payload=b"\x00" * 16, crc32=12345)
+    msgs = [wire.pb.SiteMessage(join=wire.pb.Join(site="mallory", protocol_version=PROTOCOL_VERSION)),
+            wire.pb.SiteMessage(chunk=chunk)]
+    with grpc.insecure_channel(address) as ch:
+        stub = wire.pb_grpc.ParameterServerStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            for _ in stub.Session(iter(msgs), timeout=20):
+                pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "CRC" in info.value.details()
+    assert proc.p.poll() is None
+    proc.wait_for("site mallory left: rejected")

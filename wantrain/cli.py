@@ -27,8 +27,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from .server import ParameterServer, serve
 
     _setup_logging()
+    from .run import new_run_dir
+
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
-    ps = ParameterServer(cfg, run_dir=args.run_dir, exit_when_done=not args.keep_running)
+    run_dir = args.run_dir or new_run_dir()
+    ps = ParameterServer(cfg, run_dir=run_dir, exit_when_done=not args.keep_running)
     asyncio.run(serve(ps, args.host, args.port, args.port_file))
     return 0
 
@@ -87,15 +90,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 bar.write(f"  error: {ev['message']}")
         bar.close()
         run.wait_exit(30)
-    s = summarize(run.events)
+    from .telemetry import read_events
+    events = read_events(run.run_dir)       # includes what arrived after run_end (last hash checks)
+    s = summarize(events)
     report = write_report(run.run_dir)
     print()
     print(f"{'round':>5} {'val loss':>9} {'uplink MB':>10} {'ratio':>6} {'Huffman b/sym':>14} {'round s':>8}")
     by_round: dict[int, list[dict]] = {}
-    for e in run.events:
+    for e in events:
         if e["kind"] == "site_round":
             by_round.setdefault(e["round"], []).append(e)
-    for e in (e for e in run.events if e["kind"] == "round_end"):
+    for e in (e for e in events if e["kind"] == "round_end"):
         ups = by_round.get(e["round"], [])
         up_wire = sum(u["wire_bytes"] for u in ups)
         up_raw = sum(u["raw_bytes"] for u in ups)
@@ -141,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     s.add_argument("--port-file", default=None, help="write the bound port here once listening")
-    s.add_argument("--run-dir", default=None, help="telemetry folder (events.jsonl)")
+    s.add_argument("--run-dir", default=None, help="telemetry folder for events.jsonl (default runs/<time>)")
     s.add_argument("--keep-running", action="store_true", help="keep serving after the last round")
     s.set_defaults(func=cmd_ps)
 

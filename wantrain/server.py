@@ -15,6 +15,7 @@ sends the update chunks and a RoundResult (with the new parameter hash) to every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -313,6 +314,8 @@ class Servicer(wire.pb_grpc.ParameterServerServicer):
         self.ps = ps
 
     async def Session(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        # An async generator: gRPC writes what we yield, so no write is ever in flight when the
+        # handler ends. A reader task feeds the site's messages to the PS.
         ps = self.ps
         peer = context.peer()
         try:
@@ -329,44 +332,48 @@ class Servicer(wire.pb_grpc.ParameterServerServicer):
         except RejectedError as e:
             log.warning("rejected site %r from %s: %s", first.site, peer, e)
             ps.recorder.emit("error", site=first.site, code=e.code, message=str(e))
-            await context.write(wire.server_message(ErrorMessage(e.code, str(e))))
+            yield wire.server_message(ErrorMessage(e.code, str(e)))
             await context.abort(_REJECT_STATUS.get(e.code, grpc.StatusCode.FAILED_PRECONDITION), str(e))
             return
 
-        async def pump_out() -> None:
+        failure: list[Exception] = []
+
+        async def read() -> None:
+            try:
+                async for raw in request_iterator:
+                    msg = wire.site_message_from_proto(raw)
+                    if isinstance(msg, TensorChunk):
+                        ps.on_chunk(link, msg)
+                    elif isinstance(msg, RoundMetrics):
+                        await ps.on_metrics(link, msg)
+                    elif isinstance(msg, HashReport):
+                        ps.on_hash_report(link, msg)
+                    else:
+                        raise ProtocolError(f"unexpected {type(msg).__name__} after joining")
+            except (ProtocolError, CodecError) as e:
+                failure.append(e)
+                log.warning("site %s sent a bad message: %s", link.name, e)
+                ps.recorder.emit("error", site=link.name, code="invalid_message", message=str(e))
+            except Exception as e:  # the connection broke
+                failure.append(ConnectionError(str(e) or type(e).__name__))
+            finally:
+                link.outbox.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
             while True:
                 msg = await link.outbox.get()
                 if msg is None:
-                    return
-                await context.write(wire.server_message(msg))
-
-        writer = asyncio.create_task(pump_out())
-        reason = "stream closed by the site"
-        try:
-            async for raw in request_iterator:
-                msg = wire.site_message_from_proto(raw)
-                if isinstance(msg, TensorChunk):
-                    ps.on_chunk(link, msg)
-                elif isinstance(msg, RoundMetrics):
-                    await ps.on_metrics(link, msg)
-                elif isinstance(msg, HashReport):
-                    ps.on_hash_report(link, msg)
-                else:
-                    raise ProtocolError(f"unexpected {type(msg).__name__} after joining")
-        except (ProtocolError, CodecError) as e:
-            reason = f"rejected: {e}"
-            log.warning("site %s sent a bad message: %s", link.name, e)
-            ps.recorder.emit("error", site=link.name, code="invalid_message", message=str(e))
-            ps.leave(link, reason)
-            writer.cancel()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            return
-        except asyncio.CancelledError:
-            reason = "connection lost"
-            raise
+                    break
+                yield wire.server_message(msg)
         finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            reason = f"rejected: {failure[0]}" if failure else "stream closed by the site"
             ps.leave(link, reason)
-            writer.cancel()
+        if failure and not isinstance(failure[0], ConnectionError):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure[0]))
 
     async def Watch(self, request, context):  # noqa: N802
         rec = self.ps.recorder
