@@ -35,6 +35,15 @@ def delta_chunks(ps, round_, scale=1e-3, seed=0):
     return msgs, m
 
 
+def one_site_round(tmp_path):
+    """A PS for one site, that site joined and in round 0, and a valid delta for it."""
+    ps = ParameterServer(small_config(num_sites=1), run_dir=tmp_path)
+    a = ps.join(Join("a"))
+    drain(a)
+    msgs, m = delta_chunks(ps, 0)
+    return ps, a, msgs, m
+
+
 @pytest.mark.timeout(120)
 def test_round_without_network(tmp_path):
     async def scenario():
@@ -80,11 +89,8 @@ def test_round_without_network(tmp_path):
 @pytest.mark.timeout(120)
 def test_bad_delta_never_touches_the_model(tmp_path):
     async def scenario():
-        ps = ParameterServer(small_config(num_sites=1), run_dir=tmp_path)
-        a = ps.join(Join("a"))
-        drain(a)
+        ps, a, msgs, m = one_site_round(tmp_path)
         h0 = ps.hash
-        msgs, m = delta_chunks(ps, 0)
         with pytest.raises(ProtocolError, match="unknown tensor"):
             bad = msgs[0]
             ps.on_chunk(a, TensorChunk(DELTA, 0, 0, bad.count, type(bad.spec)("nope", 0, 1), bad.data))
@@ -103,11 +109,8 @@ def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path):
     from wantrain.codec import Encoded
 
     async def scenario():
-        ps = ParameterServer(small_config(num_sites=1), run_dir=tmp_path)
-        a = ps.join(Join("a"))
-        drain(a)
+        ps, a, msgs, m = one_site_round(tmp_path)
         h0 = ps.hash
-        msgs, m = delta_chunks(ps, 0)
         first = msgs[0]
         values = np.zeros(first.spec.length, np.float32)
         values[3] = np.nan
