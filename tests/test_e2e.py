@@ -56,3 +56,19 @@ def test_three_sites_train_with_identical_replicas(tmp_path, mode):
             assert 3.9 < s["ratio"] < 5.5 and 5.0 < s["huffman_bits_per_symbol"] < 8.0
     for e in ends:
         assert (e["ratio"] > 3.9) if mode != "fp32" else (e["wire_bytes"] == 4 * start["num_params"])
+
+
+@pytest.mark.timeout(180)
+def test_a_site_that_dies_fails_the_run_and_nothing_is_left(tmp_path):
+    import os
+    import signal
+
+    from wantrain.errors import ProcessError
+
+    run = Run(small_config(**{"train.rounds": 50}), run_dir=tmp_path / "run")
+    with pytest.raises(ProcessError, match="site eu-west exited with code -9"):
+        with run:
+            for ev in run.follow(timeout_s=150):
+                if ev["kind"] == "round_end":
+                    os.kill(run.workers["eu-west"].pid, signal.SIGKILL)
+    assert not any(pid_alive(p.pid) for p in run.processes())

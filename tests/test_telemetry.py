@@ -1,0 +1,40 @@
+import json
+
+import pytest
+
+from wantrain.telemetry import SCHEMA_VERSION, Recorder, read_events, rows
+
+
+def test_record_and_read_back(tmp_path):
+    rec = Recorder(tmp_path / "events.jsonl")
+    seen = []
+    unsubscribe = rec.subscribe(lambda: seen.append(1))
+    rec.emit("join", site="a", site_index=0, device="cpu", resumed=False)
+    rec.emit("round_end", round=0, val_loss=float("nan"), model_hash="h")
+    unsubscribe()
+    rec.emit("run_end", rounds=1, val_loss=2.0)
+    rec.close()
+    events = read_events(tmp_path)
+    assert [e["seq"] for e in events] == [0, 1, 2] and len(seen) == 2
+    assert all(e["v"] == SCHEMA_VERSION and e["elapsed_s"] >= 0 for e in events)
+    assert rows(events, "round_end")[0]["val_loss"] is None       # NaN is not JSON: it becomes null
+    assert rows(events, "join")[0]["site"] == "a"
+    # A restarted recorder continues the same log and numbering.
+    again = Recorder(tmp_path / "events.jsonl")
+    assert again.emit("error", code="x", message="y")["seq"] == 3
+    again.close()
+
+
+def test_unknown_kind_and_bad_files(tmp_path):
+    rec = Recorder(None)
+    with pytest.raises(ValueError, match="unknown telemetry event kind"):
+        rec.emit("nonsense")
+    p = tmp_path / "events.jsonl"
+    p.write_text(json.dumps({"v": 99, "seq": 0, "kind": "join"}) + "\n")
+    with pytest.raises(ValueError, match="schema version 99"):
+        read_events(p)
+    p.write_text("{not json\n")
+    with pytest.raises(ValueError, match="events.jsonl:1"):
+        read_events(p)
+    with pytest.raises(FileNotFoundError):
+        read_events(tmp_path / "nowhere")
