@@ -2,7 +2,7 @@
 
 Trains a model for a few AdamW steps (a real DiLoCo pseudo-gradient), then codes its int8
 symbols with our Huffman stage and, side by side on the same bytes, with zstd level 1; raw fp32
-and bf16 are the baselines. Encode/decode speeds are single-threaded (per core), best of 3.
+and bf16 are the baselines. Encode/decode speeds are single-threaded (per core), best of 5.
 
     python bench/codec_bench.py [--preset small] [--steps 30 100]
 """

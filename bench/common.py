@@ -49,7 +49,7 @@ def real_delta(preset: str = "small", steps: int = 30, batch: int = 8, block: in
             "flat": np.concatenate(list(delta.values()))}
 
 
-def best_of(fn, repeats: int = 3) -> float:
+def best_of(fn, repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
