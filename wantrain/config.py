@@ -96,6 +96,7 @@ class CodecConfig:
     mode: str = "int8-huffman"        # "fp32" | "int8" | "int8-huffman"
     quant_block: int = 4096           # elements per int8 scale
     huffman_block: int = 2048         # symbols per independently decodable Huffman block
+    huffman_tables: int = 2           # codes per chunk; each block picks one by its spread
     chunk_bytes: int = 1 << 20        # payload bytes per wire chunk (int8: elements)
     error_feedback: bool = True
 
@@ -104,6 +105,7 @@ class CodecConfig:
         _check(self.quant_block >= 1, f"{prefix}.quant_block", "must be >= 1", self.quant_block)
         _check(2 <= self.huffman_block <= 5460 and self.huffman_block % 2 == 0,
                f"{prefix}.huffman_block", "must be even and in [2, 5460]", self.huffman_block)
+        _check(1 <= self.huffman_tables <= 4, f"{prefix}.huffman_tables", "must be in [1, 4]", self.huffman_tables)
         _check(4096 <= self.chunk_bytes <= (1 << 20), f"{prefix}.chunk_bytes", "must be in [4096, 1048576]",
                self.chunk_bytes)
 

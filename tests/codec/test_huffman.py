@@ -8,14 +8,14 @@ from wantrain.codec import huffman
 from wantrain.errors import CodecError
 
 
-def roundtrip(a: np.ndarray, block: int = huffman.DEFAULT_BLOCK) -> np.ndarray:
-    return huffman.decode(huffman.encode(a, block))
+def roundtrip(a: np.ndarray, block: int = huffman.DEFAULT_BLOCK, tables: int = huffman.DEFAULT_TABLES) -> np.ndarray:
+    return huffman.decode(huffman.encode(a, block, tables))
 
 
 @settings(max_examples=300, deadline=None)
-@given(hnp.arrays(np.int8, st.integers(0, 5000)), st.sampled_from([2, 4, 64, 1024, 4096]))
-def test_roundtrip_any_int8_array(a, block):
-    out = roundtrip(a, block)
+@given(hnp.arrays(np.int8, st.integers(0, 5000)), st.sampled_from([2, 4, 64, 1024, 4096]), st.integers(1, 4))
+def test_roundtrip_any_int8_array(a, block, tables):
+    out = roundtrip(a, block, tables)
     assert out.dtype == np.uint8
     assert np.array_equal(out.view(np.int8), a)
 
@@ -71,6 +71,25 @@ def test_multiple_payloads_with_different_tables_decode_together():
     out = huffman.decode_many([huffman.encode(a) for a in arrays])
     for a, b in zip(arrays, out):
         assert np.array_equal(a, b)
+
+
+def test_several_tables_beat_one_on_a_mixture():
+    rng = np.random.default_rng(3)
+    narrow = np.clip(np.rint(rng.standard_normal(64 * 2048) * 3), -127, 127)
+    wide = np.clip(np.rint(rng.standard_normal(64 * 2048) * 60), -127, 127)
+    mix = np.stack([narrow.reshape(64, 2048), wide.reshape(64, 2048)], 1).reshape(-1).astype(np.int8)
+    one, two = huffman.encode(mix, 2048, 1), huffman.encode(mix, 2048, 2)
+    assert len(two) < 0.9 * len(one)
+    assert np.array_equal(huffman.decode(two).view(np.int8), mix)
+
+
+def test_block_naming_a_missing_table_is_rejected():
+    a = np.random.default_rng(4).integers(-100, 100, 20 * 2048).astype(np.int8)
+    p = bytearray(huffman.encode(a, 2048, 2))
+    assert p[1] == 2
+    p[8 + 2 * 128] = 7                     # first block's table id
+    with pytest.raises(CodecError, match="table"):
+        huffman.decode(bytes(p))
 
 
 @pytest.mark.parametrize("mutate", [

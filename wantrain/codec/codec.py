@@ -91,7 +91,7 @@ class Codec:
             if mode == "int8":
                 payload = q.tobytes()
             else:
-                payload = huffman.encode(q, self.cfg.huffman_block)
+                payload = huffman.encode(q, self.cfg.huffman_block, self.cfg.huffman_tables)
                 if stats is not None:
                     counts = np.bincount(q.view(np.uint8), minlength=256)
                     stats.entropy_bits += huffman.entropy_bits(counts) * q.size

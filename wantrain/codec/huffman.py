@@ -3,18 +3,24 @@
 Layout of one encoded payload (all integers little-endian unless said otherwise):
 
     u8   format version (1)
-    u8   max code length L used by this payload (<= MAX_CODE_LEN)
+    u8   number of code tables T (1 .. MAX_TABLES)
     u16  symbols per block B
     u32  number of symbols n
-    128  code lengths of symbols 0..255, one nibble each (low nibble first); 0 = absent
-    u16  bit length of each of the ceil(n / B) blocks
+    T x 128  code lengths of symbols 0..255 per table, one nibble each (low nibble first)
+    u8   table of each of the ceil(n / B) blocks (only when T > 1)
+    u16  bit length of each block
     ...  the bit stream, as big-endian u32 words, blocks back to back with no padding
 
 Blocks are independently decodable given their start bit (the prefix sum of the block bit
-lengths), so the decoder runs all blocks of all payloads in lock step: each numpy operation
-advances every block by one symbol. Codes are at most L <= 12 bits, so one lookup in a
-2**L-entry table decodes a symbol. The encoder works on symbol pairs (one 65536-entry table
-lookup gives both codes), which halves the number of elements it touches.
+lengths) and their table, so the decoder runs all blocks of all payloads in lock step: each
+numpy operation advances every block by one symbol. Codes are at most 12 bits, so one lookup
+in a 4096-entry table decodes a symbol. The encoder works on symbol pairs (one 65536-entry
+table lookup gives both codes), which halves the number of elements it touches.
+
+Why several tables: the int8 symbols of a delta are a mixture (blocks whose scale was set by
+an outlier hold narrow distributions, others wide ones). Splitting the blocks by their spread
+into T groups with a code each takes back most of what one code loses to the mixture, at the
+cost of one byte per block.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from ..errors import CodecError
 
 VERSION = 1
 MAX_CODE_LEN = 12
+MAX_TABLES = 4
 DEFAULT_BLOCK = 2048
+DEFAULT_TABLES = 2
 _HEADER = struct.Struct("<BBHI")
 _LENGTHS_BYTES = 128
 
@@ -107,35 +115,50 @@ def entropy_bits(counts: np.ndarray) -> float:
 
 # ---------------------------------------------------------------- encoding
 
-def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK) -> bytes:
-    """Huffman-code a flat uint8 or int8 array into one self-describing payload."""
+def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAULT_TABLES) -> bytes:
+    """Huffman-code a flat uint8 or int8 array into one self-describing payload.
+
+    Up to `tables` codes are used, each block choosing one by its spread (mean |int8 value|),
+    so the split helps int8 symbols centred on zero; any bytes round-trip exactly.
+    """
     sym = np.ascontiguousarray(symbols).view(np.uint8).reshape(-1)
     if block <= 0 or block % 2 or block * MAX_CODE_LEN > 0xFFFF:
         raise CodecError(f"Huffman block must be even and at most {0xFFFF // MAX_CODE_LEN}, got {block}")
+    if not 1 <= tables <= MAX_TABLES:
+        raise CodecError(f"Huffman tables must be in [1, {MAX_TABLES}], got {tables}")
     n = sym.size
+    nblocks = -(-n // block)
+    if n == 0:
+        return _HEADER.pack(VERSION, 1, block, 0) + _pack_nibbles(np.zeros(256, np.uint8))
+    group = _block_groups(sym, block, tables)                  # (nblocks,) table of each block
+    T = int(group.max()) + 1
     if n % 2:  # pad to whole pairs with a symbol that has a code; the decoder stops at n
         sym = np.concatenate([sym, sym[-1:]])
     pairs = sym.view("<u2")                                    # (m,) = s0 | s1 << 8
-    pair_counts = np.bincount(pairs, minlength=65536).reshape(256, 256)   # [s1, s0]
-    counts = pair_counts.sum(axis=0) + pair_counts.sum(axis=1)
+    half = block // 2
+    if T == 1:
+        idx = pairs
+    else:  # idx = pair | table << 16, one pass over the pairs block by block
+        idx = np.empty(pairs.size, np.uint32)
+        full = pairs.size // half
+        np.bitwise_or(pairs[:full * half].reshape(full, half), group[:full, None].astype(np.uint32) << 16,
+                      out=idx[:full * half].reshape(full, half))
+        idx[full * half:] = pairs[full * half:] | (np.uint32(group[-1]) << 16)
+    pair_counts = np.bincount(idx, minlength=T * 65536).reshape(T, 256, 256)   # [table, s1, s0]
+    counts = pair_counts.sum(axis=1) + pair_counts.sum(axis=2)                  # (T, 256)
     if n % 2:
-        counts[sym[-1]] -= 1
-    lengths = code_lengths(counts)
-    max_len = int(lengths.max()) if n else 0
-    header = _HEADER.pack(VERSION, max_len, block, n) + _pack_nibbles(lengths)
-    if n == 0:
-        return header
-    codes = canonical_codes(lengths)
+        counts[group[-1], sym[-1]] -= 1
+    lengths = [code_lengths(c) for c in counts]
+    pair_len, pair_code = zip(*(_pair_tables(ln, canonical_codes(ln)) for ln in lengths))
+    pair_len, pair_code = np.concatenate(pair_len), np.concatenate(pair_code)
 
-    pair_len, pair_code = _pair_tables(lengths, codes)
-    plen = np.take(pair_len, pairs)                            # (m,) uint8, <= 24 bits
+    plen = np.take(pair_len, idx)                              # (m,) uint8, <= 24 bits
     ends = np.cumsum(plen, dtype=np.uint64)                    # (m,) bit end of each pair
     starts = ends - plen
     total_bits = int(ends[-1])
 
     # Block bit lengths: block k covers pairs [k*B/2, (k+1)*B/2).
-    half = block // 2
-    block_ends = np.append(ends[half - 1::half], total_bits)[: -(-n // block)]
+    block_ends = np.append(ends[half - 1::half], total_bits)[:nblocks]
     block_bits = np.diff(block_ends, prepend=0).astype("<u2")
 
     # Each pair's code, left-aligned in 64 bits, is shifted to its offset within its start
@@ -144,7 +167,7 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK) -> bytes:
     # every word but the last has a pair starting in it: the segments are words 0..K-1. A
     # segment's sum is a difference of prefix sums; uint64 wrap-around cancels out exactly.
     word = starts >> np.uint64(5)                              # (m,) non-decreasing
-    aligned = np.take(pair_code, pairs)                        # (m,)
+    aligned = np.take(pair_code, idx)                          # (m,)
     np.right_shift(aligned, starts & np.uint64(31), out=aligned)
     prefix = np.cumsum(aligned, out=aligned)
     last = np.append(np.flatnonzero(word[1:] != word[:-1]), word.size - 1)   # (K,) last pair per word
@@ -154,7 +177,26 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK) -> bytes:
     stream[:-1] = window >> np.uint64(32)
     stream[1:] += window & np.uint64(0xFFFFFFFF)
     words = stream[:nwords].astype(">u4")
-    return header + block_bits.tobytes() + words.tobytes()
+    header = _HEADER.pack(VERSION, T, block, n) + b"".join(_pack_nibbles(ln) for ln in lengths)
+    block_tables = group.astype(np.uint8).tobytes() if T > 1 else b""
+    return header + block_tables + block_bits.tobytes() + words.tobytes()
+
+
+def _block_groups(sym: np.ndarray, block: int, tables: int) -> np.ndarray:
+    """Table index of each block: blocks split into `tables` groups by mean |int8 value|."""
+    n = sym.size
+    nblocks = -(-n // block)
+    if tables == 1 or nblocks < 2 * tables:
+        return np.zeros(nblocks, np.int64)
+    signed = sym.view(np.int8)
+    full = n // block
+    spread = np.abs(signed[:full * block].reshape(full, block)).sum(axis=1, dtype=np.int64) / block
+    if full < nblocks:
+        spread = np.append(spread, np.abs(signed[full * block:]).sum(dtype=np.int64) / (n - full * block))
+    cuts = np.quantile(spread, np.arange(1, tables) / tables)
+    group = np.searchsorted(cuts, spread, side="right")
+    used = np.unique(group)                                    # ties can leave a group empty
+    return np.searchsorted(used, group).astype(np.int64)
 
 
 def _pair_tables(lengths: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -187,22 +229,31 @@ def _unpack_nibbles(raw: bytes) -> np.ndarray:
 # ---------------------------------------------------------------- decoding
 
 class _Parsed:
-    __slots__ = ("n", "block", "max_len", "lengths", "block_bits", "words")
+    __slots__ = ("n", "block", "tables", "lengths", "block_table", "block_bits", "words")
 
     def __init__(self, payload: bytes) -> None:
         if len(payload) < _HEADER.size + _LENGTHS_BYTES:
             raise CodecError(f"Huffman payload too short ({len(payload)} bytes)")
-        version, self.max_len, self.block, self.n = _HEADER.unpack_from(payload, 0)
+        version, self.tables, self.block, self.n = _HEADER.unpack_from(payload, 0)
         if version != VERSION:
             raise CodecError(f"unknown Huffman payload version {version}")
-        if self.max_len > MAX_CODE_LEN or self.block == 0 or self.block % 2:
-            raise CodecError(f"bad Huffman header (max_len={self.max_len}, block={self.block})")
-        pos = _HEADER.size
-        self.lengths = _unpack_nibbles(payload[pos:pos + _LENGTHS_BYTES])
-        pos += _LENGTHS_BYTES
-        if self.lengths.max(initial=0) > self.max_len:
-            raise CodecError("Huffman code length exceeds the header's maximum")
+        if not 1 <= self.tables <= MAX_TABLES or self.block == 0 or self.block % 2:
+            raise CodecError(f"bad Huffman header (tables={self.tables}, block={self.block})")
         nblocks = -(-self.n // self.block)
+        need = _HEADER.size + self.tables * _LENGTHS_BYTES + (nblocks if self.tables > 1 else 0) + 2 * nblocks
+        if len(payload) < need:
+            raise CodecError(f"Huffman payload of {len(payload)} bytes is shorter than its header ({need})")
+        pos = _HEADER.size
+        self.lengths = [_unpack_nibbles(payload[pos + k * _LENGTHS_BYTES: pos + (k + 1) * _LENGTHS_BYTES])
+                        for k in range(self.tables)]
+        pos += self.tables * _LENGTHS_BYTES
+        if self.tables > 1:
+            self.block_table = np.frombuffer(payload, dtype=np.uint8, count=nblocks, offset=pos).astype(np.uint64)
+            pos += nblocks
+            if self.block_table.size and int(self.block_table.max()) >= self.tables:
+                raise CodecError("Huffman block names a table the payload does not have")
+        else:
+            self.block_table = np.zeros(nblocks, np.uint64)
         self.block_bits = np.frombuffer(payload, dtype="<u2", count=nblocks, offset=pos).astype(np.uint64)
         pos += 2 * nblocks
         if (len(payload) - pos) % 4:
@@ -211,8 +262,10 @@ class _Parsed:
         total = int(self.block_bits.sum())
         if total > 32 * self.words.size:
             raise CodecError("Huffman block index points past the end of the stream")
-        if self.n and not _kraft_ok(self.lengths):
-            raise CodecError("Huffman code lengths do not form a prefix code")
+        if self.n:
+            used = np.unique(self.block_table).astype(np.int64)
+            if not all(_kraft_ok(self.lengths[k]) for k in used):
+                raise CodecError("Huffman code lengths do not form a prefix code")
 
 
 def _kraft_ok(lengths: np.ndarray) -> bool:
@@ -272,12 +325,12 @@ def decode_many(payloads: list[bytes]) -> list[np.ndarray]:
     for k, i in enumerate(live):
         p = parsed[i]
         starts.append(np.cumsum(p.block_bits) - p.block_bits + np.uint64(32 * word_base[k]))
-        table_base.append(np.full(p.block_bits.size, k << MAX_CODE_LEN, np.uint64))
-        tables.append(_decode_table(p.lengths))
+        table_base.append((p.block_table + np.uint64(len(tables))) << np.uint64(MAX_CODE_LEN))
+        tables.extend(_decode_table(ln) for ln in p.lengths)
     pos = np.concatenate(starts).astype(np.int64)              # (lanes,) bit position
     pos_u = pos.view(np.uint64)
     base = np.concatenate(table_base)                          # (lanes,) table offset
-    single_table = len(live) == 1
+    single_table = len(tables) == 1
     table = np.concatenate(tables)
     lanes = pos.size
 
