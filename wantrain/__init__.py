@@ -1,0 +1,40 @@
+"""wantrain: train one language model across GPU sites joined only by the WAN.
+
+The public surface: configuration (`RunConfig` and its sections), the exception tree, the
+codec, the processes of a run (`Run`), and the two roles (`ParameterServer`, `Site`). Heavy
+modules (torch, gRPC) are imported on first use, so `import wantrain` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import CodecConfig, DataConfig, ModelConfig, RunConfig, TrainConfig
+from .errors import (CodecError, ConfigError, ConnectionLostError, DataError, ProcessError, ProtocolError,
+                     RejectedError, ReplicaMismatchError, WantrainError)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Run": "wantrain.run",
+    "ParameterServer": "wantrain.server",
+    "serve": "wantrain.server",
+    "Site": "wantrain.worker",
+    "SiteOptions": "wantrain.worker",
+    "Codec": "wantrain.codec",
+    "ErrorFeedback": "wantrain.codec",
+    "read_events": "wantrain.telemetry",
+    "write_report": "wantrain.report",
+    "build_model": "wantrain.models",
+}
+
+__all__ = ["RunConfig", "ModelConfig", "DataConfig", "TrainConfig", "CodecConfig",
+           "WantrainError", "ConfigError", "DataError", "CodecError", "ProtocolError", "RejectedError",
+           "ConnectionLostError", "ProcessError", "ReplicaMismatchError", *_LAZY, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'wantrain' has no attribute {name!r}")

@@ -1,0 +1,28 @@
+"""Conventions from DESIGN.md that a grep can check."""
+
+import re
+from pathlib import Path
+
+import wantrain
+
+PKG = Path(wantrain.__file__).parent
+
+
+def sources():
+    return [p for p in PKG.rglob("*.py") if "proto" not in p.relative_to(PKG).parts]
+
+
+def test_wantrain_never_imports_testbed():
+    for p in sources():
+        assert not re.search(r"^\s*(from|import)\s+testbed\b", p.read_text(), re.M), p
+
+
+def test_only_wire_imports_the_generated_code():
+    for p in sources():
+        if p.name != "wire.py":
+            assert not re.search(r"(from|import)\s+(\.|wantrain\.)proto\b", p.read_text()), p
+
+
+def test_public_surface_resolves():
+    for name in wantrain.__all__:
+        assert getattr(wantrain, name) is not None
