@@ -1,0 +1,174 @@
+"""Emulation accuracy of the proxy backend, measured on real TCP through it."""
+
+import asyncio
+import math
+import time
+
+import pytest
+
+from testbed import LinkProxy, Trace
+from testbed.proxy import mathis_rate_bps
+
+
+async def echo_server():
+    async def handle(r, w):
+        while data := await r.read(65536):
+            w.write(data)
+            await w.drain()
+        w.close()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def sink_server(received: list):
+    async def handle(r, w):
+        while data := await r.read(65536):
+            received.append((time.monotonic(), len(data)))
+        w.close()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def ping(r, w, n=1):
+    t0 = time.monotonic()
+    w.write(b"x" * n)
+    await w.drain()
+    await r.readexactly(n)
+    return time.monotonic() - t0
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("one_way_ms", [5, 40, 120])
+def test_rtt_matches_the_set_delay(one_way_ms):
+    async def go():
+        server, port = await echo_server()
+        proxy = LinkProxy(("127.0.0.1", port), Trace.constant(one_way_ms, math.inf))
+        await proxy.start()
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        rtts = sorted([await ping(r, w) for _ in range(9)])
+        w.close()
+        await proxy.stop()
+        server.close()
+        return rtts[4] * 1000
+    measured = run(go())
+    expected = 2 * one_way_ms
+    assert abs(measured - expected) <= max(0.1 * expected, 2.0), (measured, expected)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mbps", [8, 40])
+def test_throughput_matches_the_set_rate(mbps):
+    async def go():
+        received = []
+        server, port = await sink_server(received)
+        proxy = LinkProxy(("127.0.0.1", port), Trace.constant(10, mbps))
+        await proxy.start()
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        total = int(mbps * 1e6 / 8 * 2)          # two seconds' worth
+        w.write(b"\0" * total)
+        await w.drain()
+        while sum(n for _, n in received) < total:
+            await asyncio.sleep(0.01)
+        w.close()
+        await proxy.stop()
+        server.close()
+        # Rate over the steady part: from the first byte to the last.
+        return sum(n for _, n in received[1:]) * 8 / (received[-1][0] - received[0][0]) / 1e6
+    measured = run(go())
+    assert abs(measured - mbps) <= 0.1 * mbps, measured
+
+
+@pytest.mark.timeout(60)
+def test_scheduled_outage_stalls_for_its_duration():
+    trace = Trace.from_rows([(0, 5, math.inf, 0), (1.0, 5, 0, 0), (3.0, 5, math.inf, 0)])
+
+    async def go():
+        received = []
+        server, port = await sink_server(received)
+        proxy = LinkProxy(("127.0.0.1", port), trace)
+        await proxy.start()
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        for _ in range(400):                       # a message every 10 ms for 4 s
+            w.write(b"m")
+            await w.drain()
+            await asyncio.sleep(0.01)
+        w.close()
+        await asyncio.sleep(0.1)
+        await proxy.stop()
+        server.close()
+        times = [t for t, _ in received]
+        return max(b - a for a, b in zip(times, times[1:])), proxy.stats.stalled_s
+    gap, stalled = run(go())
+    assert abs(gap - 2.0) <= 0.2 and abs(stalled - 2.0) <= 0.2, (gap, stalled)
+
+
+@pytest.mark.timeout(60)
+def test_trace_changes_are_followed_in_time():
+    trace = Trace.from_rows([(0, 10, math.inf, 0), (1.0, 60, math.inf, 0), (2.0, 25, math.inf, 0)])
+
+    async def go():
+        server, port = await echo_server()
+        proxy = LinkProxy(("127.0.0.1", port), trace)
+        await proxy.start()
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        samples = []
+        while proxy.elapsed() < 3.0:
+            t = proxy.elapsed()
+            samples.append((t, await ping(r, w) * 1000))
+        w.close()
+        await proxy.stop()
+        server.close()
+        return samples
+    samples = run(go())
+    def median_in(a, b):
+        xs = sorted(rtt for t, rtt in samples if a <= t < b)
+        return xs[len(xs) // 2]
+    assert abs(median_in(0.1, 0.8) - 20) <= 2.0
+    assert abs(median_in(1.1, 1.8) - 120) <= 12.0
+    assert abs(median_in(2.1, 2.8) - 50) <= 5.0
+
+
+@pytest.mark.timeout(60)
+def test_loss_caps_throughput_at_the_mathis_bound():
+    rate = mathis_rate_bps(0.1, 0.01)             # 100 ms RTT, 1% loss: about 1.4 Mbit/s
+    assert 1.3e6 < rate * 8 < 1.5e6
+
+    async def go():
+        received = []
+        server, port = await sink_server(received)
+        proxy = LinkProxy(("127.0.0.1", port), Trace.constant(50, 1000, 0.01))
+        await proxy.start()
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        total = int(rate * 1.5)
+        w.write(b"\0" * total)
+        await w.drain()
+        while sum(n for _, n in received) < total:
+            await asyncio.sleep(0.01)
+        w.close()
+        await proxy.stop()
+        server.close()
+        return sum(n for _, n in received[1:]) / (received[-1][0] - received[0][0])
+    measured = run(go())
+    assert abs(measured - rate) <= 0.1 * rate
+
+
+@pytest.mark.timeout(60)
+def test_reset_aborts_connections():
+    async def go():
+        server, port = await echo_server()
+        proxy = LinkProxy(("127.0.0.1", port), Trace.constant(1, math.inf))
+        await proxy.start()
+        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+        await ping(r, w)
+        assert proxy.reset() == 1
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+            await ping(r, w)
+            await ping(r, w)
+        await proxy.stop()
+        server.close()
+        return proxy.stats.resets
+    assert run(go()) == 1
