@@ -5,7 +5,7 @@ from wantrain import wire
 from wantrain.codec import ChunkSpec, Codec
 from wantrain.config import CodecConfig, RunConfig
 from wantrain.errors import ProtocolError
-from wantrain.messages import (DELTA, ErrorMessage, HashReport, Join, RoundMetrics, RoundResult, RoundStart,
+from wantrain.messages import (DELTA, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult, RoundStart,
                                TensorChunk, Welcome)
 
 
@@ -21,6 +21,7 @@ def metrics():
 
 
 @pytest.mark.parametrize("make", [lambda: Join("us-east", 1, 2, "abc", "cpu"), chunk, metrics,
+                                  lambda: LinkProbe((1.0, 2.0), (80.5, 90.0)),
                                   lambda: HashReport(3, "abcd")])
 def test_site_messages_round_trip(make):
     msg = make()

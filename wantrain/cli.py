@@ -41,7 +41,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     _setup_logging()
     site = Site(SiteOptions(ps=args.ps, name=args.site, device=args.device, threads=args.threads,
-                            connect_timeout_s=args.connect_timeout))
+                            connect_timeout_s=args.connect_timeout, speed_factor=args.speed_factor,
+                            probe_interval_s=args.probe_interval, link_rtt_ms=args.link_rtt_ms,
+                            link_mbps=args.link_mbps))
     asyncio.run(site.run())
     logging.getLogger("wantrain.site").info("site %s finished after %d rounds", args.site, site.round)
     return 0
@@ -67,21 +69,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .run import Run
 
     cfg = _demo_config(args)
+    scenario = None if args.scenario == "none" else args.scenario
+    sites = None
+    if scenario is not None:
+        from .run import describe_scenario
+        sites = [s["name"] for s in describe_scenario(scenario)["sites"]]
+        cfg = cfg.replace(num_sites=len(sites))
     # Fail fast, in this process, on a missing corpus or tokenizer.
     from .data import get_tokenizer, load_documents
     get_tokenizer(cfg.data.tokenizer)
     load_documents(cfg.data.corpus)
 
-    run = Run(cfg, run_dir=args.run_dir, site_threads=1)
+    run = Run(cfg, run_dir=args.run_dir, site_threads=1, scenario=scenario, sites=sites)
     print(f"wantrain demo: {cfg.num_sites} sites x {cfg.train.rounds} rounds x {cfg.train.inner_steps} inner steps, "
-          f"model {cfg.model.preset}, codec {cfg.codec.mode}, run folder {run.run_dir}")
+          f"model {cfg.model.preset}, codec {cfg.codec.mode}, scenario {scenario or 'none (direct loopback)'}, "
+          f"run folder {run.run_dir}")
     with run:
         bar = tqdm(total=cfg.train.rounds, unit="round", desc="training", dynamic_ncols=True)
         for ev in run.follow(timeout_s=args.timeout):
             if ev["kind"] == "run_start":
                 bar.set_postfix_str(f"val loss {ev['val_loss']:.3f}")
             elif ev["kind"] == "join":
-                bar.write(f"  site {ev['site']} joined")
+                link = next((s for s in (run.plan or {}).get("sites", []) if s["name"] == ev["site"]), None)
+                where = (f" from {link['region']} (published RTT {link['rtt_ms']:.0f} ms, speed x{link['speed_factor']:g})"
+                         if link else "")
+                bar.write(f"  site {ev['site']} joined{where}")
+            elif ev["kind"] == "leave":
+                bar.write(f"  site {ev['site']} left: {ev['reason']}")
             elif ev["kind"] == "round_end":
                 bar.update(1)
                 bar.set_postfix_str(f"val loss {ev['val_loss']:.3f}, update {ev['wire_bytes'] / 1e6:.2f} MB "
@@ -112,6 +126,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"uplink {s['uplink_mb']:.2f} MB ({s['uplink_ratio']:.2f}x vs fp32), downlink {s['downlink_mb']:.2f} MB "
           f"per site ({s['downlink_ratio']:.2f}x); replica hash checks {s['hash_checks']}, "
           f"mismatches {s['hash_mismatches']}")
+    from .report import link_summary
+    for line in link_summary(run.run_dir, events):
+        print(line)
     print(f"report: {report}")
     return 0
 
@@ -137,6 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--corpus", default="shakespeare", help="'shakespeare' or a text file or folder")
     d.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])
     d.add_argument("--codec", default="int8-huffman", choices=["fp32", "int8", "int8-huffman"])
+    d.add_argument("--scenario", default="three-sites",
+                   help="testbed scenario (built-in name or TOML file) that shapes each site's link; 'none' for "
+                        "direct loopback")
     d.add_argument("--run-dir", default=None, help="folder for telemetry, logs and report (default runs/<time>)")
     d.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     d.set_defaults(func=cmd_demo)
@@ -156,6 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     w.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     w.add_argument("--connect-timeout", type=float, default=120.0, help="seconds to keep retrying an absent PS")
+    w.add_argument("--speed-factor", type=float, default=1.0, help="> 1 pads each inner step to emulate a slower GPU")
+    w.add_argument("--probe-interval", type=float, default=1.0, help="seconds between RTT probes (0: none)")
+    w.add_argument("--link-rtt-ms", type=float, default=0.0, help="known RTT of the link (sizes gRPC timeouts)")
+    w.add_argument("--link-mbps", type=float, default=0.0, help="known bandwidth of the link (sizes gRPC timeouts)")
     w.set_defaults(func=cmd_worker)
 
     r = sub.add_parser("report", help="write the HTML report of a run")

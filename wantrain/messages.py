@@ -12,7 +12,7 @@ from .codec import ChunkSpec, Encoded
 from .config import RunConfig
 
 __all__ = ["PROTOCOL_VERSION", "MODEL", "DELTA", "UPDATE", "Join", "Welcome", "TensorChunk", "RoundStart",
-           "RoundMetrics", "RoundResult", "HashReport", "ErrorMessage"]
+           "RoundMetrics", "RoundResult", "HashReport", "LinkProbe", "ErrorMessage"]
 
 PROTOCOL_VERSION = 1
 MODEL, DELTA, UPDATE = "model", "delta", "update"   # chunk kinds
@@ -68,6 +68,7 @@ class RoundMetrics:
     compute_s: float
     comm_s: float
     chunks: int
+    emulated_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,12 @@ class RoundResult:
 class HashReport:
     round: int
     model_hash: str
+
+
+@dataclass(frozen=True)
+class LinkProbe:
+    t: tuple[float, ...]
+    rtt_ms: tuple[float, ...]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ with the Huffman stage's own bits per symbol; and a summary table.
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -15,7 +16,44 @@ from plotly.subplots import make_subplots
 
 from .telemetry import read_events, rows
 
-__all__ = ["write_report", "summarize"]
+__all__ = ["write_report", "summarize", "link_summary", "read_links"]
+
+
+def read_links(run_dir: str | Path) -> list[dict]:
+    """The link emulator's log (links.jsonl), if the run had one."""
+    p = Path(run_dir) / "links.jsonl"
+    if not p.is_file():
+        return []
+    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+
+
+def _rtt_samples(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in rows(events, "link_rtt"):
+        out.setdefault(e["site"], []).extend(zip(e["t"], e["rtt_ms"]))
+    return out
+
+
+def link_summary(run_dir: str | Path, events: list[dict]) -> list[str]:
+    """One line per site link: measured RTT against the published one, outages, stalls."""
+    links = read_links(run_dir)
+    plan = next((ln for ln in links if ln["kind"] == "links_start"), None)
+    samples = _rtt_samples(events)
+    lines = []
+    for site in sorted(samples) if plan is None else [s["name"] for s in plan["sites"]]:
+        rtts = sorted(r for _, r in samples.get(site, []))
+        med = f"{rtts[len(rtts) // 2]:.0f} ms (max {rtts[-1]:.0f})" if rtts else "no probes"
+        text = f"link {site}: measured RTT median {med}"
+        if plan:
+            info = next(s for s in plan["sites"] if s["name"] == site)
+            outages = sum(1 for ln in links if ln["kind"] == "outage_start" and ln["site"] == site)
+            spikes = sum(1 for ln in links if ln["kind"] == "spike" and ln["site"] == site)
+            last = [ln for ln in links if ln["kind"] == "link" and ln["site"] == site]
+            stalled = last[-1]["stalled_s"] if last else 0.0
+            text += (f", published {info['rtt_ms']:.0f} ms ({info['region']} - {plan['ps_region']}); "
+                     f"{outages} outage(s), {spikes} spike(s), {stalled:.1f} s stalled")
+        lines.append(text)
+    return lines
 
 
 def summarize(events: list[dict]) -> dict:
@@ -47,7 +85,32 @@ def summarize(events: list[dict]) -> dict:
     }
 
 
-def figures(events: list[dict]) -> list[go.Figure]:
+def links_figure(events: list[dict], links: list[dict]) -> go.Figure | None:
+    samples = _rtt_samples(events)
+    if not samples:
+        return None
+    t0 = events[0]["t"]
+    fig = go.Figure()
+    for site in sorted(samples):
+        pts = samples[site]
+        fig.add_trace(go.Scatter(x=[t - t0 for t, _ in pts], y=[r for _, r in pts], mode="markers",
+                                 name=f"measured RTT {site}", marker=dict(size=5)))
+        trace = [ln for ln in links if ln["kind"] == "link" and ln["site"] == site]
+        if trace:
+            fig.add_trace(go.Scatter(x=[ln["t"] - t0 for ln in trace], y=[ln["trace_rtt_ms"] for ln in trace],
+                                     mode="lines", line=dict(dash="dot", width=1), name=f"trace RTT in force {site}"))
+    for ln in links:
+        if ln["kind"] == "outage_start":
+            end = next((m["t"] for m in links if m["kind"] == "outage_end" and m["site"] == ln["site"] and m["t"] > ln["t"]),
+                       events[-1]["t"])
+            fig.add_vrect(x0=ln["t"] - t0, x1=end - t0, fillcolor="red", opacity=0.12, line_width=0,
+                          annotation_text=f"outage {ln['site']}", annotation_position="top left")
+    fig.update_layout(title="Links: RTT measured by the sites (Ping) and the trace in force", height=420,
+                      xaxis_title="seconds since start", yaxis_title="RTT (ms)", yaxis_type="log")
+    return fig
+
+
+def figures(events: list[dict], links: list[dict] | None = None) -> list[go.Figure]:
     sites = rows(events, "site_round")
     ends = rows(events, "round_end")
     start = rows(events, "run_start")
@@ -86,7 +149,8 @@ def figures(events: list[dict]) -> list[go.Figure]:
                        xaxis_title="round")
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="ratio / bits", secondary_y=True)
-    return [loss, wire]
+    link_fig = links_figure(events, links or [])
+    return [loss, wire] + ([link_fig] if link_fig else [])
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -94,7 +158,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     events = read_events(run_dir)
     s = summarize(events)
-    figs = figures(events)
+    figs = figures(events, read_links(run_dir))
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in s.items())
     page = f"""<!doctype html>

@@ -1,8 +1,10 @@
 """A run: the PS and its sites as processes, started, watched and stopped together.
 
 Used by the CLI (`wantrain demo`) and, later, the notebook widgets. `Run` starts the PS, waits
-for the port it bound, starts one worker per site, follows the PS's telemetry over the `Watch`
-RPC, and stops every process it started when the run ends, fails, or is interrupted.
+for the port it bound, optionally starts the WAN emulator of a scenario (`python -m testbed
+links`, its own process: wantrain never imports testbed), starts one worker per site (through
+its emulated link when there is one), follows the PS's telemetry over the `Watch` RPC, and
+stops every process it started when the run ends, fails, or is interrupted.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import queue
+import subprocess
 import sys
 import threading
 import time
@@ -25,10 +28,19 @@ from .errors import ProcessError
 from .launch import LocalLauncher, ProcessSpec
 from .launch.local import LocalProcess
 
-__all__ = ["Run", "default_site_names", "new_run_dir"]
+__all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
 
 SITE_NAMES = ("us-east", "eu-west", "ap-southeast", "us-west", "sa-east", "eu-north", "ap-northeast", "af-south")
 _LIVE_RUNS: "weakref.WeakSet[Run]" = weakref.WeakSet()
+
+
+def describe_scenario(scenario: str, python: str = sys.executable) -> dict:
+    """The plan of a testbed scenario (sites, regions, RTTs, speed factors), without starting it."""
+    r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", scenario], capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        raise ProcessError(r.stderr.strip() or f"cannot describe scenario {scenario!r}")
+    return json.loads(r.stdout)
 
 
 def default_site_names(n: int) -> list[str]:
@@ -57,10 +69,15 @@ class Run:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
                  host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, scenario: str | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.scenario = scenario
+        self.plan: dict | None = None
+        self.links = None
+        if scenario is not None and sites is None:
+            sites = [s["name"] for s in describe_scenario(scenario, python)["sites"]]
         self.sites = sites or default_site_names(cfg.num_sites)
         if len(self.sites) != cfg.num_sites or len(set(self.sites)) != len(self.sites):
             raise ValueError(f"need {cfg.num_sites} distinct site names, got {self.sites}")
@@ -101,10 +118,31 @@ class Run:
                 raise ProcessError(f"the parameter server did not start listening within {timeout_s:.0f} s")
             time.sleep(0.05)
         self.port = int(port_file.read_text())
+        if self.scenario is not None:
+            self._start_links(deadline)
         for name in self.sites:
             self.start_site(name)
         self._start_watch()
         return self
+
+    def _start_links(self, deadline: float) -> None:
+        plan_file = self.run_dir / "links.json"
+        plan_file.unlink(missing_ok=True)
+        self.links = self.launcher.start(ProcessSpec(
+            "link emulator",
+            (self.python, "-m", "testbed", "links", "--scenario", self.scenario, "--target", self.address,
+             "--plan-file", str(plan_file), "--log", str(self.run_dir / "links.jsonl")),
+            env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / "links.log"))
+        while not plan_file.exists():
+            if self.links.poll() is not None:
+                raise ProcessError(f"the link emulator exited with code {self.links.poll()}:\n{self.links.log_tail()}")
+            if time.time() > deadline:
+                raise ProcessError("the link emulator did not start in time")
+            time.sleep(0.05)
+        self.plan = json.loads(plan_file.read_text())
+        names = [s["name"] for s in self.plan["sites"]]
+        if names != self.sites:
+            raise ProcessError(f"scenario {self.scenario} has sites {names}, the run expects {self.sites}")
 
     def start_site(self, name: str) -> LocalProcess:
         """Start (or restart) the worker process of one site."""
@@ -113,12 +151,17 @@ class Run:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
         argv = (self.python, "-m", "wantrain", "worker", "--ps", self.address, "--site", name,
                 "--threads", str(self.site_threads))
+        if self.plan is not None:   # through the site's emulated link
+            link = next(s for s in self.plan["sites"] if s["name"] == name)
+            argv = (self.python, "-m", "wantrain", "worker", "--ps", f"{self.host}:{link['port']}", "--site", name,
+                    "--threads", str(self.site_threads), "--speed-factor", str(link["speed_factor"]),
+                    "--link-rtt-ms", str(link["rtt_ms"]), "--link-mbps", str(link["bandwidth_mbps"] or 0))
         self.workers[name] = self.launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
         return self.workers[name]
 
     def processes(self) -> list[LocalProcess]:
-        return [p for p in [self.ps, *self.workers.values()] if p is not None]
+        return [p for p in [self.ps, self.links, *self.workers.values()] if p is not None]
 
     def stop(self) -> None:
         """Stop every process of the run (idempotent)."""

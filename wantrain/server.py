@@ -31,8 +31,8 @@ from .codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays
 from .config import CodecConfig, RunConfig
 from .data import eval_batches, load_run_data
 from .errors import CodecError, ProtocolError, RejectedError
-from .messages import (DELTA, MODEL, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, RoundMetrics,
-                       RoundResult, RoundStart, TensorChunk, Welcome)
+from .messages import (DELTA, MODEL, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, LinkProbe,
+                       RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .models import build_model, count_parameters
 from .outer import OuterNesterov, weighted_average
 from .replica import apply_update, flat_copy, named_params, param_hash
@@ -209,6 +209,10 @@ class ParameterServer:
         if not self.aggregating and all(self.uploads[s].metrics is not None for s in self.in_round):
             await self._finish_round()
 
+    def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
+        if p.rtt_ms:
+            self.recorder.emit("link_rtt", site=link.name, t=list(p.t), rtt_ms=list(p.rtt_ms))
+
     def on_hash_report(self, link: SiteLink, h: HashReport) -> None:
         expected = self.hashes.get(h.round + 1)
         ok = expected == h.model_hash
@@ -348,6 +352,8 @@ class Servicer(wire.pb_grpc.ParameterServerServicer):
                         await ps.on_metrics(link, msg)
                     elif isinstance(msg, HashReport):
                         ps.on_hash_report(link, msg)
+                    elif isinstance(msg, LinkProbe):
+                        ps.on_link_probe(link, msg)
                     else:
                         raise ProtocolError(f"unexpected {type(msg).__name__} after joining")
             except (ProtocolError, CodecError) as e:
@@ -374,6 +380,9 @@ class Servicer(wire.pb_grpc.ParameterServerServicer):
             ps.leave(link, reason)
         if failure and not isinstance(failure[0], ConnectionError):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure[0]))
+
+    async def Ping(self, request, context):  # noqa: N802
+        return wire.pb.PingReply(server_time=time.time())
 
     async def Watch(self, request, context):  # noqa: N802
         rec = self.ps.recorder

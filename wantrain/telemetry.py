@@ -9,11 +9,13 @@ fields `v` (schema version), `seq` (0, 1, 2, ...), `kind`, `t` (Unix time) and `
     leave       site, reason
     round_start round
     site_round  round, site, train_loss, last_train_loss, tokens, steps, raw_bytes, wire_bytes,
-                ratio, huffman_bits_per_symbol, encode_s, decode_s, compute_s, comm_s, chunks,
+                ratio, huffman_bits_per_symbol, encode_s, decode_s, compute_s (emulated_s of it),
+                comm_s, chunks,
                 received_wire_bytes (what the PS counted on its side of the stream)
     round_end   round, val_loss, model_hash, sites, raw_bytes, wire_bytes, ratio,
                 huffman_bits_per_symbol, encode_s, aggregate_s, round_s   (the downlink update)
     hash_check  round, site, ok, site_hash, ps_hash
+    link_rtt    site, t (list of Unix times), rtt_ms (list): Ping RTTs the site measured
     error       code, message, site (optional)
     run_end     rounds, val_loss
 """
@@ -30,7 +32,8 @@ from typing import Any, Callable, Iterator
 __all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS"]
 
 SCHEMA_VERSION = 1
-EVENT_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "error", "run_end")
+EVENT_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
+               "error", "run_end")
 
 
 def _clean(v: Any) -> Any:

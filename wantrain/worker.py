@@ -31,8 +31,8 @@ from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays
 from .config import RunConfig
 from .data import BatchSampler, load_run_data
 from .errors import ConnectionLostError, ProtocolError, RejectedError, ReplicaMismatchError
-from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, RoundMetrics, RoundResult, RoundStart,
-                       TensorChunk, Welcome)
+from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult,
+                       RoundStart, TensorChunk, Welcome)
 from .models import build_model
 from .replica import apply_update, flat_copy, load_flat, named_params, param_hash
 
@@ -45,14 +45,22 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def channel_options() -> list[tuple[str, int]]:
-    """Client channel options: message caps, keepalive the PS permits, quick reconnects."""
+def channel_options(link_rtt_ms: float = 0.0, link_mbps: float = 0.0) -> list[tuple[str, int]]:
+    """Client channel options: message caps, keepalive the PS permits, quick reconnects.
+
+    The HTTP/2 ping that detects a dead connection waits behind queued data, so its timeout
+    must exceed the time the largest message takes on the slowest link (plus a few RTTs), or
+    healthy transfers are killed. Unknown links get generous defaults.
+    """
+    transfer_s = wire.MAX_MESSAGE_BYTES * 8 / (link_mbps * 1e6) if link_mbps > 0 else 0.0
+    ping_timeout_ms = int(max(120_000, 1000 * (4 * transfer_s) + 8 * link_rtt_ms))
+    keepalive_ms = int(max(30_000, 20 * link_rtt_ms))
     return [
         ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 20_000),
-        ("grpc.http2.ping_timeout_ms", 120_000),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", ping_timeout_ms),
+        ("grpc.http2.ping_timeout_ms", ping_timeout_ms),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.initial_reconnect_backoff_ms", 200),
         ("grpc.min_reconnect_backoff_ms", 200),
@@ -68,6 +76,10 @@ class SiteOptions:
     device: str = "auto"           # "auto" | "cpu" | "cuda" | "cuda:1" ...
     connect_timeout_s: float = 120.0  # give up if the PS cannot be reached for this long
     threads: int = 0               # torch CPU threads (0: torch's default)
+    speed_factor: float = 1.0      # > 1 pads every inner step to emulate a slower machine
+    probe_interval_s: float = 1.0  # Ping the PS this often to measure the link's RTT (0: never)
+    link_rtt_ms: float = 0.0       # what is known of the link, to size gRPC timeouts
+    link_mbps: float = 0.0
 
 
 class Site:
@@ -88,6 +100,7 @@ class Site:
         self.hash = ""
         self.finished = False
         self.last_decode_s = 0.0
+        self.probes: list[tuple[float, float]] = []   # (Unix time, RTT ms) not yet reported
 
     # ------------------------------------------------------------ connection
 
@@ -115,45 +128,72 @@ class Site:
                 backoff = min(backoff * 2, 5.0)
 
     async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.opts.ps, options=channel_options()) as channel:
+        options = channel_options(self.opts.link_rtt_ms, self.opts.link_mbps)
+        async with grpc.aio.insecure_channel(self.opts.ps, options=options) as channel:
             stub = wire.pb_grpc.ParameterServerStub(channel)
             call = stub.Session(wait_for_ready=False)
-            await call.write(wire.site_message(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
-                                                    device=str(self.device))))
-            model_parts: list[TensorChunk] = []
-            update_parts: list[TensorChunk] = []
-            expected_model = 0
-            while not self.finished:
-                raw = await call.read()
-                if raw is grpc.aio.EOF:
-                    raise ConnectionLostError("the parameter server closed the stream")
-                msg = wire.server_message_from_proto(raw)
-                if isinstance(msg, ErrorMessage):
-                    raise RejectedError(msg.code, msg.message)
-                if isinstance(msg, Welcome):
-                    await asyncio.to_thread(self._on_welcome, msg)
-                    expected_model, model_parts = msg.model_chunks, []
-                elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
-                    model_parts.append(msg)
-                    if len(model_parts) == expected_model:
-                        await asyncio.to_thread(self._load_model, model_parts)
-                        model_parts = []
-                elif isinstance(msg, RoundStart):
-                    if msg.model_hash != self.hash:
-                        raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
-                                                   f"this replica has {self.hash}")
-                    await self._train_and_push(call, msg.round)
-                elif isinstance(msg, TensorChunk) and msg.kind == UPDATE:
-                    update_parts.append(msg)
-                elif isinstance(msg, RoundResult):
-                    await asyncio.to_thread(self._apply_update, update_parts, msg)
-                    update_parts = []
-                    await call.write(wire.site_message(HashReport(msg.round, self.hash)))
-                    if self.round >= self.cfg.train.rounds:
-                        self.finished = True
-                else:
-                    raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
-            await call.done_writing()
+            prober = asyncio.create_task(self._probe(stub)) if self.opts.probe_interval_s > 0 else None
+            try:
+                await self._follow(call)
+            finally:
+                if prober:
+                    prober.cancel()
+
+    async def _probe(self, stub) -> None:
+        """Time a Ping on the site's own channel every probe_interval_s (through the real path)."""
+        while True:
+            await asyncio.sleep(self.opts.probe_interval_s)
+            t0 = time.perf_counter()
+            try:
+                await stub.Ping(wire.pb.PingRequest(site=self.opts.name), timeout=max(30.0, 10 * self.opts.probe_interval_s))
+            except grpc.aio.AioRpcError:
+                continue
+            self.probes.append((time.time(), (time.perf_counter() - t0) * 1000))
+
+    async def _flush_probes(self, call) -> None:
+        if self.probes:
+            batch, self.probes = self.probes[:1000], self.probes[1000:]
+            await call.write(wire.site_message(LinkProbe(tuple(t for t, _ in batch), tuple(r for _, r in batch))))
+
+    async def _follow(self, call) -> None:
+        """Handle what the PS sends until the run is finished or the stream breaks."""
+        await call.write(wire.site_message(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
+                                                device=str(self.device))))
+        model_parts: list[TensorChunk] = []
+        update_parts: list[TensorChunk] = []
+        expected_model = 0
+        while not self.finished:
+            raw = await call.read()
+            if raw is grpc.aio.EOF:
+                raise ConnectionLostError("the parameter server closed the stream")
+            msg = wire.server_message_from_proto(raw)
+            if isinstance(msg, ErrorMessage):
+                raise RejectedError(msg.code, msg.message)
+            if isinstance(msg, Welcome):
+                await asyncio.to_thread(self._on_welcome, msg)
+                expected_model, model_parts = msg.model_chunks, []
+            elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
+                model_parts.append(msg)
+                if len(model_parts) == expected_model:
+                    await asyncio.to_thread(self._load_model, model_parts)
+                    model_parts = []
+            elif isinstance(msg, RoundStart):
+                if msg.model_hash != self.hash:
+                    raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
+                                               f"this replica has {self.hash}")
+                await self._train_and_push(call, msg.round)
+            elif isinstance(msg, TensorChunk) and msg.kind == UPDATE:
+                update_parts.append(msg)
+            elif isinstance(msg, RoundResult):
+                await asyncio.to_thread(self._apply_update, update_parts, msg)
+                update_parts = []
+                await call.write(wire.site_message(HashReport(msg.round, self.hash)))
+                await self._flush_probes(call)
+                if self.round >= self.cfg.train.rounds:
+                    self.finished = True
+            else:
+                raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
+        await call.done_writing()
 
     # ------------------------------------------------------------ state
 
@@ -203,7 +243,9 @@ class Site:
         losses = []
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else contextlib.nullcontext()
         self.model.train()
+        emulated = 0.0
         for i in range(t.inner_steps):
+            t_step = time.perf_counter()
             lr = self._lr(round_ * t.inner_steps + i)
             for g in self.inner_opt.param_groups:
                 g["lr"] = lr
@@ -218,6 +260,10 @@ class Site:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
             self.inner_opt.step()
             losses.append(loss.item())
+            if self.opts.speed_factor > 1:   # act like a machine speed_factor times slower
+                pad = (self.opts.speed_factor - 1) * (time.perf_counter() - t_step)
+                time.sleep(pad)
+                emulated += pad
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         compute_s = time.perf_counter() - t0
@@ -227,7 +273,7 @@ class Site:
         load_flat(self.model, start)
         tokens = t.inner_steps * t.batch_size * self.cfg.model.block_size
         return delta, dict(train_loss=float(np.mean(losses)), last_train_loss=losses[-1], tokens=tokens,
-                           steps=t.inner_steps, compute_s=compute_s)
+                           steps=t.inner_steps, compute_s=compute_s, emulated_s=emulated)
 
     async def _train_and_push(self, call, round_: int) -> None:
         delta, info = await asyncio.to_thread(self._train, round_)
@@ -237,6 +283,7 @@ class Site:
         for i, (spec, enc) in enumerate(chunks):
             await call.write(wire.site_message(TensorChunk(DELTA, round_, i, len(chunks), spec, enc)))
         comm_s = time.perf_counter() - t0
+        await self._flush_probes(call)
         await call.write(wire.site_message(RoundMetrics(
             round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
             huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,

@@ -95,7 +95,7 @@ class RoundStart(_message.Message):
     def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
 
 class RoundMetrics(_message.Message):
-    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "comm_s", "chunks")
+    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "comm_s", "chunks", "emulated_s")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     LAST_TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,7 @@ class RoundMetrics(_message.Message):
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     COMM_S_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    EMULATED_S_FIELD_NUMBER: _ClassVar[int]
     round: int
     train_loss: float
     last_train_loss: float
@@ -122,7 +123,8 @@ class RoundMetrics(_message.Message):
     compute_s: float
     comm_s: float
     chunks: int
-    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., chunks: _Optional[int] = ...) -> None: ...
+    emulated_s: float
+    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ...) -> None: ...
 
 class RoundResult(_message.Message):
     __slots__ = ("round", "model_hash", "sites", "val_loss")
@@ -144,6 +146,14 @@ class HashReport(_message.Message):
     model_hash: str
     def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
 
+class LinkProbe(_message.Message):
+    __slots__ = ("t", "rtt_ms")
+    T_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    t: _containers.RepeatedScalarFieldContainer[float]
+    rtt_ms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, t: _Optional[_Iterable[float]] = ..., rtt_ms: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class Error(_message.Message):
     __slots__ = ("code", "message")
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -153,16 +163,18 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class SiteMessage(_message.Message):
-    __slots__ = ("join", "chunk", "metrics", "hash_report")
+    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe")
     JOIN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     HASH_REPORT_FIELD_NUMBER: _ClassVar[int]
+    LINK_PROBE_FIELD_NUMBER: _ClassVar[int]
     join: Join
     chunk: Chunk
     metrics: RoundMetrics
     hash_report: HashReport
-    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ...) -> None: ...
+    link_probe: LinkProbe
+    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
     __slots__ = ("welcome", "chunk", "round_start", "round_result", "error")
@@ -183,6 +195,18 @@ class WatchRequest(_message.Message):
     FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
     from_seq: int
     def __init__(self, from_seq: _Optional[int] = ...) -> None: ...
+
+class PingRequest(_message.Message):
+    __slots__ = ("site",)
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    def __init__(self, site: _Optional[str] = ...) -> None: ...
+
+class PingReply(_message.Message):
+    __slots__ = ("server_time",)
+    SERVER_TIME_FIELD_NUMBER: _ClassVar[int]
+    server_time: float
+    def __init__(self, server_time: _Optional[float] = ...) -> None: ...
 
 class TelemetryEvent(_message.Message):
     __slots__ = ("seq", "json")

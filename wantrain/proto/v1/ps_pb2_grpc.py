@@ -44,6 +44,11 @@ class ParameterServerStub(object):
                 request_serializer=wantrain_dot_v1_dot_ps__pb2.WatchRequest.SerializeToString,
                 response_deserializer=wantrain_dot_v1_dot_ps__pb2.TelemetryEvent.FromString,
                 _registered_method=True)
+        self.Ping = channel.unary_unary(
+                '/wantrain.v1.ParameterServer/Ping',
+                request_serializer=wantrain_dot_v1_dot_ps__pb2.PingRequest.SerializeToString,
+                response_deserializer=wantrain_dot_v1_dot_ps__pb2.PingReply.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer(object):
@@ -64,6 +69,14 @@ class ParameterServerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Ping(self, request, context):
+        """Answers at once; a site times it on its own channel to measure the link's RTT
+        (queueing behind the site's own data included, as on the real path).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +89,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=wantrain_dot_v1_dot_ps__pb2.WatchRequest.FromString,
                     response_serializer=wantrain_dot_v1_dot_ps__pb2.TelemetryEvent.SerializeToString,
+            ),
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=wantrain_dot_v1_dot_ps__pb2.PingRequest.FromString,
+                    response_serializer=wantrain_dot_v1_dot_ps__pb2.PingReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +150,33 @@ class ParameterServer(object):
             '/wantrain.v1.ParameterServer/Watch',
             wantrain_dot_v1_dot_ps__pb2.WatchRequest.SerializeToString,
             wantrain_dot_v1_dot_ps__pb2.TelemetryEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wantrain.v1.ParameterServer/Ping',
+            wantrain_dot_v1_dot_ps__pb2.PingRequest.SerializeToString,
+            wantrain_dot_v1_dot_ps__pb2.PingReply.FromString,
             options,
             channel_credentials,
             insecure,

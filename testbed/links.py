@@ -1,0 +1,102 @@
+"""Run every site link of a scenario as a proxy, and log what each link does.
+
+`python -m testbed links --scenario three-sites --target 127.0.0.1:PSPORT --plan-file F --log L`
+starts one LinkProxy per site in one process, writes the plan (site -> local port, region,
+published RTT, speed factor) to F once listening, then every `interval` seconds appends one JSON
+line per link to L: the trace in force (delay each way, bandwidth, down), bytes each way, time
+stalled by outages; plus `outage_start` / `outage_end` / `spike` events as the trace crosses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import signal
+import time
+from pathlib import Path
+
+from .proxy import LinkProxy
+from .scenario import Scenario
+from .trace import Spike
+
+__all__ = ["run_links", "plan_of"]
+
+
+def plan_of(sc: Scenario, ports: dict[str, int] | None = None) -> dict:
+    return {
+        "scenario": sc.name, "ps_region": sc.ps_region, "time_scale": sc.time_scale,
+        "sites": [{"name": s.name, "region": s.region, "rtt_ms": sc.rtt_ms(s),
+                   "bandwidth_mbps": None if math.isinf(s.bandwidth_mbps) else s.bandwidth_mbps,
+                   "speed_factor": s.speed_factor, "port": (ports or {}).get(s.name)} for s in sc.sites],
+    }
+
+
+async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_file: Path | None,
+                    interval_s: float = 0.25, stop: asyncio.Event | None = None) -> None:
+    stop = stop or asyncio.Event()
+    proxies = {}
+    for site in sc.sites:
+        up, down = sc.traces(site)
+        proxies[site.name] = LinkProxy(target, up, down, name=site.name)
+    ports = {name: await p.start() for name, p in proxies.items()}
+    t0 = time.time()
+    tmp = Path(str(plan_file) + ".tmp")
+    tmp.write_text(json.dumps(plan_of(sc, ports), indent=2))
+    tmp.replace(plan_file)
+    log = open(log_file, "a", buffering=1) if log_file else None
+    was_down = {name: False for name in proxies}
+    spikes_seen: set = set()
+
+    def write(obj: dict) -> None:
+        if log:
+            log.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    write({"kind": "links_start", "t": t0, **plan_of(sc, ports)})
+    try:
+        while not stop.is_set():
+            now = time.time()
+            for name, p in proxies.items():
+                el = p.elapsed()
+                up, down = p.up.at(el), p.down.at(el)
+                if up.down != was_down[name]:
+                    write({"kind": "outage_start" if up.down else "outage_end", "t": now, "site": name})
+                    was_down[name] = up.down
+                for e in p.up.events:
+                    if isinstance(e, Spike) and e.start_s <= el % p.up.duration_s < e.start_s + e.duration_s \
+                            and (name, e) not in spikes_seen:
+                        spikes_seen.add((name, e))
+                        write({"kind": "spike", "t": now, "site": name, "extra_delay_ms": e.extra_delay_ms})
+                s = p.stats
+                write({"kind": "link", "t": now, "site": name, "delay_up_ms": up.delay_ms,
+                       "delay_down_ms": down.delay_ms, "trace_rtt_ms": up.delay_ms + down.delay_ms,
+                       "bandwidth_mbps": None if math.isinf(up.bandwidth_mbps) else up.bandwidth_mbps,
+                       "down": up.down, "bytes_up": s.bytes_up, "bytes_down": s.bytes_down, "stalled_s": s.stalled_s,
+                       "connections": s.connections, "resets": s.resets})
+            try:
+                await asyncio.wait_for(stop.wait(), interval_s)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        for p in proxies.values():
+            await p.stop()
+        if log:
+            log.close()
+
+
+def main_links(args) -> int:
+    from .scenario import load_scenario
+
+    sc = load_scenario(args.scenario)
+    host, _, port = args.target.rpartition(":")
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_links(sc, (host, int(port)), Path(args.plan_file), Path(args.log) if args.log else None,
+                        stop=stop)
+
+    asyncio.run(go())
+    return 0
