@@ -4,7 +4,8 @@
 starts one LinkProxy per site in one process, writes the plan (site -> local port, region,
 published RTT, speed factor) to F once listening, then every `interval` seconds appends one JSON
 line per link to L: the trace in force (delay each way, bandwidth, down), bytes each way, time
-stalled by outages; plus `outage_start` / `outage_end` / `spike` events as the trace crosses them.
+stalled by outages; plus `outage_start` / `outage_end` / `spike` / `reset` events as they happen
+(a scheduled reset aborts every connection of that link).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def plan_of(sc: Scenario, ports: dict[str, int] | None = None) -> dict:
 
 
 async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_file: Path | None,
-                    interval_s: float = 0.25, stop: asyncio.Event | None = None) -> None:
+                    interval_s: float = 0.1, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     proxies = {}
     for site in sc.sites:
@@ -47,6 +48,7 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
     log = open(log_file, "a", buffering=1) if log_file else None
     was_down = {name: False for name in proxies}
     spikes_seen: set = set()
+    resets_due = {s.name: sorted(r * sc.time_scale for r in s.resets) for s in sc.sites}
 
     def write(obj: dict) -> None:
         if log:
@@ -67,6 +69,9 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
                             and (name, e) not in spikes_seen:
                         spikes_seen.add((name, e))
                         write({"kind": "spike", "t": now, "site": name, "extra_delay_ms": e.extra_delay_ms})
+                while resets_due[name] and el >= resets_due[name][0]:
+                    resets_due[name].pop(0)
+                    write({"kind": "reset", "t": now, "site": name, "connections": p.reset()})
                 s = p.stats
                 write({"kind": "link", "t": now, "site": name, "delay_up_ms": up.delay_ms,
                        "delay_down_ms": down.delay_ms, "trace_rtt_ms": up.delay_ms + down.delay_ms,

@@ -4,8 +4,9 @@ A scenario is a TOML file (see scenarios/ for the built-in ones):
 
     name, ps_region, time_scale (trace seconds -> real seconds), seed
     [[site]] name, region, and optionally: bandwidth_mbps (default unlimited), jitter_ms, loss,
-             spikes_per_min, spike_min_ms, outages = [{start_s, duration_s}], speed_factor,
-             trace = "file.csv" (replaces the synthetic trace; relative to the scenario file)
+             spikes_per_min, spike_min_ms, outages = [{start_s, duration_s}], resets = [start_s, ...]
+             (connection resets), speed_factor, trace = "file.csv" (replaces the synthetic trace;
+             relative to the scenario file)
 
 A bad file gets a message that names the file, the line (where the TOML says it) and the field.
 """
@@ -49,6 +50,7 @@ class SiteLink:
     outages: tuple[Outage, ...] = ()
     speed_factor: float = 1.0
     trace: str | None = None
+    resets: tuple[float, ...] = ()     # trace seconds at which every connection of the link is reset
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ def _err(path: Path, text: str, key: str, message: str, occurrence: int = 0) -> 
 
 
 _SITE_FIELDS = {"name", "region", "bandwidth_mbps", "jitter_ms", "loss", "spikes_per_min", "spike_min_ms", "outages",
-                "speed_factor", "trace"}
+                "speed_factor", "trace", "resets"}
 
 
 def _build(d: dict, path: Path, text: str) -> Scenario:
@@ -150,11 +152,15 @@ def _build(d: dict, path: Path, text: str) -> Scenario:
             if not 0 < o["duration_s"] <= 200 or o["start_s"] < 0:
                 raise err("outages", f"duration_s must be in (0, 200] and start_s >= 0, got {o}")
             outages.append(Outage(float(o["start_s"]), float(o["duration_s"])))
+        resets = s.get("resets", [])
+        if not isinstance(resets, list) or not all(isinstance(x, (int, float)) and x >= 0 for x in resets):
+            raise err("resets", f"must be a list of times (s, >= 0), got {resets!r}")
         if "trace" in s and not isinstance(s["trace"], str):
             raise err("trace", "must be a path to a CSV trace")
         for k in s:
             counts[k] = counts.get(k, 0) + 1
-        sites.append(SiteLink(s["name"], s["region"], outages=tuple(outages), trace=s.get("trace"), **kw))
+        sites.append(SiteLink(s["name"], s["region"], outages=tuple(outages), trace=s.get("trace"),
+                              resets=tuple(float(x) for x in resets), **kw))
     names = [s.name for s in sites]
     if len(set(names)) != len(names):
         raise ScenarioError(f"{path}: site names must be unique, got {names}")

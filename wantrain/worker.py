@@ -41,6 +41,10 @@ __all__ = ["Site", "SiteOptions", "channel_options", "default_device"]
 log = logging.getLogger("wantrain.site")
 
 
+_RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
+          grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL}
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -111,19 +115,21 @@ class Site:
             try:
                 await self._session()
                 backoff, first_failure = 0.5, None
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-                                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL):
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, ConnectionLostError, RejectedError) as e:
+                # A write on a call that broke raises InvalidStateError; a read returns EOF. After
+                # a reset the PS may not have noticed our old stream yet and still holds our name.
+                if isinstance(e, RejectedError) and not (e.code == "duplicate_site" and self.cfg is not None):
+                    raise
+                if isinstance(e, grpc.aio.AioRpcError) and e.code() not in _RETRY:
                     raise ConnectionLostError(f"parameter server at {self.opts.ps} refused {self.opts.name!r}: "
-                                              f"{code.name}: {e.details()}") from None
+                                              f"{e.code().name}: {e.details()}") from None
+                why = (e.details() or e.code().name) if isinstance(e, grpc.aio.AioRpcError) else str(e) or type(e).__name__
                 now = time.time()
                 first_failure = first_failure or now
                 if now - first_failure > self.opts.connect_timeout_s:
                     raise ConnectionLostError(f"parameter server at {self.opts.ps} not reachable for "
                                               f"{self.opts.connect_timeout_s:.0f} s; giving up") from None
-                log.warning("parameter server at %s not reachable (%s); retrying in %.1f s",
-                            self.opts.ps, e.details() or code.name, backoff)
+                log.warning("parameter server at %s not reachable (%s); retrying in %.1f s", self.opts.ps, why, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -165,7 +171,7 @@ class Site:
         while not self.finished:
             raw = await call.read()
             if raw is grpc.aio.EOF:
-                raise ConnectionLostError("the parameter server closed the stream")
+                raise ConnectionLostError("the stream ended")
             msg = wire.server_message_from_proto(raw)
             if isinstance(msg, ErrorMessage):
                 raise RejectedError(msg.code, msg.message)

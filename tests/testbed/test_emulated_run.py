@@ -1,0 +1,68 @@
+"""A real run through the link emulator: different RTTs, an outage, a reset, a slow site."""
+
+import statistics
+
+import pytest
+
+from wantrain.report import read_links
+from wantrain.run import Run
+from wantrain.telemetry import read_events, rows
+
+from ..helpers import pid_alive, small_config
+
+SCENARIO = '''name = "test"
+ps_region = "East US"
+time_scale = 1.0
+seed = 3
+
+[[site]]
+name = "near"
+region = "Central US"
+bandwidth_mbps = 500
+
+[[site]]
+name = "far"
+region = "Southeast Asia"
+bandwidth_mbps = 50
+speed_factor = 2
+outages = [{ start_s = 8, duration_s = 2 }]
+spikes_per_min = 6
+resets = [14]
+'''
+
+
+@pytest.mark.timeout(300)
+def test_training_continues_through_an_emulated_wan(tmp_path):
+    (tmp_path / "s.toml").write_text(SCENARIO)
+    cfg = small_config(num_sites=2, **{"train.rounds": 6, "train.inner_steps": 10})
+    run = Run(cfg, run_dir=tmp_path / "run", scenario=str(tmp_path / "s.toml"))
+    with run:
+        list(run.follow(timeout_s=250))
+        codes = run.wait_exit(60)
+    assert all(c == 0 for name, c in codes.items() if name != "link emulator"), codes
+    assert not any(pid_alive(p.pid) for p in run.processes())
+
+    events = read_events(tmp_path / "run")
+    links = read_links(tmp_path / "run")
+    ends = rows(events, "round_end")
+    assert len(ends) == 6 and ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"] - 0.5
+    assert all(c["ok"] for c in rows(events, "hash_check"))
+
+    # Each link's RTT, measured by its site through the emulator, matches the published one.
+    rtts = {}
+    for e in rows(events, "link_rtt"):
+        rtts.setdefault(e["site"], []).extend(e["rtt_ms"])
+    assert abs(statistics.median(rtts["near"]) - 29) < 15          # Central US - East US
+    assert abs(statistics.median(rtts["far"]) - 224) < 40          # Southeast Asia - East US
+
+    # The outage and the reset happened, and the far site came back after the reset.
+    kinds = [(ln["kind"], ln.get("site")) for ln in links]
+    assert ("outage_start", "far") in kinds and ("outage_end", "far") in kinds and ("reset", "far") in kinds
+    assert any(e["site"] == "far" for e in rows(events, "leave"))
+    assert any(e["site"] == "far" and e["resumed"] for e in rows(events, "join"))
+
+    # The slow site's padding is reported as emulated compute.
+    far = [e for e in rows(events, "site_round") if e["site"] == "far"]
+    near = [e for e in rows(events, "site_round") if e["site"] == "near"]
+    assert all(e["emulated_s"] > 0.3 * e["compute_s"] for e in far)
+    assert all(e["emulated_s"] == 0 for e in near)
