@@ -19,11 +19,13 @@ demo: $(STAMP)
 	$(BIN)/wantrain demo
 
 test: $(STAMP)
+	bash tools/install_sysdeps.sh
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
 	$(BIN)/python bench/server_bench.py
+	$(BIN)/python bench/proxy_bench.py
 
 protos: $(STAMP)
 	$(BIN)/python tools/gen_protos.py

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Debian packages the tests use: iproute2 and nftables for the kernel link backend (its tests
+# run as root, in network namespaces). Installed only when running as root and missing; without
+# root those tests are skipped and say why.
+set -euo pipefail
+need=()
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v nft >/dev/null 2>&1 || need+=(nftables)
+if [ ${#need[@]} -eq 0 ]; then exit 0; fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install_sysdeps: not root; skipping ${need[*]} (kernel backend tests will be skipped)" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}"
