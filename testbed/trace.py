@@ -128,6 +128,35 @@ class Trace:
             raise TraceError(f"{path}: no samples")
         return cls.from_rows(rows, loop=loop, name=path.stem)
 
+    @classmethod
+    def from_rtt_samples(cls, samples: list[tuple[float, float]], bandwidth_mbps: float = math.inf,
+                         step_s: float = 1.0, name: str = "recorded") -> "Trace":
+        """Replay measured RTTs: (Unix time, RTT ms) pairs -> one-way delay RTT / 2 per step_s
+        bin (median of the bin; empty bins hold the previous value)."""
+        if not samples:
+            raise TraceError("no RTT samples to build a trace from")
+        samples = sorted(samples)
+        t0 = samples[0][0]
+        nbins = int((samples[-1][0] - t0) // step_s) + 1
+        bins: list[list[float]] = [[] for _ in range(nbins)]
+        for t, rtt in samples:
+            bins[int((t - t0) // step_s)].append(rtt)
+        delay, last = [], None
+        for b in bins:
+            last = float(np.median(b)) / 2 if b else last
+            delay.append(last)
+        n = len(delay)
+        return cls(np.arange(n) * step_s, np.array(delay), np.full(n, float(bandwidth_mbps)), np.zeros(n), name=name)
+
+    @classmethod
+    def from_telemetry(cls, events: list[dict], site: str, **kw) -> "Trace":
+        """The RTTs a site measured in a run (its `link_rtt` telemetry events), as a trace."""
+        samples = [(t, r) for e in events if e.get("kind") == "link_rtt" and e.get("site") == site
+                   for t, r in zip(e["t"], e["rtt_ms"])]
+        if not samples:
+            raise TraceError(f"the run has no RTT probes from site {site!r}")
+        return cls.from_rtt_samples(samples, name=f"recorded-{site}", **kw)
+
     def save_csv(self, path: str | Path) -> None:
         with open(path, "w", newline="") as f:
             w = csv.writer(f)

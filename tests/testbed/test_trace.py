@@ -61,3 +61,15 @@ def test_published_rtts_cover_three_continents():
     assert rtt_ms("East US", "West US 2") == 68 and rtt_ms("East US", "Southeast Asia") == 222
     with pytest.raises(KeyError, match="known regions"):
         rtt_ms("East US", "Mars")
+
+
+def test_recorded_rtts_replay_as_a_trace(tmp_path):
+    events = [{"kind": "link_rtt", "site": "a", "t": [100.0, 100.4, 101.2, 103.1], "rtt_ms": [80, 84, 120, 60]},
+              {"kind": "link_rtt", "site": "b", "t": [100.0], "rtt_ms": [10]}]
+    t = Trace.from_telemetry(events, "a")
+    assert list(t.t_s) == [0, 1, 2, 3]
+    assert [t.at(x).delay_ms for x in (0.5, 1.5, 2.5, 3.5)] == [41, 60, 60, 30]   # bin 2 empty: holds
+    t.save_csv(tmp_path / "rec.csv")
+    assert Trace.load_csv(tmp_path / "rec.csv").at(1.5).delay_ms == 60
+    with pytest.raises(TraceError, match="no RTT probes from site 'c'"):
+        Trace.from_telemetry(events, "c")
