@@ -1,0 +1,112 @@
+"""One conformance test for every link backend: a client on the site's side of the link
+(inside its namespace for the kernel backend) measures delay, rate and an outage through it."""
+
+import asyncio
+import json
+import math
+import os
+import sys
+
+import pytest
+
+from testbed import Trace
+from testbed.backend import BACKENDS, get_backend
+from testbed.kernel import cleanup_all
+
+CLIENT = r"""
+import json, socket, sys, time
+host, port, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+s = socket.create_connection((host, port), timeout=30)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def ping():
+    t = time.monotonic(); s.sendall(b"p"); assert s.recv(1) == b"p"; return time.monotonic() - t
+if mode == "rtt":
+    out = sorted(ping() for _ in range(9))[4] * 1000
+elif mode == "rate":   # send 2 s worth; the echo server answers with one byte when all arrived
+    n = int(sys.argv[4]); t = time.monotonic(); s.sendall(b"\0" * n); s.shutdown(socket.SHUT_WR)
+    s.recv(1); out = n * 8 / (time.monotonic() - t) / 1e6
+else:                  # ping every 20 ms for 4 s; report the longest gap
+    gaps, t_end = [], time.monotonic() + 4
+    while time.monotonic() < t_end:
+        gaps.append(ping()); time.sleep(0.02)
+    out = max(gaps)
+print(json.dumps(out))
+"""
+
+
+async def echo_server():
+    async def handle(r, w):
+        first = await r.read(1)
+        if first == b"\0":                       # rate mode: count, then answer once
+            while await r.read(1 << 16):
+                pass
+            w.write(b"d")
+        else:
+            w.write(first)
+            while data := await r.read(1):
+                w.write(data)
+                await w.drain()
+        await w.drain()
+        w.close()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def measure(backend_name: str, trace: Trace, mode: str, *extra: str) -> float:
+    server, port = await echo_server()
+    handle = await get_backend(backend_name).open("conf", ("127.0.0.1", port), trace, trace)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *handle.exec_prefix, sys.executable, "-c", CLIENT, handle.connect[0], str(handle.connect[1]), mode, *extra,
+            stdout=asyncio.subprocess.PIPE)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        return json.loads(out)
+    finally:
+        await handle.close()
+        server.close()
+
+
+def backends():
+    out = []
+    for name in BACKENDS:
+        marks = [pytest.mark.skipif(os.geteuid() != 0, reason="the kernel backend needs root (CI runs as root)")] \
+            if name == "kernel" else []
+        out.append(pytest.param(name, marks=marks))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    yield
+    if os.geteuid() == 0:
+        cleanup_all()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", backends())
+def test_delay(backend):
+    rtt = asyncio.run(measure(backend, Trace.constant(30, math.inf), "rtt"))
+    assert abs(rtt - 60) <= 6, rtt
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", backends())
+def test_rate(backend):
+    mbps = 20
+    measured = asyncio.run(measure(backend, Trace.constant(1, mbps), "rate", str(int(mbps * 1e6 / 8 * 2))))
+    # The kernel counts headers too; TCP payload is about 95% of the line rate.
+    expected = mbps * (0.95 if backend == "kernel" else 1.0)
+    assert abs(measured - expected) <= 0.1 * expected, measured
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", backends())
+def test_outage(backend):
+    trace = Trace.from_rows([(0, 2, math.inf, 0), (1.5, 2, 0, 0), (3.5, 2, math.inf, 0)])
+    gap = asyncio.run(measure(backend, trace, "gap"))
+    if backend == "proxy":
+        assert abs(gap - 2.0) <= 0.2, gap
+    else:
+        # Real packets are dropped, so real TCP backs off its retransmission timer during the
+        # outage and resumes at the next timer after it: up to about the outage length later.
+        assert 1.8 <= gap <= 4.2, gap
