@@ -20,8 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     ln.add_argument("--target", required=True, help="HOST:PORT of the parameter server")
     ln.add_argument("--plan-file", required=True, help="written once every proxy listens")
     ln.add_argument("--log", default=None, help="JSONL file of link telemetry")
+    sub.add_parser("cleanup", help="remove namespaces, links and nftables tables left by a killed kernel backend")
     args = p.parse_args(argv)
     try:
+        if args.command == "cleanup":
+            from .kernel import cleanup_all
+            print("\n".join(cleanup_all()) or "nothing to remove")
+            return 0
         if args.command == "describe":
             from .links import plan_of
             print(json.dumps(plan_of(load_scenario(args.scenario)), indent=2))

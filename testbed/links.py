@@ -17,33 +17,47 @@ import signal
 import time
 from pathlib import Path
 
-from .proxy import LinkProxy
+from .backend import get_backend
 from .scenario import Scenario
 from .trace import Spike
 
 __all__ = ["run_links", "plan_of"]
 
 
-def plan_of(sc: Scenario, ports: dict[str, int] | None = None) -> dict:
+def plan_of(sc: Scenario, handles: dict | None = None) -> dict:
+    """What a run needs to know: per site, where to dial (host, port), what to run it under."""
+    handles = handles or {}
+
+    def where(name: str) -> dict:
+        h = handles.get(name)
+        return {"host": h.connect[0], "port": h.connect[1], "exec_prefix": h.exec_prefix} if h else \
+            {"host": None, "port": None, "exec_prefix": []}
+
     return {
-        "scenario": sc.name, "ps_region": sc.ps_region, "time_scale": sc.time_scale,
+        "scenario": sc.name, "ps_region": sc.ps_region, "time_scale": sc.time_scale, "backend": sc.backend,
         "sites": [{"name": s.name, "region": s.region, "rtt_ms": sc.rtt_ms(s),
                    "bandwidth_mbps": None if math.isinf(s.bandwidth_mbps) else s.bandwidth_mbps,
-                   "speed_factor": s.speed_factor, "port": (ports or {}).get(s.name)} for s in sc.sites],
+                   "speed_factor": s.speed_factor, **where(s.name)} for s in sc.sites],
     }
 
 
 async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_file: Path | None,
                     interval_s: float = 0.1, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
-    proxies = {}
-    for site in sc.sites:
-        up, down = sc.traces(site)
-        proxies[site.name] = LinkProxy(target, up, down, name=site.name)
-    ports = {name: await p.start() for name, p in proxies.items()}
+    backend = get_backend(sc.backend)
+    handles = {}
+    try:
+        for site in sc.sites:
+            up, down = sc.traces(site)
+            handles[site.name] = await backend.open(site.name, target, up, down)
+    except BaseException:
+        for h in handles.values():
+            await h.close()
+        raise
+    proxies = {name: h.proxy for name, h in handles.items()}
     t0 = time.time()
     tmp = Path(str(plan_file) + ".tmp")
-    tmp.write_text(json.dumps(plan_of(sc, ports), indent=2))
+    tmp.write_text(json.dumps(plan_of(sc, handles), indent=2))
     tmp.replace(plan_file)
     log = open(log_file, "a", buffering=1) if log_file else None
     was_down = {name: False for name in proxies}
@@ -54,7 +68,7 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
         if log:
             log.write(json.dumps(obj, separators=(",", ":")) + "\n")
 
-    write({"kind": "links_start", "t": t0, **plan_of(sc, ports)})
+    write({"kind": "links_start", "t": t0, **plan_of(sc, handles)})
     try:
         while not stop.is_set():
             now = time.time()
@@ -83,8 +97,8 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
             except asyncio.TimeoutError:
                 pass
     finally:
-        for p in proxies.values():
-            await p.stop()
+        for h in handles.values():
+            await h.close()
         if log:
             log.close()
 

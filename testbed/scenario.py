@@ -2,7 +2,8 @@
 
 A scenario is a TOML file (see scenarios/ for the built-in ones):
 
-    name, ps_region, time_scale (trace seconds -> real seconds), seed
+    name, ps_region, time_scale (trace seconds -> real seconds), seed,
+    backend ("proxy", the default and needing no root, or "kernel": root, namespaces)
     [[site]] name, region, and optionally: bandwidth_mbps (default unlimited), jitter_ms, loss,
              spikes_per_min, spike_min_ms, outages = [{start_s, duration_s}], resets = [start_s, ...]
              (connection resets), speed_factor, trace = "file.csv" (replaces the synthetic trace;
@@ -61,6 +62,7 @@ class Scenario:
     time_scale: float = 1.0
     seed: int = 0
     path: Path | None = field(default=None, compare=False)
+    backend: str = "proxy"
 
     def rtt_ms(self, site: SiteLink) -> float:
         return rtt_ms(site.region, self.ps_region)
@@ -110,7 +112,7 @@ _SITE_FIELDS = {"name", "region", "bandwidth_mbps", "jitter_ms", "loss", "spikes
 
 
 def _build(d: dict, path: Path, text: str) -> Scenario:
-    known = {"name", "ps_region", "time_scale", "seed", "site"}
+    known = {"name", "ps_region", "time_scale", "seed", "site", "backend"}
     for k in d:
         if k not in known:
             raise _err(path, text, k, f"is unknown (known: {', '.join(sorted(known))})")
@@ -121,6 +123,9 @@ def _build(d: dict, path: Path, text: str) -> Scenario:
     time_scale = d.get("time_scale", 1.0)
     if not isinstance(time_scale, (int, float)) or not time_scale > 0:
         raise _err(path, text, "time_scale", f"must be a positive number, got {time_scale!r}")
+    backend = d.get("backend", "proxy")
+    if backend not in ("proxy", "kernel"):
+        raise _err(path, text, "backend", f"must be \"proxy\" or \"kernel\", got {backend!r}")
     raw_sites = d.get("site", [])
     if not raw_sites:
         raise ScenarioError(f"{path}: a scenario needs at least one [[site]]")
@@ -164,7 +169,8 @@ def _build(d: dict, path: Path, text: str) -> Scenario:
     names = [s.name for s in sites]
     if len(set(names)) != len(names):
         raise ScenarioError(f"{path}: site names must be unique, got {names}")
-    sc = Scenario(str(d.get("name", path.stem)), ps_region, tuple(sites), float(time_scale), int(d.get("seed", 0)), path)
+    sc = Scenario(str(d.get("name", path.stem)), ps_region, tuple(sites), float(time_scale), int(d.get("seed", 0)), path,
+                  backend)
     for site in sites:
         if site.trace:
             try:

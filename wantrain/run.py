@@ -151,11 +151,12 @@ class Run:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
         argv = (self.python, "-m", "wantrain", "worker", "--ps", self.address, "--site", name,
                 "--threads", str(self.site_threads))
-        if self.plan is not None:   # through the site's emulated link
+        if self.plan is not None:   # through the site's emulated link (in its namespace, if it has one)
             link = next(s for s in self.plan["sites"] if s["name"] == name)
-            argv = (self.python, "-m", "wantrain", "worker", "--ps", f"{self.host}:{link['port']}", "--site", name,
-                    "--threads", str(self.site_threads), "--speed-factor", str(link["speed_factor"]),
-                    "--link-rtt-ms", str(link["rtt_ms"]), "--link-mbps", str(link["bandwidth_mbps"] or 0))
+            argv = (*link["exec_prefix"], self.python, "-m", "wantrain", "worker", "--ps",
+                    f"{link['host']}:{link['port']}", "--site", name, "--threads", str(self.site_threads),
+                    "--speed-factor", str(link["speed_factor"]), "--link-rtt-ms", str(link["rtt_ms"]),
+                    "--link-mbps", str(link["bandwidth_mbps"] or 0))
         self.workers[name] = self.launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
         return self.workers[name]
@@ -164,9 +165,9 @@ class Run:
         return [p for p in [self.ps, self.links, *self.workers.values()] if p is not None]
 
     def stop(self) -> None:
-        """Stop every process of the run (idempotent)."""
-        for p in self.processes():
-            p.stop(grace_s=2.0)
+        """Stop every process of the run (idempotent): sites first, then their links, then the PS."""
+        for p in reversed(self.processes()):
+            p.stop(grace_s=3.0)
         if self._channel is not None:
             self._channel.close()
             self._channel = None
