@@ -47,3 +47,10 @@ def test_load_missing_file(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"num_sites": 2}))
     assert RunConfig.load(p).num_sites == 2
+
+
+def test_site_names():
+    cfg = RunConfig().replace(num_sites=2, sites=["a", "b"])
+    assert RunConfig.from_json(cfg.to_json()).sites == ("a", "b")
+    with pytest.raises(ConfigError, match="sites must be empty or 2 distinct names"):
+        RunConfig().replace(num_sites=2, sites=["a", "a"])

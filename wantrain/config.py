@@ -121,6 +121,7 @@ class RunConfig:
     """Everything the PS needs to run, and every site needs to join."""
 
     num_sites: int = 3
+    sites: tuple[str, ...] = ()       # optional: the sites' names; site i trains on data shard i
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -131,6 +132,9 @@ class RunConfig:
 
     def validate(self) -> None:
         _check(1 <= self.num_sites <= 1024, "num_sites", "must be in [1, 1024]", self.num_sites)
+        _check(not self.sites or (len(self.sites) == self.num_sites and len(set(self.sites)) == len(self.sites)
+                                  and all(isinstance(n, str) and n for n in self.sites)),
+               "sites", f"must be empty or {self.num_sites} distinct names", self.sites)
         self.model.validate()
         self.data.validate()
         self.train.validate()
@@ -214,6 +218,10 @@ def _coerce(f: dataclasses.Field, value: Any, name: str) -> Any:
     elif kind == "str":
         if not isinstance(value, str):
             raise ConfigError(f"{name} must be a string, got {value!r}")
+    elif kind.startswith("tuple"):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name} must be a list, got {value!r}")
+        value = tuple(value)
     return value
 
 

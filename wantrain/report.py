@@ -110,6 +110,27 @@ def links_figure(events: list[dict], links: list[dict]) -> go.Figure | None:
     return fig
 
 
+def throughput_figure(events: list[dict], links: list[dict]) -> go.Figure | None:
+    rows_ = [ln for ln in links if ln["kind"] == "link"]
+    if not rows_:
+        return None
+    t0 = events[0]["t"]
+    fig = go.Figure()
+    for site in sorted({ln["site"] for ln in rows_}):
+        mine = [ln for ln in rows_ if ln["site"] == site]
+        for key, label in (("bytes_up", "up"), ("bytes_down", "down")):
+            x, y = [], []
+            for a, b in zip(mine, mine[1:]):
+                if b["t"] > a["t"]:
+                    x.append(b["t"] - t0)
+                    y.append((b[key] - a[key]) * 8 / (b["t"] - a["t"]) / 1e6)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{site} {label} Mbit/s",
+                                     line=dict(dash="solid" if label == "up" else "dot")))
+    fig.update_layout(title="Links: throughput through the emulator", height=380, xaxis_title="seconds since start",
+                      yaxis_title="Mbit/s")
+    return fig
+
+
 def figures(events: list[dict], links: list[dict] | None = None) -> list[go.Figure]:
     sites = rows(events, "site_round")
     ends = rows(events, "round_end")
@@ -149,8 +170,8 @@ def figures(events: list[dict], links: list[dict] | None = None) -> list[go.Figu
                        xaxis_title="round")
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="ratio / bits", secondary_y=True)
-    link_fig = links_figure(events, links or [])
-    return [loss, wire] + ([link_fig] if link_fig else [])
+    extra = [links_figure(events, links or []), throughput_figure(events, links or [])]
+    return [loss, wire] + [f for f in extra if f is not None]
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:

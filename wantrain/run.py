@@ -78,9 +78,11 @@ class Run:
         self.links = None
         if scenario is not None and sites is None:
             sites = [s["name"] for s in describe_scenario(scenario, python)["sites"]]
-        self.sites = sites or default_site_names(cfg.num_sites)
+        self.sites = list(sites or cfg.sites or default_site_names(cfg.num_sites))
         if len(self.sites) != cfg.num_sites or len(set(self.sites)) != len(self.sites):
             raise ValueError(f"need {cfg.num_sites} distinct site names, got {self.sites}")
+        if not cfg.sites:   # name the sites in the config, so each keeps its data shard
+            self.cfg = cfg = cfg.replace(sites=list(self.sites))
         self.host, self.site_threads, self.python = host, site_threads, python
         self.launcher = launcher or LocalLauncher()
         self.ps: LocalProcess | None = None
@@ -231,9 +233,12 @@ class Run:
                 raise ProcessError(f"{p.name} exited with code {code}:\n{p.log_tail()}")
 
     def wait_exit(self, timeout_s: float = 60.0) -> dict[str, int | None]:
-        """After run_end: wait for every process to exit by itself; returns exit codes."""
+        """After run_end: wait for the PS and the sites to exit by themselves (the link emulator
+        runs until stopped); returns the exit codes of all processes."""
         deadline = time.time() + timeout_s
         for p in self.processes():
+            if p is self.links:
+                continue
             try:
                 p.wait(max(0.1, deadline - time.time()))
             except TimeoutError:

@@ -112,13 +112,18 @@ class ParameterServer:
         if msg.site in self.links:
             raise RejectedError("duplicate_site", f"a site named {msg.site!r} is already connected; "
                                                   "each site needs its own name")
+        if self.cfg.sites and msg.site not in self.cfg.sites:
+            raise RejectedError("unknown_site", f"{msg.site!r} is not one of the run's sites "
+                                                f"({', '.join(self.cfg.sites)})")
         if msg.site not in self.registry and len(self.registry) >= self.cfg.num_sites:
             raise RejectedError("run_full", f"the run already has its {self.cfg.num_sites} sites "
                                             f"({', '.join(sorted(self.registry))}); {msg.site!r} is not one of them")
         if self.done.is_set():
             raise RejectedError("run_finished", f"the run finished after {self.round} rounds")
         resumed = msg.site in self.registry
-        index = self.registry.setdefault(msg.site, len(self.registry))
+        # Named sites keep their place (and data shard) whatever order they join in.
+        index = self.registry.setdefault(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
+                                         else len(self.registry))
         link = SiteLink(msg.site, index, msg.device)
         self.links[msg.site] = link
         self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed)
@@ -308,6 +313,7 @@ _REJECT_STATUS = {
     "duplicate_site": grpc.StatusCode.ALREADY_EXISTS,
     "run_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "run_finished": grpc.StatusCode.FAILED_PRECONDITION,
+    "unknown_site": grpc.StatusCode.PERMISSION_DENIED,
 }
 
 
