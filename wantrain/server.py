@@ -97,7 +97,9 @@ class ParameterServer:
         self.round_started_at = 0.0
         self.aggregating = False
         self.awaiting_model: set[str] = set()
+        self.told_finished: set[str] = set()  # sites that know the run is over
         self.done = asyncio.Event()
+        self.closing = asyncio.Event()         # the server is about to stop: end Watch streams
         self.val_loss = self.evaluate()
         self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(),
                            num_params=count_parameters(self.model), val_loss=self.val_loss)
@@ -119,6 +121,7 @@ class ParameterServer:
             raise RejectedError("run_full", f"the run already has its {self.cfg.num_sites} sites "
                                             f"({', '.join(sorted(self.registry))}); {msg.site!r} is not one of them")
         if self.done.is_set():
+            self.told_finished.add(msg.site)
             raise RejectedError("run_finished", f"the run finished after {self.round} rounds")
         resumed = msg.site in self.registry
         # Named sites keep their place (and data shard) whatever order they join in.
@@ -252,6 +255,8 @@ class ParameterServer:
             for c in update_chunks:
                 link.outbox.put_nowait(c)
             link.outbox.put_nowait(result)
+        if self.round >= self.cfg.train.rounds:
+            self.told_finished.update(n for n in result.sites if n in self.links)
         self.in_round = set()
         self.uploads = {}
         self.aggregating = False
@@ -396,14 +401,20 @@ class Servicer(wire.pb_grpc.ParameterServerServicer):
         wake = asyncio.Event()
         unsubscribe = rec.subscribe(lambda: loop.call_soon_threadsafe(wake.set))
         seq = request.from_seq
+        closing = asyncio.ensure_future(self.ps.closing.wait())
         try:
             while True:
                 wake.clear()
                 for line in rec.since(seq):
                     yield wire.event_to_proto(seq, line)
                     seq += 1
-                await wake.wait()
+                if self.ps.closing.is_set():
+                    return
+                waiter = asyncio.ensure_future(wake.wait())
+                await asyncio.wait([waiter, closing], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
         finally:
+            closing.cancel()
             unsubscribe()
 
 
@@ -422,8 +433,12 @@ def server_options() -> list[tuple[str, int]]:
 
 
 async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
-                port_file: str | Path | None = None, linger_s: float = 1.0) -> None:
-    """Run the PS until the run is done (if exit_when_done) or forever; port 0 picks a free port."""
+                port_file: str | Path | None = None, linger_s: float = 1.0, straggler_wait_s: float = 20.0) -> None:
+    """Run the PS until the run is done (if exit_when_done) or forever; port 0 picks a free port.
+
+    After the last round it waits (up to straggler_wait_s) for sites that were away at the end
+    (a reset, an outage) to reconnect and be told the run is over, so none retries in vain.
+    """
     server = grpc.aio.server(options=server_options())
     wire.pb_grpc.add_ParameterServerServicer_to_server(Servicer(ps), server)
     bound = server.add_insecure_port(f"{host}:{port}")
@@ -441,9 +456,14 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
             deadline = time.time() + 30
             while ps.links and time.time() < deadline:   # let sites receive the last result
                 await asyncio.sleep(0.05)
+            deadline = time.time() + straggler_wait_s
+            while set(ps.registry) - ps.told_finished and time.time() < deadline:
+                await asyncio.sleep(0.05)
             await asyncio.sleep(linger_s)                  # and watchers the last events
         else:
             await server.wait_for_termination()
     finally:
+        ps.closing.set()            # watchers get their last events and end their streams
+        await asyncio.sleep(0.2)
         await server.stop(grace=1.0)
         ps.recorder.close()

@@ -25,16 +25,16 @@ name = "far"
 region = "Southeast Asia"
 bandwidth_mbps = 50
 speed_factor = 2
-outages = [{ start_s = 8, duration_s = 2 }]
+outages = [{ start_s = 5, duration_s = 2 }]
 spikes_per_min = 6
-resets = [14]
+resets = [9]
 '''
 
 
 @pytest.mark.timeout(300)
 def test_training_continues_through_an_emulated_wan(tmp_path):
     (tmp_path / "s.toml").write_text(SCENARIO)
-    cfg = small_config(num_sites=2, **{"train.rounds": 6, "train.inner_steps": 10})
+    cfg = small_config(num_sites=2, **{"train.rounds": 8, "train.inner_steps": 10})
     run = Run(cfg, run_dir=tmp_path / "run", scenario=str(tmp_path / "s.toml"))
     with run:
         list(run.follow(timeout_s=250))
@@ -45,7 +45,7 @@ def test_training_continues_through_an_emulated_wan(tmp_path):
     events = read_events(tmp_path / "run")
     links = read_links(tmp_path / "run")
     ends = rows(events, "round_end")
-    assert len(ends) == 6 and ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"] - 0.5
+    assert len(ends) == 8 and ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"] - 0.5
     assert all(c["ok"] for c in rows(events, "hash_check"))
 
     # Each link's RTT, measured by its site through the emulator, matches the published one.
@@ -53,7 +53,8 @@ def test_training_continues_through_an_emulated_wan(tmp_path):
     for e in rows(events, "link_rtt"):
         rtts.setdefault(e["site"], []).extend(e["rtt_ms"])
     assert abs(statistics.median(rtts["near"]) - 29) < 15          # Central US - East US
-    assert abs(statistics.median(rtts["far"]) - 224) < 40          # Southeast Asia - East US
+    far = sorted(rtts["far"])                                       # Southeast Asia - East US: the
+    assert 0.9 * 224 <= far[len(far) // 4] <= 1.25 * 224, far       # quieter quarter (spikes 20% of the time)
 
     # The outage and the reset happened, and the far site came back after the reset.
     kinds = [(ln["kind"], ln.get("site")) for ln in links]
