@@ -59,26 +59,28 @@ def test_rtt_matches_the_set_delay(one_way_ms):
     assert abs(measured - expected) <= max(0.1 * expected, 2.0), (measured, expected)
 
 
+async def rate_through(trace: Trace, total: int) -> float:
+    """Bytes/s a sink receives through a proxy with `trace`, over the steady part (first to last byte)."""
+    received = []
+    server, port = await sink_server(received)
+    proxy = LinkProxy(("127.0.0.1", port), trace)
+    await proxy.start()
+    r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+    w.write(b"\0" * total)
+    await w.drain()
+    while sum(n for _, n in received) < total:
+        await asyncio.sleep(0.01)
+    w.close()
+    await proxy.stop()
+    server.close()
+    return sum(n for _, n in received[1:]) / (received[-1][0] - received[0][0])
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mbps", [8, 40])
 def test_throughput_matches_the_set_rate(mbps):
-    async def go():
-        received = []
-        server, port = await sink_server(received)
-        proxy = LinkProxy(("127.0.0.1", port), Trace.constant(10, mbps))
-        await proxy.start()
-        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
-        total = int(mbps * 1e6 / 8 * 2)          # two seconds' worth
-        w.write(b"\0" * total)
-        await w.drain()
-        while sum(n for _, n in received) < total:
-            await asyncio.sleep(0.01)
-        w.close()
-        await proxy.stop()
-        server.close()
-        # Rate over the steady part: from the first byte to the last.
-        return sum(n for _, n in received[1:]) * 8 / (received[-1][0] - received[0][0]) / 1e6
-    measured = run(go())
+    total = int(mbps * 1e6 / 8 * 2)          # two seconds' worth
+    measured = run(rate_through(Trace.constant(10, mbps), total)) * 8 / 1e6
     assert abs(measured - mbps) <= 0.1 * mbps, measured
 
 
@@ -136,23 +138,7 @@ def test_trace_changes_are_followed_in_time():
 def test_loss_caps_throughput_at_the_mathis_bound():
     rate = mathis_rate_bps(0.1, 0.01)             # 100 ms RTT, 1% loss: about 1.4 Mbit/s
     assert 1.3e6 < rate * 8 < 1.5e6
-
-    async def go():
-        received = []
-        server, port = await sink_server(received)
-        proxy = LinkProxy(("127.0.0.1", port), Trace.constant(50, 1000, 0.01))
-        await proxy.start()
-        r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
-        total = int(rate * 1.5)
-        w.write(b"\0" * total)
-        await w.drain()
-        while sum(n for _, n in received) < total:
-            await asyncio.sleep(0.01)
-        w.close()
-        await proxy.stop()
-        server.close()
-        return sum(n for _, n in received[1:]) / (received[-1][0] - received[0][0])
-    measured = run(go())
+    measured = run(rate_through(Trace.constant(50, 1000, 0.01), int(rate * 1.5)))
     assert abs(measured - rate) <= 0.1 * rate
 
 
