@@ -73,12 +73,13 @@ class TrainConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     eval_batches: int = 4            # validation batches the PS evaluates after each round
+    checkpoint_every: int = 1        # the PS checkpoints every N committed rounds (0: never)
     seed: int = 0                    # data order; each site adds its index
 
     def validate(self, prefix: str = "train") -> None:
         for name in ("rounds", "inner_steps", "batch_size"):
             _check(getattr(self, name) >= 1, f"{prefix}.{name}", "must be >= 1", getattr(self, name))
-        for name in ("warmup_steps", "eval_batches"):
+        for name in ("warmup_steps", "eval_batches", "checkpoint_every"):
             _check(getattr(self, name) >= 0, f"{prefix}.{name}", "must be >= 0", getattr(self, name))
         for name in ("inner_lr", "outer_lr"):
             v = getattr(self, name)

@@ -27,15 +27,16 @@ import grpc
 import numpy as np
 import torch
 
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays
 from .config import CodecConfig, RunConfig
 from .data import eval_batches, load_run_data
-from .errors import CodecError, ProtocolError, RejectedError
+from .errors import CodecError, ConfigError, ProtocolError, RejectedError
 from .messages import (DELTA, MODEL, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, LinkProbe,
                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .models import build_model, count_parameters
 from .outer import OuterNesterov, weighted_average
-from .replica import apply_update, flat_copy, named_params, param_hash
+from .replica import apply_update, flat_copy, load_flat, named_params, param_hash
 from .telemetry import Recorder
 from . import wire
 
@@ -70,7 +71,7 @@ class ParameterServer:
     """Holds the global model and runs DiLoCo rounds over the connected sites."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, run_id: str | None = None,
-                 exit_when_done: bool = True) -> None:
+                 exit_when_done: bool = True, resume: bool = True) -> None:
         self.cfg = cfg
         self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.run_dir = Path(run_dir) if run_dir else None
@@ -100,9 +101,48 @@ class ParameterServer:
         self.told_finished: set[str] = set()  # sites that know the run is over
         self.done = asyncio.Event()
         self.closing = asyncio.Event()         # the server is about to stop: end Watch streams
-        self.val_loss = self.evaluate()
-        self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(),
-                           num_params=count_parameters(self.model), val_loss=self.val_loss)
+        self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
+        saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
+        if saved is not None:
+            self._restore(saved)
+            self.recorder.emit("restart", round=self.round, run_id=self.run_id)
+            log.info("resumed run %s from its checkpoint at round %d (%s)", self.run_id, self.round, self.hash)
+            if self.round >= cfg.train.rounds:
+                self.done.set()
+        else:
+            self.val_loss = self.evaluate()
+            self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(),
+                               num_params=count_parameters(self.model), val_loss=self.val_loss)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _checkpoint_state(self) -> dict:
+        return {"run_id": self.run_id, "config_json": self.cfg.to_json(), "round": self.round,
+                "params_np": flat_copy(self.model), "outer_np": self.outer.state_dict(),
+                "feedback_np": self.feedback.state_dict() if self.feedback else {},
+                "hashes": dict(self.hashes), "registry": dict(self.registry), "val_loss": self.val_loss}
+
+    def _restore(self, saved: dict) -> None:
+        if RunConfig.from_json(saved["config_json"]) != self.cfg:
+            raise ConfigError(f"{self.ckpt_path} was written by a run with a different config; "
+                              "use a new run folder, or the config of that run")
+        load_flat(self.model, saved["params_np"])
+        self.outer.load_state_dict(saved["outer_np"])
+        if self.feedback is not None:
+            self.feedback.load_state_dict(saved["feedback_np"])
+        self.run_id, self.round, self.val_loss = saved["run_id"], int(saved["round"]), float(saved["val_loss"])
+        self.hashes = {int(k): v for k, v in saved["hashes"].items()}
+        self.registry = dict(saved["registry"])
+        self.hash = param_hash(self.model)
+        if self.hash != self.hashes.get(self.round):
+            raise ConfigError(f"{self.ckpt_path} is damaged: its parameters hash to {self.hash}, "
+                              f"it says {self.hashes.get(self.round)}")
+
+    def _save_checkpoint(self) -> None:
+        t0 = time.time()
+        save_checkpoint(self.ckpt_path, self._checkpoint_state())
+        self.recorder.emit("checkpoint", round=self.round, seconds=time.time() - t0,
+                           bytes=self.ckpt_path.stat().st_size)
 
     # ------------------------------------------------------------ site lifecycle
 
@@ -244,6 +284,9 @@ class ParameterServer:
         self.hash = result.model_hash
         self.hashes[self.round] = self.hash
         self.val_loss = result.val_loss
+        every = self.cfg.train.checkpoint_every
+        if self.ckpt_path and every and (self.round % every == 0 or self.round >= self.cfg.train.rounds):
+            await asyncio.to_thread(self._save_checkpoint)   # commit before anyone hears of the round
         self.recorder.emit("round_end", round=r, val_loss=result.val_loss, model_hash=result.model_hash,
                            sites=list(result.sites), raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
                            ratio=stats.ratio, huffman_bits_per_symbol=stats.huffman_bits_per_symbol,

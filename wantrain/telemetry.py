@@ -16,6 +16,8 @@ fields `v` (schema version), `seq` (0, 1, 2, ...), `kind`, `t` (Unix time) and `
                 huffman_bits_per_symbol, encode_s, aggregate_s, round_s   (the downlink update)
     hash_check  round, site, ok, site_hash, ps_hash
     link_rtt    site, t (list of Unix times), rtt_ms (list): Ping RTTs the site measured
+    checkpoint  round (committed rounds it holds), seconds, bytes
+    restart     round (the PS resumed from a checkpoint holding this many committed rounds)
     error       code, message, site (optional)
     run_end     rounds, val_loss
 """
@@ -33,7 +35,7 @@ __all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS"]
 
 SCHEMA_VERSION = 1
 EVENT_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
-               "error", "run_end")
+               "checkpoint", "restart", "error", "run_end")
 
 
 def _clean(v: Any) -> Any:
