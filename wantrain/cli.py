@@ -29,18 +29,23 @@ def cmd_ps(args: argparse.Namespace) -> int:
     _setup_logging()
     from .run import new_run_dir
 
+    from .auth import Authenticator
+
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
+    auth = Authenticator.from_files(args.tokens, args.shared_secret_file)
     run_dir = args.run_dir or new_run_dir()
-    ps = ParameterServer(cfg, run_dir=run_dir, exit_when_done=not args.keep_running)
+    ps = ParameterServer(cfg, run_dir=run_dir, exit_when_done=not args.keep_running, auth=auth)
     asyncio.run(serve(ps, args.host, args.port, args.port_file))
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from .auth import read_secret
     from .worker import Site, SiteOptions
 
     _setup_logging()
-    site = Site(SiteOptions(ps=args.ps, name=args.site, device=args.device, threads=args.threads,
+    token = read_secret(args.token_file) if args.token_file else ""
+    site = Site(SiteOptions(token=token, ps=args.ps, name=args.site, device=args.device, threads=args.threads,
                             connect_timeout_s=args.connect_timeout, speed_factor=args.speed_factor,
                             probe_interval_s=args.probe_interval, link_rtt_ms=args.link_rtt_ms,
                             link_mbps=args.link_mbps))
@@ -168,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port-file", default=None, help="write the bound port here once listening")
     s.add_argument("--run-dir", default=None, help="telemetry folder for events.jsonl (default runs/<time>)")
     s.add_argument("--keep-running", action="store_true", help="keep serving after the last round")
+    s.add_argument("--tokens", default=None, help="JSON file: site name -> token; only these sites may join")
+    s.add_argument("--shared-secret-file", default=None, help="file holding one secret every site must present")
     s.set_defaults(func=cmd_ps)
 
     w = sub.add_parser("worker", help="run one site")
@@ -180,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--probe-interval", type=float, default=1.0, help="seconds between RTT probes (0: none)")
     w.add_argument("--link-rtt-ms", type=float, default=0.0, help="known RTT of the link (sizes gRPC timeouts)")
     w.add_argument("--link-mbps", type=float, default=0.0, help="known bandwidth of the link (sizes gRPC timeouts)")
+    w.add_argument("--token-file", default=None, help="file holding this site's token (or the run's shared secret)")
     w.set_defaults(func=cmd_worker)
 
     r = sub.add_parser("report", help="write the HTML report of a run")

@@ -25,6 +25,7 @@ class Join:
     resume_round: int = 0
     resume_hash: str = ""
     device: str = "cpu"
+    token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

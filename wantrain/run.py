@@ -24,6 +24,7 @@ import grpc
 
 from . import wire
 from .config import RunConfig
+from .auth import new_secret_file
 from .errors import ProcessError
 from .launch import LocalLauncher, ProcessSpec
 from .launch.local import LocalProcess
@@ -103,12 +104,15 @@ class Run:
         _LIVE_RUNS.add(self)
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(self.cfg.to_json())
+        # Even on one machine the PS admits only this run's sites: a fresh shared secret.
+        self.secret_file = new_secret_file(self.run_dir / "secret")
         port_file = self.run_dir / "ps.port"
         port_file.unlink(missing_ok=True)
         self.ps = self.launcher.start(ProcessSpec(
             "parameter server",
             (self.python, "-m", "wantrain", "ps", "--config", str(cfg_path), "--run-dir", str(self.run_dir),
-             "--host", self.host, "--port", "0", "--port-file", str(port_file)),
+             "--host", self.host, "--port", "0", "--port-file", str(port_file),
+             "--shared-secret-file", str(self.secret_file)),
             env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / "ps.log"))
         deadline = time.time() + timeout_s
         while not port_file.exists():
@@ -152,13 +156,13 @@ class Run:
         if old is not None and old.poll() is None:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
         argv = (self.python, "-m", "wantrain", "worker", "--ps", self.address, "--site", name,
-                "--threads", str(self.site_threads))
+                "--threads", str(self.site_threads), "--token-file", str(self.secret_file))
         if self.plan is not None:   # through the site's emulated link (in its namespace, if it has one)
             link = next(s for s in self.plan["sites"] if s["name"] == name)
             argv = (*link["exec_prefix"], self.python, "-m", "wantrain", "worker", "--ps",
                     f"{link['host']}:{link['port']}", "--site", name, "--threads", str(self.site_threads),
                     "--speed-factor", str(link["speed_factor"]), "--link-rtt-ms", str(link["rtt_ms"]),
-                    "--link-mbps", str(link["bandwidth_mbps"] or 0))
+                    "--link-mbps", str(link["bandwidth_mbps"] or 0), "--token-file", str(self.secret_file))
         self.workers[name] = self.launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
         return self.workers[name]

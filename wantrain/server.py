@@ -27,6 +27,7 @@ import grpc
 import numpy as np
 import torch
 
+from .auth import Authenticator
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays
 from .config import CodecConfig, RunConfig
@@ -71,8 +72,9 @@ class ParameterServer:
     """Holds the global model and runs DiLoCo rounds over the connected sites."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, run_id: str | None = None,
-                 exit_when_done: bool = True, resume: bool = True) -> None:
+                 exit_when_done: bool = True, resume: bool = True, auth: Authenticator | None = None) -> None:
         self.cfg = cfg
+        self.auth = auth or Authenticator()
         self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.run_dir = Path(run_dir) if run_dir else None
         self.recorder = Recorder(self.run_dir / "events.jsonl" if self.run_dir else None)
@@ -151,6 +153,11 @@ class ParameterServer:
         if msg.protocol_version != PROTOCOL_VERSION:
             raise RejectedError("protocol_version", f"site {msg.site!r} speaks wire protocol {msg.protocol_version}, "
                                                     f"this parameter server speaks {PROTOCOL_VERSION}")
+        why = self.auth.check(msg.site, msg.token)
+        if why is not None:
+            log.warning("refused site %r: %s", msg.site, why)
+            raise RejectedError("unauthenticated", f"site {msg.site!r} is not allowed to join this run "
+                                                   "(unknown site or wrong token)")
         if msg.site in self.links:
             raise RejectedError("duplicate_site", f"a site named {msg.site!r} is already connected; "
                                                   "each site needs its own name")
@@ -362,6 +369,7 @@ _REJECT_STATUS = {
     "run_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "run_finished": grpc.StatusCode.FAILED_PRECONDITION,
     "unknown_site": grpc.StatusCode.PERMISSION_DENIED,
+    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
 }
 
 

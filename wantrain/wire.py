@@ -104,7 +104,9 @@ def site_message_from_proto(m: pb.SiteMessage) -> Join | TensorChunk | RoundMetr
         j = m.join
         if not j.site or len(j.site) > MAX_NAME_LEN or not j.site.isprintable():
             raise ProtocolError("join names no site (or an unprintable or overlong name)")
-        return Join(j.site, j.protocol_version, j.resume_round, j.resume_hash, j.device)
+        if len(j.token) > 4096:
+            raise ProtocolError("join token is too long")
+        return Join(j.site, j.protocol_version, j.resume_round, j.resume_hash, j.device, j.token)
     if which == "chunk":
         return chunk_from_proto(m.chunk)
     if which == "metrics":

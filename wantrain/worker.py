@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -84,6 +84,7 @@ class SiteOptions:
     probe_interval_s: float = 1.0  # Ping the PS this often to measure the link's RTT (0: never)
     link_rtt_ms: float = 0.0       # what is known of the link, to size gRPC timeouts
     link_mbps: float = 0.0
+    token: str = field(default="", repr=False)   # per-site token or the run's shared secret
 
 
 class Site:
@@ -168,7 +169,7 @@ class Site:
     async def _follow(self, call) -> None:
         """Handle what the PS sends until the run is finished or the stream breaks."""
         await call.write(wire.site_message(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
-                                                device=str(self.device))))
+                                                device=str(self.device), token=self.opts.token)))
         model_parts: list[TensorChunk] = []
         update_parts: list[TensorChunk] = []
         expected_model = 0

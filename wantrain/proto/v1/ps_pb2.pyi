@@ -57,18 +57,20 @@ class Chunk(_message.Message):
     def __init__(self, kind: _Optional[_Union[ChunkKind, str]] = ..., round: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., tensor: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., quant_block: _Optional[int] = ..., scales: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., crc32: _Optional[int] = ...) -> None: ...
 
 class Join(_message.Message):
-    __slots__ = ("site", "protocol_version", "resume_round", "resume_hash", "device")
+    __slots__ = ("site", "protocol_version", "resume_round", "resume_hash", "device", "token")
     SITE_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     RESUME_ROUND_FIELD_NUMBER: _ClassVar[int]
     RESUME_HASH_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     site: str
     protocol_version: int
     resume_round: int
     resume_hash: str
     device: str
-    def __init__(self, site: _Optional[str] = ..., protocol_version: _Optional[int] = ..., resume_round: _Optional[int] = ..., resume_hash: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+    token: str
+    def __init__(self, site: _Optional[str] = ..., protocol_version: _Optional[int] = ..., resume_round: _Optional[int] = ..., resume_hash: _Optional[str] = ..., device: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("run_id", "site_index", "config_json", "round", "model_hash", "model_chunks")

@@ -1,0 +1,72 @@
+"""Who may join a run: per-site tokens, or one shared secret, checked on every Join.
+
+Secrets never travel in the run config (which every site receives) and never sit on a command
+line: the PS reads them from files (`--tokens FILE`: a JSON object site -> token;
+`--shared-secret-file FILE`), a site from `--token-file FILE`. Comparisons take constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+
+__all__ = ["Authenticator", "read_secret", "new_secret_file"]
+
+
+def read_secret(path: str | Path) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"secret file {p} does not exist")
+    text = p.read_text().strip()
+    if not text:
+        raise ConfigError(f"secret file {p} is empty")
+    return text
+
+
+def new_secret_file(path: str | Path) -> Path:
+    """Write a fresh random secret readable by its owner only."""
+    p = Path(path)
+    p.touch(mode=0o600, exist_ok=True)
+    p.chmod(0o600)
+    p.write_text(secrets.token_urlsafe(32) + "\n")
+    return p
+
+
+@dataclass(frozen=True)
+class Authenticator:
+    tokens: dict[str, str] = field(default_factory=dict, repr=False)   # site -> token
+    shared_secret: str = field(default="", repr=False)
+
+    @property
+    def open(self) -> bool:
+        return not self.tokens and not self.shared_secret
+
+    @classmethod
+    def from_files(cls, tokens_file: str | Path | None = None, shared_secret_file: str | Path | None = None):
+        tokens: dict[str, str] = {}
+        if tokens_file:
+            p = Path(tokens_file)
+            try:
+                tokens = json.loads(read_secret(p))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"tokens file {p} is not JSON: {e}") from None
+            if not isinstance(tokens, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
+                                                        for k, v in tokens.items()):
+                raise ConfigError(f"tokens file {p} must be a JSON object of site name -> non-empty token")
+        return cls(tokens, read_secret(shared_secret_file) if shared_secret_file else "")
+
+    def check(self, site: str, token: str) -> str | None:
+        """None if the site may join, else the reason (for the log; the site hears less)."""
+        if self.open:
+            return None
+        given = token.encode()
+        if site in self.tokens and hmac.compare_digest(given, self.tokens[site].encode()):
+            return None
+        if self.shared_secret and hmac.compare_digest(given, self.shared_secret.encode()):
+            return None
+        return "unknown site" if self.tokens and site not in self.tokens and not self.shared_secret else "bad token"
