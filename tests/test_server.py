@@ -97,6 +97,14 @@ def test_bad_delta_never_touches_the_model(tmp_path):
         with pytest.raises(ProtocolError, match="outside"):
             ps.on_chunk(a, TensorChunk(DELTA, 0, 0, bad.count, type(bad.spec)(bad.spec.tensor, 10**9, bad.spec.length),
                                        bad.data))
+        with pytest.raises(ProtocolError, match=f"comes in {len(msgs)} chunks"):
+            ps.on_chunk(a, TensorChunk(DELTA, 0, 0, 10**12, bad.spec, bad.data))
+        # A site that repeats its largest valid chunk under every index cannot hold more than
+        # one model's worth of delta in the PS's memory.
+        big = max(msgs, key=lambda c: c.spec.length)
+        with pytest.raises(ProtocolError, match="more elements than the model"):
+            for i in range(len(msgs)):
+                ps.on_chunk(a, TensorChunk(DELTA, 0, i, len(msgs), big.spec, big.data))
         with pytest.raises(ProtocolError, match="metrics after"):
             await ps.on_metrics(a, m)
         assert ps.hash == h0 == param_hash(ps.model) and ps.round == 0

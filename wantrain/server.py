@@ -29,7 +29,7 @@ import torch
 
 from .auth import Authenticator
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from .codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays
+from .codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays, plan_chunks
 from .config import CodecConfig, RunConfig
 from .data import eval_batches, load_run_data
 from .errors import CodecError, ConfigError, ProtocolError, RejectedError
@@ -64,6 +64,7 @@ class _Upload:
     count: int = -1
     chunks: dict[int, TensorChunk] = field(default_factory=dict)
     wire_bytes: int = 0
+    elements: int = 0
     metrics: RoundMetrics | None = None
     delta: dict[str, np.ndarray] | None = None   # decoded and checked
 
@@ -84,6 +85,8 @@ class ParameterServer:
         self.model = build_model(cfg.model.preset, tok.vocab_size, cfg.model.seed)
         self.val = eval_batches(corpus.val, cfg.train.batch_size, cfg.model.block_size, cfg.train.eval_batches)
         self.shapes = {k: p.numel() for k, p in named_params(self.model).items()}
+        self.num_params = sum(self.shapes.values())
+        self.delta_chunks = len(plan_chunks(self.shapes, cfg.codec.chunk_elements()))
         self.codec = Codec(cfg.codec)
         self.model_codec = Codec(CodecConfig(mode="fp32", chunk_bytes=cfg.codec.chunk_bytes,
                                              quant_block=cfg.codec.quant_block))
@@ -235,13 +238,21 @@ class ParameterServer:
             raise ProtocolError(f"delta chunk [{c.spec.offset}, {c.spec.offset + c.spec.length}) is outside "
                                 f"tensor {c.spec.tensor!r} of {numel} elements")
         up = self.uploads[link.name]
-        if up.count not in (-1, c.count):
-            raise ProtocolError(f"delta chunk says {c.count} chunks, earlier ones said {up.count}")
         if c.index in up.chunks:
             raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice")
+        # Caps, so that one site holds at most about one model's worth of delta in the PS's memory:
+        # the chunk count is the codec's plan, each chunk at most fp32-sized (+ headers), and
+        # all chunks together cover at most the model's elements.
+        if c.count != self.delta_chunks:
+            raise ProtocolError(f"a delta comes in {self.delta_chunks} chunks here, this one says {c.count}")
+        if c.data.wire_bytes > 4 * c.spec.length + 65536:
+            raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
+        if up.elements + c.spec.length > self.num_params:
+            raise ProtocolError(f"delta chunks add up to more elements than the model's {self.num_params}")
         up.count = c.count
         up.chunks[c.index] = c
         up.wire_bytes += c.data.wire_bytes
+        up.elements += c.spec.length
 
     async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
         up = self.uploads.get(link.name)

