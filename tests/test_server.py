@@ -76,6 +76,7 @@ def test_round_without_network(tmp_path):
         for c in msgs_b:
             ps.on_chunk(b, c)
         await ps.on_metrics(b, m_b)
+        await ps.round_task
         assert ps.round == 1 and ps.hash != h0 and ps.hash == param_hash(ps.model)
         out = drain(a)
         assert all(c.kind == UPDATE for c in out[:-1]) and isinstance(out[-1], RoundResult)
@@ -131,3 +132,37 @@ def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path):
         assert ps.hash == h0 == param_hash(ps.model) and ps.round == 0 and not ps.aggregating
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_a_site_leaving_never_stalls_or_cancels_the_round(tmp_path):
+    async def scenario():
+        ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 3}), run_dir=tmp_path)
+        a, b = ps.join(Join("a")), ps.join(Join("b"))
+        # Round 0: b's delta completes the round, then b's connection drops mid-aggregation.
+        for site, seed in ((a, 0), (b, 1)):
+            msgs, m = delta_chunks(ps, 0, seed=seed)
+            for c in msgs:
+                ps.on_chunk(site, c)
+            await ps.on_metrics(site, m)
+        ps.leave(b, "connection lost")
+        await ps.round_task
+        assert ps.round == 1 and not ps.aggregating
+        # Round 1: a is done, b (rejoined) leaves without a delta: the round goes on without it.
+        b = ps.join(Join("b"))
+        await asyncio.sleep(0)
+        msgs, m = delta_chunks(ps, 1)
+        for c in msgs:
+            ps.on_chunk(a, c)
+        await ps.on_metrics(a, m)
+        assert ps.round == 1
+        ps.leave(b, "connection lost")
+        await ps.round_task
+        assert ps.round == 2 and rows_of(ps, "round_end")[-1]["sites"] == ["a"]
+
+    asyncio.run(scenario())
+
+
+def rows_of(ps, kind):
+    import json
+    return [json.loads(e) for e in ps.recorder.events if f'"kind":"{kind}"' in e]

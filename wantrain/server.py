@@ -102,6 +102,7 @@ class ParameterServer:
         self.uploads: dict[str, _Upload] = {}
         self.round_started_at = 0.0
         self.aggregating = False
+        self.round_task: asyncio.Task | None = None
         self.awaiting_model: set[str] = set()
         self.told_finished: set[str] = set()  # sites that know the run is over
         self.done = asyncio.Event()
@@ -201,6 +202,7 @@ class ParameterServer:
         self.in_round.discard(link.name)
         self.recorder.emit("leave", site=link.name, reason=reason)
         log.info("site %s left: %s", link.name, reason)
+        self._maybe_finish_round()        # the others may all be done already
 
     def _send_model(self, link: SiteLink) -> None:
         values = flat_copy(self.model)
@@ -272,8 +274,19 @@ class ParameterServer:
         self.recorder.emit("site_round", round=m.round, site=link.name,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
                            received_wire_bytes=up.wire_bytes, **fields)
-        if not self.aggregating and all(self.uploads[s].metrics is not None for s in self.in_round):
-            await self._finish_round()
+        self._maybe_finish_round()
+
+    def _maybe_finish_round(self) -> None:
+        """Aggregate once every site still in the round has sent its delta.
+
+        The aggregation runs as its own task: it must not belong to the stream of the site whose
+        delta happened to complete the round (if that site's connection drops, its stream's
+        tasks are cancelled, and the round with them)."""
+        if self.aggregating or not self.in_round:
+            return
+        if all(self.uploads[s].metrics is not None for s in self.in_round):
+            self.aggregating = True
+            self.round_task = asyncio.create_task(self._finish_round())
 
     def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
         if p.rtt_ms:
@@ -292,7 +305,15 @@ class ParameterServer:
             self._send_model(link)
 
     async def _finish_round(self) -> None:
-        self.aggregating = True
+        try:
+            await self._commit_round()
+        except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
+            log.exception("round %d failed to commit", self.round)
+            self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")
+            self.in_round, self.uploads, self.aggregating = set(), {}, False
+            self.maybe_start_round()
+
+    async def _commit_round(self) -> None:
         uploads = {s: self.uploads[s] for s in sorted(self.in_round)}
         t0 = time.time()
         result, stats, update_chunks = await asyncio.to_thread(self._aggregate, uploads)
@@ -311,7 +332,7 @@ class ParameterServer:
                            encode_s=stats.seconds, aggregate_s=aggregate_s, round_s=time.time() - self.round_started_at)
         for name in result.sites:
             link = self.links.get(name)
-            if link is None:
+            if link is None or name in self.awaiting_model:   # gone, or rejoined: gets the model
                 continue
             for c in update_chunks:
                 link.outbox.put_nowait(c)
