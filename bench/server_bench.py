@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import os
 import socket
 import subprocess
 import sys
@@ -35,7 +34,7 @@ def client(address: str, name: str, rounds: int, results: "mp.Queue") -> None:
 
     from wantrain import wire
     from wantrain.codec import Codec, encode_arrays
-    from wantrain.messages import (DELTA, UPDATE, HashReport, Join, RoundMetrics, RoundResult, RoundStart,
+    from wantrain.messages import (DELTA, HashReport, Join, RoundMetrics, RoundResult, RoundStart,
                                    TensorChunk, Welcome)
     from wantrain.models import build_model
     from wantrain.replica import named_params

@@ -11,7 +11,7 @@ from wantrain.messages import (DELTA, MODEL, UPDATE, Join, RoundMetrics, RoundRe
                                Welcome)
 from wantrain.replica import param_hash
 from wantrain.server import ParameterServer
-from wantrain.telemetry import rows
+
 
 from .helpers import small_config
 

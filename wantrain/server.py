@@ -29,7 +29,7 @@ import torch
 
 from .auth import Authenticator
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from .codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays, plan_chunks
+from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, join_chunks, plan_chunks
 from .config import CodecConfig, RunConfig
 from .data import eval_batches, load_run_data
 from .errors import CodecError, ConfigError, ProtocolError, RejectedError
@@ -370,14 +370,10 @@ class ParameterServer:
     def _assemble(self, site: str, up: _Upload) -> dict[str, np.ndarray]:
         ordered = [up.chunks[i] for i in range(up.count)]
         values = Codec.decode_many([c.data for c in ordered])
-        out = {k: np.zeros(n, np.float32) for k, n in self.shapes.items()}
-        covered = {k: 0 for k in self.shapes}
-        for c, v in zip(ordered, values):
-            out[c.spec.tensor][c.spec.offset: c.spec.offset + c.spec.length] = v
-            covered[c.spec.tensor] += c.spec.length
-        missing = [k for k, n in self.shapes.items() if covered[k] != n]
-        if missing:
-            raise ProtocolError(f"delta from {site} does not cover tensor {missing[0]!r} exactly once")
+        try:
+            out = join_chunks([c.spec for c in ordered], values, self.shapes)
+        except CodecError as e:
+            raise ProtocolError(f"delta from {site}: {e}") from None
         for k, v in out.items():
             if not np.all(np.isfinite(v)):
                 raise ProtocolError(f"delta from {site} has non-finite values in {k!r}")

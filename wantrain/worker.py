@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from . import wire
-from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays
+from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, join_chunks
 from .config import RunConfig
 from .data import BatchSampler, load_run_data
-from .errors import ConnectionLostError, ProtocolError, RejectedError, ReplicaMismatchError
+from .errors import CodecError, ConnectionLostError, ProtocolError, RejectedError, ReplicaMismatchError
 from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult,
                        RoundStart, TensorChunk, Welcome)
 from .models import build_model
@@ -215,6 +215,7 @@ class Site:
         if first:
             tok, corpus = load_run_data(w.config.data)
             self.model = build_model(w.config.model.preset, tok.vocab_size, w.config.model.seed, self.device)
+            self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}
             shard = corpus.shard(w.site_index, w.config.num_sites, w.config.data.sharding)
             t = w.config.train
             self.sampler = BatchSampler(shard, t.batch_size, w.config.model.block_size, t.seed + 1000 * w.site_index)
@@ -227,12 +228,16 @@ class Site:
         self.round = w.round
         self._expected_hash = w.model_hash
 
-    def _load_model(self, parts: list[TensorChunk]) -> None:
+    def _join(self, parts: list[TensorChunk]) -> dict[str, np.ndarray]:
+        """Decode chunks that cover the whole model into flat arrays (ProtocolError if they don't)."""
         values = Codec.decode_many([c.data for c in parts])
-        flat = {k: np.empty(p.numel(), np.float32) for k, p in named_params(self.model).items()}
-        for c, v in zip(parts, values):
-            flat[c.spec.tensor][c.spec.offset: c.spec.offset + c.spec.length] = v
-        load_flat(self.model, flat)
+        try:
+            return join_chunks([c.spec for c in parts], values, self.sizes)
+        except CodecError as e:
+            raise ProtocolError(f"from the PS: {e}") from None
+
+    def _load_model(self, parts: list[TensorChunk]) -> None:
+        load_flat(self.model, self._join(parts))
         self.hash = param_hash(self.model)
         if self.hash != self._expected_hash:
             raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self._expected_hash}")
@@ -310,12 +315,7 @@ class Site:
         if not parts or len(parts) != parts[0].count or any(c.round != result.round for c in parts):
             raise ProtocolError(f"round {result.round}: got {len(parts)} update chunks, "
                                 f"expected {parts[0].count if parts else 'some'}")
-        values = Codec.decode_many([c.data for c in parts])
-        update: dict[str, np.ndarray] = {}
-        for c, v in zip(parts, values):
-            buf = update.setdefault(c.spec.tensor, np.zeros(named_params(self.model)[c.spec.tensor].numel(), np.float32))
-            buf[c.spec.offset: c.spec.offset + c.spec.length] = v
-        apply_update(self.model, update)
+        apply_update(self.model, self._join(parts))
         self.last_decode_s = time.perf_counter() - t0
         self.round = result.round + 1
         self.hash = param_hash(self.model)

@@ -49,3 +49,17 @@ def test_decode_rejects_non_finite_scales():
     e = Encoded("int8", 2, 2, np.array([np.inf], "<f4").tobytes(), b"\x01\x02")
     with pytest.raises(CodecError):
         Codec.decode_many([e])
+
+
+def test_join_chunks_needs_exact_cover():
+    from wantrain.codec import ChunkSpec, join_chunks
+    sizes = {"a": 6, "b": 2}
+    specs = [ChunkSpec("a", 3, 3), ChunkSpec("a", 0, 3), ChunkSpec("b", 0, 2)]
+    vals = [np.full(3, 2.0, np.float32), np.full(3, 1.0, np.float32), np.zeros(2, np.float32)]
+    out = join_chunks(specs, vals, sizes)
+    assert list(out["a"]) == [1, 1, 1, 2, 2, 2]
+    for bad_specs in ([ChunkSpec("a", 0, 4), ChunkSpec("a", 3, 3), ChunkSpec("b", 0, 2)],   # overlap
+                      [ChunkSpec("a", 0, 3), ChunkSpec("b", 0, 2)],                           # gap
+                      [ChunkSpec("a", 0, 6), ChunkSpec("c", 0, 2)]):                          # unknown
+        with pytest.raises(CodecError, match="tensor"):
+            join_chunks(bad_specs, [np.zeros(s.length, np.float32) for s in bad_specs], sizes)

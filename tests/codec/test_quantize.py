@@ -60,7 +60,6 @@ def test_error_feedback_carries_the_residual():
 
 
 def test_without_feedback_the_error_accumulates():
-    rng = np.random.default_rng(0)
     delta = np.full(4096, 0.003, np.float32)
     delta[0] = 1.0   # one large element sets the scale; the small ones round to zero every round
     sent_sum = np.zeros(4096)

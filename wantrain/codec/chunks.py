@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import CodecError
 
-__all__ = ["ChunkSpec", "plan_chunks"]
+__all__ = ["ChunkSpec", "plan_chunks", "join_chunks"]
 
 
 @dataclass(frozen=True)
@@ -29,3 +31,28 @@ def plan_chunks(sizes: dict[str, int], chunk_elements: int) -> list[ChunkSpec]:
         for off in range(0, n, chunk_elements):
             plan.append(ChunkSpec(name, off, min(chunk_elements, n - off)))
     return plan
+
+
+def join_chunks(specs: list[ChunkSpec], values: list[np.ndarray], sizes: dict[str, int]) -> dict[str, np.ndarray]:
+    """Place decoded chunks into one flat float32 array per tensor.
+
+    Every tensor of `sizes` must be covered exactly once (no gap, no overlap, nothing outside);
+    otherwise CodecError names the first tensor that is not.
+    """
+    out = {k: np.empty(n, np.float32) for k, n in sizes.items()}
+    spans: dict[str, list[tuple[int, int]]] = {k: [] for k in sizes}
+    for spec, v in zip(specs, values):
+        n = sizes.get(spec.tensor)
+        if n is None or spec.offset + spec.length > n or v.size != spec.length:
+            raise CodecError(f"chunk [{spec.offset}, {spec.offset + spec.length}) does not fit tensor {spec.tensor!r}")
+        out[spec.tensor][spec.offset: spec.offset + spec.length] = v
+        spans[spec.tensor].append((spec.offset, spec.offset + spec.length))
+    for name, n in sizes.items():
+        end = 0
+        for a, b in sorted(spans[name]):
+            if a != end:
+                raise CodecError(f"tensor {name!r} is not covered exactly once (at element {min(a, end)})")
+            end = b
+        if end != n:
+            raise CodecError(f"tensor {name!r} is not covered exactly once (at element {end})")
+    return out

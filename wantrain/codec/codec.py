@@ -8,7 +8,7 @@ and (on the PS) apply the very same values to its own replica.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
