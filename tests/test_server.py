@@ -10,6 +10,7 @@ from wantrain.errors import ProtocolError, RejectedError
 from wantrain.messages import (DELTA, MODEL, UPDATE, Join, RoundMetrics, RoundResult, RoundStart, TensorChunk,
                                Welcome)
 from wantrain.replica import param_hash
+from wantrain.download import ModelDownload
 from wantrain.server import ParameterServer
 
 
@@ -17,9 +18,11 @@ from .helpers import small_config
 
 
 def drain(link):
+    """What the PS queued for a site, model downloads expanded into their messages."""
     out = []
     while not link.outbox.empty():
-        out.append(link.outbox.get_nowait())
+        m = link.outbox.get_nowait()
+        out.extend(m.messages() if isinstance(m, ModelDownload) else [m])
     return out
 
 

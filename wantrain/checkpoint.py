@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -27,8 +27,11 @@ def _tensors(d: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in d.items()}
 
 
-def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write `state` atomically; numpy arrays in the dicts named *_np become tensors."""
+def save_checkpoint(path: str | Path, state: dict[str, Any], before_rename: Callable[[], None] | None = None) -> None:
+    """Write `state` atomically; numpy arrays in the dicts named *_np become tensors.
+
+    `before_rename` runs once the temporary file is on disk (fault-injection tests kill the
+    process there)."""
     path = Path(path)
     payload = {"version": CHECKPOINT_VERSION}
     for k, v in state.items():
@@ -38,6 +41,8 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
         torch.save(payload, f)
         f.flush()
         os.fsync(f.fileno())
+    if before_rename is not None:
+        before_rename()
     os.replace(tmp, path)
     fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -34,8 +34,22 @@ def cmd_ps(args: argparse.Namespace) -> int:
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
     auth = Authenticator.from_files(args.tokens, args.shared_secret_file)
     run_dir = args.run_dir or new_run_dir()
-    ps = ParameterServer(cfg, run_dir=run_dir, exit_when_done=not args.keep_running, auth=auth)
-    asyncio.run(serve(ps, args.host, args.port, args.port_file))
+    from .tls import TLSServer
+    tls = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise ConfigError("TLS needs both --tls-cert and --tls-key")
+        tls = TLSServer(args.tls_cert, args.tls_key, args.tls_client_ca)
+        tls.credentials()        # fail now, with the file's name, not on the first connection
+    elif args.tls_client_ca:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+    elif args.host not in ("127.0.0.1", "localhost", "::1"):
+        logging.getLogger("wantrain.ps").warning(
+            "serving plaintext on %s: sites' tokens and deltas cross the network unencrypted; "
+            "use --tls-cert/--tls-key (wantrain tls-dev makes a development CA)", args.host)
+    ps = ParameterServer(cfg, run_dir=run_dir, exit_when_done=not args.keep_running, auth=auth,
+                         stalls=_stalls(args.stall))
+    asyncio.run(serve(ps, args.host, args.port, args.port_file, tls=tls))
     return 0
 
 
@@ -44,13 +58,46 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from .worker import Site, SiteOptions
 
     _setup_logging()
+    from .tls import TLSClient
     token = read_secret(args.token_file) if args.token_file else ""
-    site = Site(SiteOptions(token=token, ps=args.ps, name=args.site, device=args.device, threads=args.threads,
+    if (args.tls_cert or args.tls_key) and not args.tls_ca:
+        raise ConfigError("a TLS client certificate needs --tls-ca as well")
+    tls = TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None
+    if tls is not None:
+        tls.credentials()
+    site = Site(SiteOptions(token=token, tls=tls, tls_server_name=args.tls_server_name, stalls=tuple(_stalls(args.stall).items()),
+                            ps=args.ps, name=args.site, device=args.device, threads=args.threads,
                             connect_timeout_s=args.connect_timeout, speed_factor=args.speed_factor,
                             probe_interval_s=args.probe_interval, link_rtt_ms=args.link_rtt_ms,
                             link_mbps=args.link_mbps))
     asyncio.run(site.run())
     logging.getLogger("wantrain.site").info("site %s finished after %d rounds", args.site, site.round)
+    return 0
+
+
+def _stalls(specs: list[str] | None) -> dict[str, float]:
+    out = {}
+    for spec in specs or []:
+        phase, _, seconds = spec.partition("=")
+        try:
+            out[phase] = float(seconds)
+        except ValueError:
+            raise ConfigError(f"--stall takes PHASE=SECONDS, got {spec!r}") from None
+    return out
+
+
+def cmd_tls_dev(args: argparse.Namespace) -> int:
+    from .tls import make_dev_certs
+
+    certs = make_dev_certs(args.folder, hosts=tuple(args.host or ("localhost", "127.0.0.1")), clients=tuple(args.client))
+    print(f"development CA and certificates in {certs.folder}:")
+    print(f"  PS:    wantrain ps --tls-cert {certs.server_cert} --tls-key {certs.server_key}"
+          + (f" --tls-client-ca {certs.ca}" if args.client else ""))
+    for name, (cert, key) in certs.clients.items():
+        print(f"  {name}: wantrain worker --site {name} --tls-ca {certs.ca} --tls-cert {cert} --tls-key {key}")
+    if not args.client:
+        print(f"  sites: wantrain worker --tls-ca {certs.ca} ...")
+    print("for development only: the CA's key is in the same folder")
     return 0
 
 
@@ -175,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep-running", action="store_true", help="keep serving after the last round")
     s.add_argument("--tokens", default=None, help="JSON file: site name -> token; only these sites may join")
     s.add_argument("--shared-secret-file", default=None, help="file holding one secret every site must present")
+    s.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS (see `wantrain tls-dev`)")
+    s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    s.add_argument("--tls-client-ca", default=None, help="PEM CA: require client certificates signed by it")
+    s.add_argument("--stall", action="append", metavar="PHASE=SECONDS",
+                   help="fault injection for tests: sleep in aggregate or checkpoint (before the rename)")
     s.set_defaults(func=cmd_ps)
 
     w = sub.add_parser("worker", help="run one site")
@@ -188,7 +240,20 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--link-rtt-ms", type=float, default=0.0, help="known RTT of the link (sizes gRPC timeouts)")
     w.add_argument("--link-mbps", type=float, default=0.0, help="known bandwidth of the link (sizes gRPC timeouts)")
     w.add_argument("--token-file", default=None, help="file holding this site's token (or the run's shared secret)")
+    w.add_argument("--tls-ca", default=None, help="PEM CA that signed the PS's certificate: connect with TLS")
+    w.add_argument("--tls-cert", default=None, help="PEM client certificate (when the PS requires one)")
+    w.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    w.add_argument("--tls-server-name", default="", help="name to check the PS's certificate against")
+    w.add_argument("--stall", action="append", metavar="PHASE=SECONDS",
+                   help="fault injection for tests: sleep in train, push (after chunk 0) or download")
     w.set_defaults(func=cmd_worker)
+
+    t = sub.add_parser("tls-dev", help="create a development CA, a PS certificate and client certificates")
+    t.add_argument("folder")
+    t.add_argument("--host", action="append", default=None, help="name or IP the PS is reached at (repeatable; "
+                   "default localhost and 127.0.0.1)")
+    t.add_argument("--client", action="append", default=[], help="make a client certificate for this site")
+    t.set_defaults(func=cmd_tls_dev)
 
     r = sub.add_parser("report", help="write the HTML report of a run")
     r.add_argument("run_dir")

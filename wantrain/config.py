@@ -21,6 +21,7 @@ __all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RunConfig
 CODEC_MODES = ("fp32", "int8", "int8-huffman")
 TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
+LATE_POLICIES = ("drop", "stale")
 
 
 def _check(cond: bool, field_name: str, message: str, value: Any) -> None:
@@ -75,6 +76,20 @@ class TrainConfig:
     eval_batches: int = 4            # validation batches the PS evaluates after each round
     checkpoint_every: int = 1        # the PS checkpoints every N committed rounds (0: never)
     seed: int = 0                    # data order; each site adds its index
+    # Heterogeneous sites: > 0 makes a round a compute budget, so a fast site takes more inner
+    # steps than a slow one in the same wall time (inner_steps then only sets the LR warm-up
+    # scale); the PS weights deltas by the tokens each site trained.
+    round_budget_s: float = 0.0
+    # Rounds never wait forever: the PS aggregates what has arrived at the deadline and moves on.
+    deadline_s: float = 0.0          # fixed deadline after a round's start; 0: derived, see below
+    deadline_factor: float = 3.0     # derived: budget + factor x median (arrival - budget) of recent rounds
+    deadline_min_s: float = 10.0     # floor of the derived deadline
+    deadline_initial_s: float = 600.0  # derived deadline before any delta has been timed
+    late_policy: str = "drop"        # a delta that misses its round: "drop" (the site carries it
+                                     # forward in its error feedback) or "stale" (applied next round)
+    staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
+    quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
+                                     # when some sites are missing (they join it when they return)
 
     def validate(self, prefix: str = "train") -> None:
         for name in ("rounds", "inner_steps", "batch_size"):
@@ -88,6 +103,20 @@ class TrainConfig:
         _check(0 <= self.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
         _check(self.grad_clip >= 0, f"{prefix}.grad_clip", "must be >= 0 (0 disables it)", self.grad_clip)
         _check(self.inner_weight_decay >= 0, f"{prefix}.inner_weight_decay", "must be >= 0", self.inner_weight_decay)
+        for name in ("round_budget_s", "deadline_s", "quorum_wait_s"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v >= 0, f"{prefix}.{name}", "must be >= 0 seconds", v)
+        for name in ("deadline_min_s", "deadline_initial_s"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v > 0, f"{prefix}.{name}", "must be > 0 seconds", v)
+        _check(math.isfinite(self.deadline_factor) and self.deadline_factor >= 1, f"{prefix}.deadline_factor",
+               "must be >= 1", self.deadline_factor)
+        _check(self.late_policy in LATE_POLICIES, f"{prefix}.late_policy", f"must be one of {LATE_POLICIES}",
+               self.late_policy)
+        _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",
+               self.staleness_discount)
+        _check(self.deadline_s == 0 or self.deadline_s > self.round_budget_s, f"{prefix}.deadline_s",
+               f"must exceed round_budget_s ({self.round_budget_s}) or be 0 (derived)", self.deadline_s)
 
 
 @dataclass(frozen=True)

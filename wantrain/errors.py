@@ -12,6 +12,7 @@ __all__ = [
     "DataError",
     "CodecError",
     "ProtocolError",
+    "NonFiniteDeltaError",
     "RejectedError",
     "ConnectionLostError",
     "ProcessError",
@@ -37,6 +38,10 @@ class CodecError(WantrainError, ValueError):
 
 class ProtocolError(WantrainError):
     """A peer sent a message that breaks the wantrain wire protocol."""
+
+
+class NonFiniteDeltaError(ProtocolError):
+    """A site's delta holds NaN or Inf: the site is quarantined for that round."""
 
 
 class RejectedError(WantrainError):

@@ -36,6 +36,7 @@ class Welcome:
     round: int
     model_hash: str
     model_chunks: int
+    data_position: int = 0    # batches this site has drawn from its shard, as the PS last heard
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class TensorChunk:
 class RoundStart:
     round: int
     model_hash: str
+    train_s: float = 0.0      # > 0: compute budget in seconds; 0: the configured inner steps
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class RoundMetrics:
     comm_s: float
     chunks: int
     emulated_s: float = 0.0
+    data_position: int = 0    # batches drawn from the shard so far, this round included
+    wait_s: float = 0.0       # idle between the previous push and this round's start
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class RoundResult:
     model_hash: str
     sites: tuple[str, ...] = field(default_factory=tuple)
     val_loss: float = float("nan")
+    late_sites: tuple[str, ...] = field(default_factory=tuple)   # late deltas applied, discounted
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class Run:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
                  host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
-                 python: str = sys.executable, scenario: str | None = None) -> None:
+                 python: str = sys.executable, scenario: str | None = None, tls: bool = True) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +85,8 @@ class Run:
         if not cfg.sites:   # name the sites in the config, so each keeps its data shard
             self.cfg = cfg = cfg.replace(sites=list(self.sites))
         self.host, self.site_threads, self.python = host, site_threads, python
+        self.tls = tls            # a development CA per run: sites verify the PS, traffic is encrypted
+        self.certs = None
         self.launcher = launcher or LocalLauncher()
         self.ps: LocalProcess | None = None
         self.workers: dict[str, LocalProcess] = {}
@@ -106,13 +108,18 @@ class Run:
         cfg_path.write_text(self.cfg.to_json())
         # Even on one machine the PS admits only this run's sites: a fresh shared secret.
         self.secret_file = new_secret_file(self.run_dir / "secret")
+        tls_args: tuple[str, ...] = ()
+        if self.tls:
+            from .tls import make_dev_certs
+            self.certs = make_dev_certs(self.run_dir / "tls", hosts=(self.host, "localhost"))
+            tls_args = ("--tls-cert", str(self.certs.server_cert), "--tls-key", str(self.certs.server_key))
         port_file = self.run_dir / "ps.port"
         port_file.unlink(missing_ok=True)
         self.ps = self.launcher.start(ProcessSpec(
             "parameter server",
             (self.python, "-m", "wantrain", "ps", "--config", str(cfg_path), "--run-dir", str(self.run_dir),
              "--host", self.host, "--port", "0", "--port-file", str(port_file),
-             "--shared-secret-file", str(self.secret_file)),
+             "--shared-secret-file", str(self.secret_file), *tls_args),
             env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / "ps.log"))
         deadline = time.time() + timeout_s
         while not port_file.exists():
@@ -163,6 +170,8 @@ class Run:
                     f"{link['host']}:{link['port']}", "--site", name, "--threads", str(self.site_threads),
                     "--speed-factor", str(link["speed_factor"]), "--link-rtt-ms", str(link["rtt_ms"]),
                     "--link-mbps", str(link["bandwidth_mbps"] or 0), "--token-file", str(self.secret_file))
+        if self.certs is not None:   # through a link the address differs: check the PS's name instead
+            argv = (*argv, "--tls-ca", str(self.certs.ca), "--tls-server-name", "localhost")
         self.workers[name] = self.launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
         return self.workers[name]
@@ -188,7 +197,11 @@ class Run:
     # ------------------------------------------------------------ telemetry
 
     def _start_watch(self) -> None:
-        self._channel = grpc.insecure_channel(self.address, options=[("grpc.max_receive_message_length", 16 << 20)])
+        options = [("grpc.max_receive_message_length", 16 << 20)]
+        if self.certs is not None:
+            self._channel = grpc.secure_channel(self.address, self.certs.client().credentials(), options=options)
+        else:
+            self._channel = grpc.insecure_channel(self.address, options=options)
         stub = wire.pb_grpc.ParameterServerStub(self._channel)
 
         def pump() -> None:

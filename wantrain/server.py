@@ -32,13 +32,16 @@ from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, join_chunks, plan_chunks
 from .config import CodecConfig, RunConfig
 from .data import eval_batches, load_run_data
-from .errors import CodecError, ConfigError, ProtocolError, RejectedError
-from .messages import (DELTA, MODEL, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, LinkProbe,
+from .download import ModelDownload, live_views
+from .errors import CodecError, ConfigError, NonFiniteDeltaError, ProtocolError, RejectedError
+from .messages import (DELTA, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, LinkProbe,
                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .models import build_model, count_parameters
 from .outer import OuterNesterov, weighted_average
 from .replica import apply_update, flat_copy, load_flat, named_params, param_hash
+from .rounds import MAX_STALENESS, RoundClock, stale_weight
 from .telemetry import Recorder
+from .tls import TLSServer
 from . import wire
 
 __all__ = ["ParameterServer", "Servicer", "serve", "SiteLink", "server_options"]
@@ -59,8 +62,9 @@ class SiteLink:
 
 @dataclass
 class _Upload:
-    """A site's delta for the current round, as it arrives."""
+    """A site's delta for one round, as it arrives."""
 
+    round: int
     count: int = -1
     chunks: dict[int, TensorChunk] = field(default_factory=dict)
     wire_bytes: int = 0
@@ -73,9 +77,11 @@ class ParameterServer:
     """Holds the global model and runs DiLoCo rounds over the connected sites."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, run_id: str | None = None,
-                 exit_when_done: bool = True, resume: bool = True, auth: Authenticator | None = None) -> None:
+                 exit_when_done: bool = True, resume: bool = True, auth: Authenticator | None = None,
+                 stalls: dict[str, float] | None = None) -> None:
         self.cfg = cfg
         self.auth = auth or Authenticator()
+        self.stalls = dict(stalls or {})       # fault-injection points for tests: phase -> seconds
         self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.run_dir = Path(run_dir) if run_dir else None
         self.recorder = Recorder(self.run_dir / "events.jsonl" if self.run_dir else None)
@@ -92,17 +98,25 @@ class ParameterServer:
                                              quant_block=cfg.codec.quant_block))
         self.outer = OuterNesterov(cfg.train.outer_lr, cfg.train.outer_momentum)
         self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
+        self.clock = RoundClock(cfg.train)
 
         self.round = 0                        # committed rounds
         self.hash = param_hash(self.model)
         self.hashes: dict[int, str] = {0: self.hash}
         self.registry: dict[str, int] = {}    # every site ever seen -> index
+        self.data_positions: dict[str, int] = {}   # batches each site has drawn, as last reported
         self.links: dict[str, SiteLink] = {}  # connected now
-        self.in_round: set[str] = set()       # sites training the current round
+        self.in_round: set[str] = set()       # sites expected to deliver for the current round
         self.uploads: dict[str, _Upload] = {}
+        self.late: dict[str, _Upload] = {}    # sites that missed a deadline and are still pushing
+        self.stale: dict[str, _Upload] = {}   # complete late deltas for the next aggregation
         self.round_started_at = 0.0
+        self.past_deadline = False
+        self.last_commit_at = time.time()
+        self._timers: list[asyncio.TimerHandle] = []
         self.aggregating = False
         self.round_task: asyncio.Task | None = None
+        self.downloads: list[ModelDownload] = []   # in flight, reading the live parameters
         self.awaiting_model: set[str] = set()
         self.told_finished: set[str] = set()  # sites that know the run is over
         self.done = asyncio.Event()
@@ -126,7 +140,8 @@ class ParameterServer:
         return {"run_id": self.run_id, "config_json": self.cfg.to_json(), "round": self.round,
                 "params_np": flat_copy(self.model), "outer_np": self.outer.state_dict(),
                 "feedback_np": self.feedback.state_dict() if self.feedback else {},
-                "hashes": dict(self.hashes), "registry": dict(self.registry), "val_loss": self.val_loss}
+                "hashes": dict(self.hashes), "registry": dict(self.registry),
+                "data_positions": dict(self.data_positions), "val_loss": self.val_loss}
 
     def _restore(self, saved: dict) -> None:
         if RunConfig.from_json(saved["config_json"]) != self.cfg:
@@ -139,6 +154,7 @@ class ParameterServer:
         self.run_id, self.round, self.val_loss = saved["run_id"], int(saved["round"]), float(saved["val_loss"])
         self.hashes = {int(k): v for k, v in saved["hashes"].items()}
         self.registry = dict(saved["registry"])
+        self.data_positions = {k: int(v) for k, v in saved.get("data_positions", {}).items()}
         self.hash = param_hash(self.model)
         if self.hash != self.hashes.get(self.round):
             raise ConfigError(f"{self.ckpt_path} is damaged: its parameters hash to {self.hash}, "
@@ -146,9 +162,17 @@ class ParameterServer:
 
     def _save_checkpoint(self) -> None:
         t0 = time.time()
-        save_checkpoint(self.ckpt_path, self._checkpoint_state())
+        save_checkpoint(self.ckpt_path, self._checkpoint_state(), before_rename=lambda: self._stall("checkpoint"))
         self.recorder.emit("checkpoint", round=self.round, seconds=time.time() - t0,
                            bytes=self.ckpt_path.stat().st_size)
+
+    def _stall(self, phase: str) -> None:
+        """A fault-injection point: tests kill the process while it sleeps here."""
+        seconds = self.stalls.get(phase, 0.0)
+        if seconds:
+            self.recorder.emit("stall", phase=phase, round=self.round, seconds=seconds)
+            log.warning("stalling %.1f s in phase %s (fault injection)", seconds, phase)
+            time.sleep(seconds)
 
     # ------------------------------------------------------------ site lifecycle
 
@@ -180,18 +204,30 @@ class ParameterServer:
                                          else len(self.registry))
         link = SiteLink(msg.site, index, msg.device)
         self.links[msg.site] = link
-        self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed)
+        self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed,
+                           data_position=self.data_positions.get(msg.site, 0))
         log.info("site %s joined (index %d, %s)%s", msg.site, index, msg.device, " again" if resumed else "")
         if self.aggregating:       # the model is about to change: send it after the round commits
             self.awaiting_model.add(link.name)
         else:
             self._send_model(link)
-        if self.in_round and not self.aggregating:   # a round is running: this site takes part in it
-            self.in_round.add(link.name)
-            self.uploads[link.name] = _Upload()
-            link.outbox.put_nowait(RoundStart(self.round, self.hash))
+            self._admit_to_round(link)
         self.maybe_start_round()
         return link
+
+    def _admit_to_round(self, link: SiteLink) -> None:
+        """A site that (re)joins while a round runs takes part in it, with what is left of the budget."""
+        if not self.in_round or self.aggregating or link.name in self.in_round:
+            return
+        budget = self.cfg.train.round_budget_s
+        train_s = 0.0
+        if budget:
+            train_s = budget - (time.time() - self.round_started_at)
+            if train_s < 0.1 * budget:      # too little left to be worth it: wait for the next round
+                return
+        self.in_round.add(link.name)
+        self.uploads[link.name] = _Upload(self.round)
+        link.outbox.put_nowait(RoundStart(self.round, self.hash, train_s))
 
     def leave(self, link: SiteLink, reason: str) -> None:
         if self.links.get(link.name) is not link:
@@ -199,47 +235,95 @@ class ParameterServer:
         link.closed = True
         del self.links[link.name]
         self.uploads.pop(link.name, None)
+        self.late.pop(link.name, None)
         self.in_round.discard(link.name)
         self.recorder.emit("leave", site=link.name, reason=reason)
         log.info("site %s left: %s", link.name, reason)
         self._maybe_finish_round()        # the others may all be done already
 
     def _send_model(self, link: SiteLink) -> None:
-        values = flat_copy(self.model)
-        chunks, _ = encode_arrays(values, self.model_codec, None)
-        link.outbox.put_nowait(Welcome(self.run_id, link.index, self.cfg, self.round, self.hash, len(chunks)))
-        for i, (spec, enc) in enumerate(chunks):
-            link.outbox.put_nowait(TensorChunk(MODEL, self.round, i, len(chunks), spec, enc))
+        welcome = Welcome(self.run_id, link.index, self.cfg, self.round, self.hash, 0,
+                          self.data_positions.get(link.name, 0))
+        download = ModelDownload(welcome, live_views(self.model), self.model_codec)
+        self.downloads = [d for d in self.downloads if not d.finished] + [download]
+        link.outbox.put_nowait(download)
+
+    async def _freeze_downloads(self) -> None:
+        """Before the parameters change: give downloads still in flight one shared frozen copy."""
+        active = [d for d in self.downloads if not d.finished]
+        self.downloads = active
+        if active:
+            frozen = await asyncio.to_thread(flat_copy, self.model)
+            for d in active:
+                d.source = frozen
+            self.recorder.emit("downloads_frozen", round=self.round, downloads=len(active))
 
     # ------------------------------------------------------------ rounds
 
+    def _later(self, delay_s: float, fn, *args) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:        # driven without an event loop (unit tests): no timers
+            return
+        self._timers = [t for t in self._timers if not t.cancelled()]
+        self._timers.append(loop.call_later(delay_s, fn, *args))
+
     def maybe_start_round(self) -> None:
-        if self.in_round or self.aggregating or self.done.is_set():
+        if self.in_round or self.aggregating or self.done.is_set() or not self.links:
             return
         if len(self.links) < self.cfg.num_sites:
+            # Wait for everyone at the start of a run. Later (every site has joined once), a
+            # missing site must not hold the others up: go on after quorum_wait_s.
+            if len(self.registry) < self.cfg.num_sites:
+                return
+            wait = self.cfg.train.quorum_wait_s - (time.time() - self.last_commit_at)
+            if wait > 0:
+                self._later(wait + 0.01, self.maybe_start_round)
+                return
+        self.in_round = set(self.links) - self.awaiting_model
+        if not self.in_round:
             return
-        self.in_round = set(self.links)
-        self.uploads = {name: _Upload() for name in self.in_round}
+        self.uploads = {name: _Upload(self.round) for name in self.in_round}
         self.round_started_at = time.time()
-        self.recorder.emit("round_start", round=self.round)
-        for link in self.links.values():
-            link.outbox.put_nowait(RoundStart(self.round, self.hash))
+        self.past_deadline = False
+        deadline = self.clock.deadline_s()
+        self.recorder.emit("round_start", round=self.round, sites=sorted(self.in_round), deadline_s=deadline,
+                           budget_s=self.cfg.train.round_budget_s)
+        for name in sorted(self.in_round):
+            self.links[name].outbox.put_nowait(RoundStart(self.round, self.hash, self.cfg.train.round_budget_s))
+        self._later(deadline, self._on_deadline, self.round)
+
+    def _on_deadline(self, round_: int) -> None:
+        if round_ != self.round or self.aggregating or not self.in_round:
+            return
+        self.past_deadline = True
+        missing = sorted(s for s in self.in_round if self.uploads[s].metrics is None)
+        self.recorder.emit("deadline", round=round_, deadline_s=time.time() - self.round_started_at,
+                           missing=missing, policy=self.cfg.train.late_policy)
+        log.warning("round %d: deadline passed, %d site(s) missing: %s", round_, len(missing), ", ".join(missing))
+        self._maybe_finish_round()
+
+    def _upload_for(self, link: SiteLink, round_: int) -> _Upload:
+        up = self.uploads.get(link.name)
+        if up is not None and round_ == self.round and link.name in self.in_round and not self.aggregating:
+            return up
+        late = self.late.get(link.name)
+        if late is not None and late.round == round_:
+            return late
+        raise ProtocolError(f"delta for round {round_} from {link.name!r}, which is not in that round "
+                            f"(the current round is {self.round})")
 
     def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         if c.kind != DELTA:
             raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
-        if link.name not in self.in_round or self.aggregating:
-            raise ProtocolError(f"delta chunk for round {c.round} while {link.name!r} is not in a round")
-        if c.round != self.round:
-            raise ProtocolError(f"delta chunk for round {c.round}, the current round is {self.round}")
+        up = self._upload_for(link, c.round)
         numel = self.shapes.get(c.spec.tensor)
         if numel is None:
             raise ProtocolError(f"delta chunk names unknown tensor {c.spec.tensor!r}")
         if c.spec.offset + c.spec.length > numel or c.spec.length == 0:
             raise ProtocolError(f"delta chunk [{c.spec.offset}, {c.spec.offset + c.spec.length}) is outside "
                                 f"tensor {c.spec.tensor!r} of {numel} elements")
-        up = self.uploads[link.name]
         if c.index in up.chunks:
             raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice")
         # Caps, so that one site holds at most about one model's worth of delta in the PS's memory:
@@ -257,34 +341,58 @@ class ParameterServer:
         up.elements += c.spec.length
 
     async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
-        up = self.uploads.get(link.name)
-        if up is None or m.round != self.round or link.name not in self.in_round:
-            raise ProtocolError(f"metrics for round {m.round} from {link.name!r}, which is not in that round")
+        up = self._upload_for(link, m.round)
         if len(up.chunks) != up.count or m.chunks != up.count:
             raise ProtocolError(f"metrics after {len(up.chunks)} of {max(up.count, m.chunks)} delta chunks")
-        if m.tokens == 0:
-            raise ProtocolError(f"round {m.round} metrics from {link.name!r} report no tokens trained")
+        if m.tokens == 0 or m.steps == 0:
+            raise ProtocolError(f"round {m.round} metrics from {link.name!r} report no training")
         # Decode and check this site's delta now, while others still train: a bad delta is
         # rejected here, for this site alone, and never reaches the aggregate.
-        delta = await asyncio.to_thread(self._assemble, link.name, up)
-        if self.uploads.get(link.name) is not up:      # the site left or the round moved on meanwhile
-            return
+        try:
+            delta = await asyncio.to_thread(self._assemble, link.name, up)
+        except NonFiniteDeltaError as e:
+            self.recorder.emit("quarantine", round=m.round, site=link.name, message=str(e))
+            raise
+        self.data_positions[link.name] = max(self.data_positions.get(link.name, 0), m.data_position)
         up.delta, up.metrics = delta, m
         fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
-        self.recorder.emit("site_round", round=m.round, site=link.name,
+        late = self.late.get(link.name) is up
+        self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
                            received_wire_bytes=up.wire_bytes, **fields)
+        if late:
+            del self.late[link.name]
+            self._on_late_delta(link.name, up)
+            return
+        if self.uploads.get(link.name) is not up:      # the site left or the round moved on meanwhile
+            return
+        self.clock.arrived(time.time() - self.round_started_at)
         self._maybe_finish_round()
 
+    def _on_late_delta(self, site: str, up: _Upload) -> None:
+        t = self.cfg.train
+        stale_by = self.round - up.round
+        keep = t.late_policy == "stale" and stale_by <= MAX_STALENESS
+        self.recorder.emit("late_delta", round=up.round, site=site, rounds_late=stale_by,
+                           action="deferred" if keep else "dropped", policy=t.late_policy)
+        if keep:
+            self.stale[site] = up
+
     def _maybe_finish_round(self) -> None:
-        """Aggregate once every site still in the round has sent its delta.
+        """Aggregate once every site in the round has sent its delta, or at the deadline those that did.
 
         The aggregation runs as its own task: it must not belong to the stream of the site whose
         delta happened to complete the round (if that site's connection drops, its stream's
         tasks are cancelled, and the round with them)."""
         if self.aggregating or not self.in_round:
+            if not self.in_round and not self.aggregating and self.uploads == {}:
+                self.maybe_start_round()
             return
-        if all(self.uploads[s].metrics is not None for s in self.in_round):
+        arrived = {s for s in self.in_round if self.uploads[s].metrics is not None}
+        if arrived == self.in_round or (self.past_deadline and arrived):
+            for s in sorted(self.in_round - arrived):      # missed the deadline: their delta is late
+                self.late[s] = self.uploads.pop(s)
+            self.in_round = arrived
             self.aggregating = True
             self.round_task = asyncio.create_task(self._finish_round())
 
@@ -315,8 +423,11 @@ class ParameterServer:
 
     async def _commit_round(self) -> None:
         uploads = {s: self.uploads[s] for s in sorted(self.in_round)}
+        stale = {s: up for s, up in sorted(self.stale.items()) if self.round - up.round <= MAX_STALENESS}
+        self.stale = {}
+        await self._freeze_downloads()
         t0 = time.time()
-        result, stats, update_chunks = await asyncio.to_thread(self._aggregate, uploads)
+        result, stats, update_chunks = await asyncio.to_thread(self._aggregate, uploads, stale)
         aggregate_s = time.time() - t0
         r = self.round
         self.round += 1
@@ -326,22 +437,27 @@ class ParameterServer:
         every = self.cfg.train.checkpoint_every
         if self.ckpt_path and every and (self.round % every == 0 or self.round >= self.cfg.train.rounds):
             await asyncio.to_thread(self._save_checkpoint)   # commit before anyone hears of the round
+        round_s = time.time() - self.round_started_at
+        per_site = {s: {"steps": up.metrics.steps, "tokens": up.metrics.tokens, "compute_s": up.metrics.compute_s,
+                        "idle_s": max(0.0, round_s - up.metrics.compute_s)} for s, up in uploads.items()}
         self.recorder.emit("round_end", round=r, val_loss=result.val_loss, model_hash=result.model_hash,
-                           sites=list(result.sites), raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
+                           sites=list(result.sites), late_sites=list(result.late_sites), missed=sorted(self.late),
+                           per_site=per_site, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
                            ratio=stats.ratio, huffman_bits_per_symbol=stats.huffman_bits_per_symbol,
-                           encode_s=stats.seconds, aggregate_s=aggregate_s, round_s=time.time() - self.round_started_at)
-        for name in result.sites:
-            link = self.links.get(name)
-            if link is None or name in self.awaiting_model:   # gone, or rejoined: gets the model
+                           encode_s=stats.seconds, aggregate_s=aggregate_s, round_s=round_s)
+        # Every site that holds the round's starting model applies the update, late ones included.
+        for name, link in self.links.items():
+            if name in self.awaiting_model:               # rejoined during aggregation: gets the model
                 continue
             for c in update_chunks:
                 link.outbox.put_nowait(c)
             link.outbox.put_nowait(result)
         if self.round >= self.cfg.train.rounds:
-            self.told_finished.update(n for n in result.sites if n in self.links)
+            self.told_finished.update(self.links)
         self.in_round = set()
         self.uploads = {}
         self.aggregating = False
+        self.last_commit_at = time.time()
         for name in sorted(self.awaiting_model):
             if name in self.links:
                 self._send_model(self.links[name])
@@ -353,10 +469,16 @@ class ParameterServer:
         else:
             self.maybe_start_round()
 
-    def _aggregate(self, uploads: dict[str, _Upload]) -> tuple[RoundResult, EncodeStats, list[TensorChunk]]:
+    def _aggregate(self, uploads: dict[str, _Upload], stale: dict[str, _Upload]
+                   ) -> tuple[RoundResult, EncodeStats, list[TensorChunk]]:
         """Decode, average, outer step, encode, apply: runs in a worker thread."""
+        self._stall("aggregate")
+        t = self.cfg.train
         deltas = {s: up.delta for s, up in uploads.items()}
         weights = {s: float(up.metrics.tokens) for s, up in uploads.items()}
+        for s, up in stale.items():            # keyed apart: a site may have a fresh delta too
+            deltas[f"{s}@{up.round}"] = up.delta
+            weights[f"{s}@{up.round}"] = stale_weight(up.metrics.tokens, self.round - up.round, t.staleness_discount)
         avg = weighted_average(deltas, weights)
         update = self.outer.update(avg)
         stats = EncodeStats()
@@ -365,7 +487,7 @@ class ParameterServer:
         h = param_hash(self.model)
         val = self.evaluate()
         msgs = [TensorChunk(UPDATE, self.round, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]
-        return RoundResult(self.round, h, tuple(uploads), val), stats, msgs
+        return RoundResult(self.round, h, tuple(uploads), val, tuple(stale)), stats, msgs
 
     def _assemble(self, site: str, up: _Upload) -> dict[str, np.ndarray]:
         ordered = [up.chunks[i] for i in range(up.count)]
@@ -376,7 +498,8 @@ class ParameterServer:
             raise ProtocolError(f"delta from {site}: {e}") from None
         for k, v in out.items():
             if not np.all(np.isfinite(v)):
-                raise ProtocolError(f"delta from {site} has non-finite values in {k!r}")
+                raise NonFiniteDeltaError(f"delta from {site} has non-finite values in {k!r}; "
+                                          f"the site is quarantined for round {up.round}")
         return out
 
     @torch.no_grad()
@@ -461,6 +584,13 @@ class Servicer(wire.pb_grpc.ParameterServerServicer):
                 msg = await link.outbox.get()
                 if msg is None:
                     break
+                if isinstance(msg, ModelDownload):     # chunks encoded one at a time as they go out
+                    try:
+                        for part in msg.messages():
+                            yield wire.server_message(part)
+                    finally:
+                        msg.finished = True
+                    continue
                 yield wire.server_message(msg)
         finally:
             reader.cancel()
@@ -512,7 +642,8 @@ def server_options() -> list[tuple[str, int]]:
 
 
 async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
-                port_file: str | Path | None = None, linger_s: float = 1.0, straggler_wait_s: float = 20.0) -> None:
+                port_file: str | Path | None = None, linger_s: float = 1.0, straggler_wait_s: float = 20.0,
+                tls: TLSServer | None = None) -> None:
     """Run the PS until the run is done (if exit_when_done) or forever; port 0 picks a free port.
 
     After the last round it waits (up to straggler_wait_s) for sites that were away at the end
@@ -520,11 +651,15 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
     """
     server = grpc.aio.server(options=server_options())
     wire.pb_grpc.add_ParameterServerServicer_to_server(Servicer(ps), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is not None:
+        bound = server.add_secure_port(f"{host}:{port}", tls.credentials())
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
-    log.info("parameter server %s listening on %s:%d", ps.run_id, host, bound)
+    log.info("parameter server %s listening on %s:%d (%s)", ps.run_id, host, bound,
+             "plaintext" if tls is None else "TLS, client certificates required" if tls.client_ca else "TLS")
     if port_file:
         tmp = Path(str(port_file) + ".tmp")
         tmp.write_text(f"{bound}\n")

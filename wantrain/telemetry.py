@@ -31,11 +31,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-__all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS"]
+__all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS", "utilization"]
 
 SCHEMA_VERSION = 1
 EVENT_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
-               "checkpoint", "restart", "error", "run_end")
+               "checkpoint", "restart", "error", "run_end",
+               # rounds that do not wait forever, and faults
+               "deadline", "late_delta", "quarantine", "stall", "downloads_frozen")
 
 
 def _clean(v: Any) -> Any:
@@ -131,3 +133,28 @@ def rows(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 def iter_lines(path: str | Path) -> Iterator[str]:
     with open(path) as f:
         yield from (ln for ln in f if ln.strip())
+
+
+def utilization(events: list[dict]) -> dict[str, dict[str, float]]:
+    """Per site: seconds computing, seconds of rounds it took part in, and their ratio.
+
+    A round's wall time runs from its round_start to the next round_start (or its round_end for
+    the last round): it includes the push, the wait for the others, aggregation and the update.
+    Emulated compute (speed-factor padding) counts as computing: it stands for a slower GPU."""
+    starts = {e["round"]: e["t"] for e in rows(events, "round_start")}
+    ends = {e["round"]: e["t"] for e in rows(events, "round_end")}
+    out: dict[str, dict[str, float]] = {}
+    for e in rows(events, "site_round"):
+        r = e["round"]
+        if r not in starts or e.get("late"):
+            continue
+        wall = starts.get(r + 1, ends.get(r, starts[r])) - starts[r]
+        if wall <= 0:
+            continue
+        d = out.setdefault(e["site"], {"compute_s": 0.0, "wall_s": 0.0, "rounds": 0})
+        d["compute_s"] += e["compute_s"]
+        d["wall_s"] += wall
+        d["rounds"] += 1
+    for d in out.values():
+        d["utilization"] = d["compute_s"] / d["wall_s"]
+    return out

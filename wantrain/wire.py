@@ -60,14 +60,16 @@ def server_message(obj: Welcome | TensorChunk | RoundStart | RoundResult | Error
     if isinstance(obj, Welcome):
         return pb.ServerMessage(welcome=pb.Welcome(
             run_id=obj.run_id, site_index=obj.site_index, config_json=obj.config.to_json(), round=obj.round,
-            model_hash=obj.model_hash, model_chunks=obj.model_chunks))
+            model_hash=obj.model_hash, model_chunks=obj.model_chunks, data_position=obj.data_position))
     if isinstance(obj, TensorChunk):
         return pb.ServerMessage(chunk=chunk_to_proto(obj))
     if isinstance(obj, RoundStart):
-        return pb.ServerMessage(round_start=pb.RoundStart(round=obj.round, model_hash=obj.model_hash))
+        return pb.ServerMessage(round_start=pb.RoundStart(round=obj.round, model_hash=obj.model_hash,
+                                                                 train_s=obj.train_s))
     if isinstance(obj, RoundResult):
         return pb.ServerMessage(round_result=pb.RoundResult(
-            round=obj.round, model_hash=obj.model_hash, sites=list(obj.sites), val_loss=obj.val_loss))
+            round=obj.round, model_hash=obj.model_hash, sites=list(obj.sites), val_loss=obj.val_loss,
+            late_sites=list(obj.late_sites)))
     if isinstance(obj, ErrorMessage):
         return pb.ServerMessage(error=pb.Error(code=obj.code, message=obj.message))
     raise TypeError(f"not a server message: {type(obj).__name__}")
@@ -112,8 +114,8 @@ def site_message_from_proto(m: pb.SiteMessage) -> Join | TensorChunk | RoundMetr
     if which == "metrics":
         fields = {f.name: getattr(m.metrics, f.name) for f in dataclasses.fields(RoundMetrics)}
         for k, v in fields.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ProtocolError(f"round metrics field {k} is not finite")
+            if isinstance(v, float) and not (math.isfinite(v) and (v >= 0 or k.endswith("loss"))):
+                raise ProtocolError(f"round metrics field {k} is {v}: not a finite, non-negative number")
         return RoundMetrics(**fields)
     if which == "hash_report":
         return HashReport(m.hash_report.round, m.hash_report.model_hash)
@@ -135,14 +137,17 @@ def server_message_from_proto(m: pb.ServerMessage) -> Welcome | TensorChunk | Ro
             cfg = RunConfig.from_json(w.config_json)
         except ConfigError as e:
             raise ProtocolError(f"welcome carries a bad run config: {e}") from None
-        return Welcome(w.run_id, w.site_index, cfg, w.round, w.model_hash, w.model_chunks)
+        return Welcome(w.run_id, w.site_index, cfg, w.round, w.model_hash, w.model_chunks, w.data_position)
     if which == "chunk":
         return chunk_from_proto(m.chunk)
     if which == "round_start":
-        return RoundStart(m.round_start.round, m.round_start.model_hash)
+        rs = m.round_start
+        if not (math.isfinite(rs.train_s) and rs.train_s >= 0):
+            raise ProtocolError(f"round start asks for {rs.train_s} s of training")
+        return RoundStart(rs.round, rs.model_hash, rs.train_s)
     if which == "round_result":
         r = m.round_result
-        return RoundResult(r.round, r.model_hash, tuple(r.sites), r.val_loss)
+        return RoundResult(r.round, r.model_hash, tuple(r.sites), r.val_loss, tuple(r.late_sites))
     if which == "error":
         return ErrorMessage(m.error.code, m.error.message)
     raise ProtocolError("empty server message")

@@ -35,6 +35,8 @@ from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, Lin
                        RoundStart, TensorChunk, Welcome)
 from .models import build_model
 from .replica import apply_update, flat_copy, load_flat, named_params, param_hash
+from .rounds import MAX_STALENESS
+from .tls import TLSClient
 
 __all__ = ["Site", "SiteOptions", "channel_options", "default_device"]
 
@@ -85,6 +87,9 @@ class SiteOptions:
     link_rtt_ms: float = 0.0       # what is known of the link, to size gRPC timeouts
     link_mbps: float = 0.0
     token: str = field(default="", repr=False)   # per-site token or the run's shared secret
+    stalls: tuple[tuple[str, float], ...] = ()    # fault injection for tests: (phase, seconds)
+    tls: TLSClient | None = None   # None: plaintext (only where the PS allows it)
+    tls_server_name: str = ""      # check the PS's certificate for this name instead of the address's
 
 
 class Site:
@@ -106,6 +111,10 @@ class Site:
         self.finished = False
         self.last_decode_s = 0.0
         self.probes: list[tuple[float, float]] = []   # (Unix time, RTT ms) not yet reported
+        self.pushed_at: float | None = None           # when the last push ended (idle accounting)
+        # Deltas pushed and not yet known to be applied: round -> values as decoded. One the PS
+        # drops (late) goes back into the error feedback, so its mass is not lost.
+        self.pending: dict[int, dict[str, np.ndarray]] = {}
 
     # ------------------------------------------------------------ connection
 
@@ -140,7 +149,13 @@ class Site:
 
     async def _session(self) -> None:
         options = channel_options(self.opts.link_rtt_ms, self.opts.link_mbps)
-        async with grpc.aio.insecure_channel(self.opts.ps, options=options) as channel:
+        if self.opts.tls is not None:
+            if self.opts.tls_server_name:
+                options.append(("grpc.ssl_target_name_override", self.opts.tls_server_name))
+            channel = grpc.aio.secure_channel(self.opts.ps, self.opts.tls.credentials(), options=options)
+        else:
+            channel = grpc.aio.insecure_channel(self.opts.ps, options=options)
+        async with channel:
             stub = wire.pb_grpc.ParameterServerStub(channel)
             call = stub.Session(wait_for_ready=False)
             prober = asyncio.create_task(self._probe(stub)) if self.opts.probe_interval_s > 0 else None
@@ -185,6 +200,8 @@ class Site:
                 expected_model, model_parts = msg.model_chunks, []
             elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
                 model_parts.append(msg)
+                if len(model_parts) == 1:
+                    await self._stall("download")
                 if len(model_parts) == expected_model:
                     await asyncio.to_thread(self._load_model, model_parts)
                     model_parts = []
@@ -192,11 +209,12 @@ class Site:
                 if msg.model_hash != self.hash:
                     raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
                                                f"this replica has {self.hash}")
-                await self._train_and_push(call, msg.round)
+                await self._train_and_push(call, msg)
             elif isinstance(msg, TensorChunk) and msg.kind == UPDATE:
                 update_parts.append(msg)
             elif isinstance(msg, RoundResult):
                 await asyncio.to_thread(self._apply_update, update_parts, msg)
+                self._settle_pending(msg)
                 update_parts = []
                 await call.write(wire.site_message(HashReport(msg.round, self.hash)))
                 await self._flush_probes(call)
@@ -219,14 +237,16 @@ class Site:
             shard = corpus.shard(w.site_index, w.config.num_sites, w.config.data.sharding)
             t = w.config.train
             self.sampler = BatchSampler(shard, t.batch_size, w.config.model.block_size, t.seed + 1000 * w.site_index)
+            self.sampler.seek(w.data_position)     # a restarted site picks up its shard where it left off
             self.inner_opt = torch.optim.AdamW(self.model.parameters(), lr=t.inner_lr, betas=(0.9, 0.95),
                                                weight_decay=t.inner_weight_decay)
             self.feedback = ErrorFeedback() if w.config.codec.error_feedback else None
             self.codec = Codec(w.config.codec)
-            log.info("site %s: run %s, site index %d, %s on %s", self.opts.name, w.run_id, w.site_index,
-                     w.config.model.preset, self.device)
+            log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
+                     w.site_index, w.config.model.preset, self.device, w.data_position)
         self.round = w.round
         self._expected_hash = w.model_hash
+        self.pending = {}         # a fresh model: whatever was in flight is the PS's business now
 
     def _join(self, parts: list[TensorChunk]) -> dict[str, np.ndarray]:
         """Decode chunks that cover the whole model into flat arrays (ProtocolError if they don't)."""
@@ -243,16 +263,23 @@ class Site:
             raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self._expected_hash}")
         log.info("site %s: model at round %d loaded (%s)", self.opts.name, self.round, self.hash)
 
-    def _lr(self, step: int) -> float:
+    def _lr(self, step: int, progress: float) -> float:
+        """Linear warm-up over the site's first steps, then cosine over the run's rounds.
+
+        `step` counts this site's inner steps (its data position); `progress` is how far the
+        run is, in rounds (a fraction within the current one), so fixed-step and time-budgeted
+        rounds follow the same curve."""
         t = self.cfg.train
-        total = t.rounds * t.inner_steps
         if step < t.warmup_steps:
             return t.inner_lr * (step + 1) / t.warmup_steps
-        progress = min(1.0, (step - t.warmup_steps) / max(1, total - t.warmup_steps))
-        return t.inner_lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+        p = min(1.0, progress / t.rounds)
+        return t.inner_lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
-    def _train(self, round_: int) -> tuple[dict[str, np.ndarray], dict]:
-        """Inner steps from the current (global) parameters; returns the pseudo-gradient."""
+    def _train(self, round_: int, train_s: float) -> tuple[dict[str, np.ndarray], dict]:
+        """Inner steps from the current (global) parameters; returns the pseudo-gradient.
+
+        train_s > 0: step until that much (emulated) compute time has passed, at least once;
+        otherwise take the configured inner_steps."""
         t = self.cfg.train
         start = flat_copy(self.model)
         t0 = time.perf_counter()
@@ -260,9 +287,11 @@ class Site:
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else contextlib.nullcontext()
         self.model.train()
         emulated = 0.0
-        for i in range(t.inner_steps):
+        i = 0
+        while (time.perf_counter() - t0 < train_s) if train_s > 0 else (i < t.inner_steps):
             t_step = time.perf_counter()
-            lr = self._lr(round_ * t.inner_steps + i)
+            frac = (t_step - t0) / train_s if train_s > 0 else i / t.inner_steps
+            lr = self._lr(self.sampler.batches_drawn, round_ + frac)
             for g in self.inner_opt.param_groups:
                 g["lr"] = lr
             x, y = self.sampler.next()
@@ -276,36 +305,71 @@ class Site:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
             self.inner_opt.step()
             losses.append(loss.item())
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
             if self.opts.speed_factor > 1:   # act like a machine speed_factor times slower
                 pad = (self.opts.speed_factor - 1) * (time.perf_counter() - t_step)
+                if train_s > 0:              # never pad past the budget
+                    pad = max(0.0, min(pad, train_s - (time.perf_counter() - t0)))
                 time.sleep(pad)
                 emulated += pad
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
+            i += 1
         compute_s = time.perf_counter() - t0
         end = flat_copy(self.model)
         delta = {k: start[k] - end[k] for k in start}
         # The replica goes back to the global parameters; the PS's update moves it on.
         load_flat(self.model, start)
-        tokens = t.inner_steps * t.batch_size * self.cfg.model.block_size
+        tokens = i * t.batch_size * self.cfg.model.block_size
         return delta, dict(train_loss=float(np.mean(losses)), last_train_loss=losses[-1], tokens=tokens,
-                           steps=t.inner_steps, compute_s=compute_s, emulated_s=emulated)
+                           steps=i, compute_s=compute_s, emulated_s=emulated, data_position=self.sampler.batches_drawn)
 
-    async def _train_and_push(self, call, round_: int) -> None:
-        delta, info = await asyncio.to_thread(self._train, round_)
+    async def _stall(self, phase: str) -> None:
+        """A fault-injection point: tests kill the process while it sleeps here."""
+        seconds = dict(self.opts.stalls).get(phase, 0.0)
+        if seconds:
+            log.warning("site %s: stalling %.1f s in phase %s (fault injection)", self.opts.name, seconds, phase)
+            await asyncio.sleep(seconds)
+
+    async def _train_and_push(self, call, start: RoundStart) -> None:
+        round_ = start.round
+        wait_s = time.time() - self.pushed_at if self.pushed_at else 0.0
+        log.info("site %s: round %d starts%s", self.opts.name, round_,
+                 f" ({start.train_s:.1f} s budget)" if start.train_s else "")
+        await self._stall("train")
+        delta, info = await asyncio.to_thread(self._train, round_, start.train_s)
         stats = EncodeStats()
-        chunks, _ = await asyncio.to_thread(encode_arrays, delta, self.codec, self.feedback, stats)
+        chunks, sent = await asyncio.to_thread(encode_arrays, delta, self.codec, self.feedback, stats)
+        if self.feedback is not None:
+            self.pending[round_] = sent
         t0 = time.perf_counter()
         for i, (spec, enc) in enumerate(chunks):
             await call.write(wire.site_message(TensorChunk(DELTA, round_, i, len(chunks), spec, enc)))
+            if i == 0:
+                await self._stall("push")
         comm_s = time.perf_counter() - t0
         await self._flush_probes(call)
         await call.write(wire.site_message(RoundMetrics(
             round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
             huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
-            decode_s=self.last_decode_s, comm_s=comm_s, chunks=len(chunks), **info)))
-        log.info("site %s: round %d pushed, loss %.4f, %.2f MB on the wire (%.2fx)", self.opts.name, round_,
-                 info["train_loss"], stats.wire_bytes / 1e6, stats.ratio)
+            decode_s=self.last_decode_s, comm_s=comm_s, chunks=len(chunks), wait_s=wait_s, **info)))
+        self.pushed_at = time.time()
+        log.info("site %s: round %d pushed, %d steps, loss %.4f, %.2f MB on the wire (%.2fx)", self.opts.name, round_,
+                 info["steps"], info["train_loss"], stats.wire_bytes / 1e6, stats.ratio)
+
+    def _settle_pending(self, result: RoundResult) -> None:
+        """After a round's result: were our pushed deltas applied? One that never will be is carried forward."""
+        stale = self.cfg.train.late_policy == "stale"
+        for r in sorted(self.pending):
+            if (r == result.round and self.opts.name in result.sites) or (
+                    r < result.round and self.opts.name in result.late_sites):
+                del self.pending[r]
+            elif r <= result.round and not (stale and result.round - r < MAX_STALENESS):
+                sent = self.pending.pop(r)
+                if self.feedback is not None:
+                    for k, v in sent.items():    # what the PS never applied goes out again next round
+                        res = self.feedback.residuals.get(k)
+                        self.feedback.residuals[k] = v.copy() if res is None else res + v
+                log.warning("site %s: the delta of round %d was not applied (late); carried forward", self.opts.name, r)
 
     def _apply_update(self, parts: list[TensorChunk], result: RoundResult) -> None:
         if result.round != self.round:

@@ -31,6 +31,14 @@ class BatchSampler:
         self.batches_drawn += 1
         return seq[:, :-1], seq[:, 1:]                                               # (B, T), (B, T)
 
+    def seek(self, batches: int) -> None:
+        """Skip ahead to the state after `batches` draws from a fresh sampler (a restarted site)."""
+        if batches < self.batches_drawn:
+            raise ValueError(f"cannot seek back from batch {self.batches_drawn} to {batches}")
+        while self.batches_drawn < batches:
+            self.rng.integers(0, self.tokens.numel() - self.block_size - 1, self.batch_size)
+            self.batches_drawn += 1
+
     def state(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "batches_drawn": self.batches_drawn}
 

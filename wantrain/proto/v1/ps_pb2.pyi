@@ -73,31 +73,35 @@ class Join(_message.Message):
     def __init__(self, site: _Optional[str] = ..., protocol_version: _Optional[int] = ..., resume_round: _Optional[int] = ..., resume_hash: _Optional[str] = ..., device: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("run_id", "site_index", "config_json", "round", "model_hash", "model_chunks")
+    __slots__ = ("run_id", "site_index", "config_json", "round", "model_hash", "model_chunks", "data_position")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_INDEX_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
     MODEL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    DATA_POSITION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     site_index: int
     config_json: str
     round: int
     model_hash: str
     model_chunks: int
-    def __init__(self, run_id: _Optional[str] = ..., site_index: _Optional[int] = ..., config_json: _Optional[str] = ..., round: _Optional[int] = ..., model_hash: _Optional[str] = ..., model_chunks: _Optional[int] = ...) -> None: ...
+    data_position: int
+    def __init__(self, run_id: _Optional[str] = ..., site_index: _Optional[int] = ..., config_json: _Optional[str] = ..., round: _Optional[int] = ..., model_hash: _Optional[str] = ..., model_chunks: _Optional[int] = ..., data_position: _Optional[int] = ...) -> None: ...
 
 class RoundStart(_message.Message):
-    __slots__ = ("round", "model_hash")
+    __slots__ = ("round", "model_hash", "train_s")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_S_FIELD_NUMBER: _ClassVar[int]
     round: int
     model_hash: str
-    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
+    train_s: float
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., train_s: _Optional[float] = ...) -> None: ...
 
 class RoundMetrics(_message.Message):
-    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "comm_s", "chunks", "emulated_s")
+    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "comm_s", "chunks", "emulated_s", "data_position", "wait_s")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     LAST_TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +116,8 @@ class RoundMetrics(_message.Message):
     COMM_S_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMULATED_S_FIELD_NUMBER: _ClassVar[int]
+    DATA_POSITION_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     round: int
     train_loss: float
     last_train_loss: float
@@ -126,19 +132,23 @@ class RoundMetrics(_message.Message):
     comm_s: float
     chunks: int
     emulated_s: float
-    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ...) -> None: ...
+    data_position: int
+    wait_s: float
+    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class RoundResult(_message.Message):
-    __slots__ = ("round", "model_hash", "sites", "val_loss")
+    __slots__ = ("round", "model_hash", "sites", "val_loss", "late_sites")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
     SITES_FIELD_NUMBER: _ClassVar[int]
     VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
+    LATE_SITES_FIELD_NUMBER: _ClassVar[int]
     round: int
     model_hash: str
     sites: _containers.RepeatedScalarFieldContainer[str]
     val_loss: float
-    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., val_loss: _Optional[float] = ...) -> None: ...
+    late_sites: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., val_loss: _Optional[float] = ..., late_sites: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HashReport(_message.Message):
     __slots__ = ("round", "model_hash")

@@ -1,0 +1,47 @@
+"""A model download to one site: chunks encoded one at a time, never a copy per site.
+
+A download reads the PS's live parameters as it goes. If a round commits while downloads are
+in flight, the PS first freezes the old parameters once (`freeze`), shared by every download
+still at that round, so each site receives exactly the model its Welcome announced. Memory
+per download is one chunk; per PS at most one extra copy of the model, only then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from .codec import Codec, plan_chunks
+from .messages import MODEL, TensorChunk, Welcome
+
+__all__ = ["ModelDownload", "live_views"]
+
+
+def live_views(model) -> dict[str, np.ndarray]:
+    """Flat float32 numpy views (no copy) of a CPU float32 model's parameters."""
+    from .replica import named_params
+    return {k: p.detach().view(-1).numpy() for k, p in named_params(model).items()}
+
+
+class ModelDownload:
+    """Welcome, then the model chunks, produced lazily by `messages()`."""
+
+    def __init__(self, welcome: Welcome, source: dict[str, np.ndarray], codec: Codec) -> None:
+        self.codec = codec
+        self.plan = plan_chunks({k: v.size for k, v in source.items()}, codec.cfg.chunk_elements())
+        self.welcome = Welcome(welcome.run_id, welcome.site_index, welcome.config, welcome.round,
+                               welcome.model_hash, len(self.plan), welcome.data_position)
+        self.source = source
+        self.sent = 0
+        self.finished = False
+
+    def messages(self) -> Iterator[Welcome | TensorChunk]:
+        yield self.welcome
+        n = len(self.plan)
+        for i, spec in enumerate(self.plan):
+            part = self.source[spec.tensor][spec.offset: spec.offset + spec.length]
+            enc, _ = self.codec.encode(part)
+            self.sent = i + 1
+            yield TensorChunk(MODEL, self.welcome.round, i, n, spec, enc)
+        self.finished = True
