@@ -167,8 +167,8 @@ class ParameterServer:
                            bytes=self.ckpt_path.stat().st_size)
 
     def _stall(self, phase: str) -> None:
-        """A fault-injection point: tests kill the process while it sleeps here."""
-        seconds = self.stalls.get(phase, 0.0)
+        """A fault-injection point: tests kill the process while it sleeps here ("phase" or "phase@round")."""
+        seconds = self.stalls.get(f"{phase}@{self.round}", self.stalls.get(phase, 0.0))
         if seconds:
             self.recorder.emit("stall", phase=phase, round=self.round, seconds=seconds)
             log.warning("stalling %.1f s in phase %s (fault injection)", seconds, phase)

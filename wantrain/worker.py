@@ -201,10 +201,12 @@ class Site:
             elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
                 model_parts.append(msg)
                 if len(model_parts) == 1:
-                    await self._stall("download")
+                    await self._stall("download", self.round)
                 if len(model_parts) == expected_model:
                     await asyncio.to_thread(self._load_model, model_parts)
                     model_parts = []
+                    if self.round >= self.cfg.train.rounds:   # joined as the run ended: the final model
+                        self.finished = True
             elif isinstance(msg, RoundStart):
                 if msg.model_hash != self.hash:
                     raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
@@ -323,11 +325,13 @@ class Site:
         return delta, dict(train_loss=float(np.mean(losses)), last_train_loss=losses[-1], tokens=tokens,
                            steps=i, compute_s=compute_s, emulated_s=emulated, data_position=self.sampler.batches_drawn)
 
-    async def _stall(self, phase: str) -> None:
-        """A fault-injection point: tests kill the process while it sleeps here."""
-        seconds = dict(self.opts.stalls).get(phase, 0.0)
+    async def _stall(self, phase: str, round_: int) -> None:
+        """A fault-injection point: tests kill the process while it sleeps here ("phase" or "phase@round")."""
+        stalls = dict(self.opts.stalls)
+        seconds = stalls.get(f"{phase}@{round_}", stalls.get(phase, 0.0))
         if seconds:
-            log.warning("site %s: stalling %.1f s in phase %s (fault injection)", self.opts.name, seconds, phase)
+            log.warning("site %s: stalling %.1f s in phase %s of round %d (fault injection)", self.opts.name,
+                        seconds, phase, round_)
             await asyncio.sleep(seconds)
 
     async def _train_and_push(self, call, start: RoundStart) -> None:
@@ -335,7 +339,7 @@ class Site:
         wait_s = time.time() - self.pushed_at if self.pushed_at else 0.0
         log.info("site %s: round %d starts%s", self.opts.name, round_,
                  f" ({start.train_s:.1f} s budget)" if start.train_s else "")
-        await self._stall("train")
+        await self._stall("train", round_)
         delta, info = await asyncio.to_thread(self._train, round_, start.train_s)
         stats = EncodeStats()
         chunks, sent = await asyncio.to_thread(encode_arrays, delta, self.codec, self.feedback, stats)
@@ -345,7 +349,7 @@ class Site:
         for i, (spec, enc) in enumerate(chunks):
             await call.write(wire.site_message(TensorChunk(DELTA, round_, i, len(chunks), spec, enc)))
             if i == 0:
-                await self._stall("push")
+                await self._stall("push", round_)
         comm_s = time.perf_counter() - t0
         await self._flush_probes(call)
         await call.write(wire.site_message(RoundMetrics(

@@ -1,0 +1,94 @@
+"""A PS and its sites as real processes, for fault-injection and soak tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from wantrain.config import RunConfig
+from wantrain.telemetry import read_events, rows
+
+from .helpers import Proc, free_port
+
+
+class Cluster:
+    """Starts, kills (SIGKILL) and restarts a PS and named sites; always cleans up."""
+
+    def __init__(self, tmp: Path, cfg: RunConfig, ps_args: tuple[str, ...] = (), site_args: tuple[str, ...] = ()):
+        self.tmp, self.cfg = tmp, cfg
+        (tmp / "config.json").write_text(cfg.to_json())
+        self.port = free_port()
+        self.run_dir = tmp / "run"
+        self.ps_args, self.site_args = ps_args, site_args
+        self.procs: list[Proc] = []
+        self.ps: Proc | None = None
+        self.sites: dict[str, Proc] = {}
+        self.starts = 0
+
+    def _proc(self, label: str, *args: str) -> Proc:
+        self.starts += 1
+        p = Proc(*args, log=self.tmp / f"{label}-{self.starts}.log")
+        self.procs.append(p)
+        return p
+
+    def start_ps(self, *extra: str) -> Proc:
+        self.ps = self._proc("ps", "ps", "--config", str(self.tmp / "config.json"), "--port", str(self.port),
+                             "--run-dir", str(self.run_dir), *self.ps_args, *extra)
+        return self.ps
+
+    def start_site(self, name: str, *extra: str) -> Proc:
+        self.sites[name] = self._proc(name, "worker", "--ps", f"127.0.0.1:{self.port}", "--site", name,
+                                      "--threads", "1", *self.site_args, *extra)
+        return self.sites[name]
+
+    def start(self) -> "Cluster":
+        self.start_ps().wait_for("listening on")
+        for name in self.cfg.sites:
+            self.start_site(name)
+        return self
+
+    @staticmethod
+    def kill(p: Proc) -> float:
+        os.killpg(p.p.pid, signal.SIGKILL)
+        p.p.wait(10)
+        return time.time()
+
+    def events(self) -> list[dict]:
+        path = self.run_dir / "events.jsonl"
+        return read_events(path) if path.exists() else []
+
+    def wait_event(self, kind: str, timeout: float = 120, **match) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for e in rows(self.events(), kind):
+                if all(e.get(k) == v for k, v in match.items()):
+                    return e
+            time.sleep(0.1)
+        raise AssertionError(f"no {kind} event matching {match} within {timeout} s")
+
+    def finish(self, timeout: float = 300) -> list[dict]:
+        """Wait until every live site and the PS exit 0; returns the run's events."""
+        deadline = time.time() + timeout
+        for p in [*self.sites.values(), self.ps]:
+            code = p.p.wait(max(1, deadline - time.time()))
+            assert code == 0, f"{p.log.name} exited {code}:\n{p.text()[-3000:]}"
+        return self.events()
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+
+
+def check_run(events: list[dict], rounds: int) -> None:
+    """Training completed, every committed round exactly once, all replicas bit-identical."""
+    ends = [e["round"] for e in rows(events, "round_end")]
+    assert ends == list(range(rounds)), f"rounds committed: {ends}"          # none lost, none twice
+    assert rows(events, "run_end"), "the run did not finish"
+    hashes = {e["round"]: e["model_hash"] for e in rows(events, "round_end")}
+    checks = rows(events, "hash_check")
+    assert checks and all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
+    assert all(c["site_hash"] == hashes[c["round"]] for c in checks)
+    final = [c for c in checks if c["round"] == rounds - 1]
+    assert final, "no site confirmed the final model"

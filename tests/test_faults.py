@@ -1,0 +1,116 @@
+"""Fault injection with real processes: SIGKILL a site or the PS in every phase, reset a link.
+
+After each fault the run completes, every committed round is committed exactly once, and
+every replica that reports a hash agrees with the PS bit for bit. Stalls (`--stall PHASE=S`)
+hold a process at a precise point of its protocol so that the kill lands there.
+"""
+
+import asyncio
+import math
+import threading
+import time
+
+import pytest
+
+from wantrain.telemetry import rows
+
+from .cluster import Cluster, check_run
+from .helpers import small_config
+
+ROUNDS = 6
+
+
+def config(**changes):
+    # About 2 s per round on 2 cores, so a restarted process (about 3 s) rejoins mid-run.
+    base = {"sites": ["a", "b", "c"], "train.rounds": ROUNDS, "train.inner_steps": 20, "train.quorum_wait_s": 1.0,
+            "train.deadline_min_s": 15.0, "train.deadline_initial_s": 60.0}
+    base.update(changes)
+    return small_config(**base)
+
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("phase", ["train", "push", "download"])
+def test_site_killed_in_each_phase_rejoins(tmp_path, phase):
+    c = Cluster(tmp_path, config())
+    try:
+        c.start()
+        c.wait_event("round_end", round=0)
+        if phase == "train":
+            c.sites["b"].wait_for("round 1 starts")
+            time.sleep(0.3)
+        elif phase == "push":                       # restart b so that it stalls after its first chunk
+            c.kill(c.sites["b"])
+            c.start_site("b", "--stall", "push=60").wait_for("stalling")
+        else:                                       # ... or after the first chunk of its model download
+            c.kill(c.sites["b"])
+            c.start_site("b", "--stall", "download=60").wait_for("stalling")
+        killed = c.kill(c.sites["b"])
+        c.start_site("b")
+        events = c.finish()
+    finally:
+        c.close()
+    check_run(events, ROUNDS)
+    back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > killed]
+    assert back and back[0]["resumed"] and back[0]["data_position"] > 0    # its shard resumes
+    trained = [e for e in rows(events, "site_round") if e["site"] == "b" and e["t"] > killed]
+    assert trained, "the restarted site never trained again"
+    print(f"\n{phase}: site b trained again {trained[0]['t'] - killed:.1f} s after its kill")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("phase", ["aggregate@2", "checkpoint@3"])
+def test_ps_killed_while_aggregating_or_checkpointing_resumes(tmp_path, phase):
+    c = Cluster(tmp_path, config())
+    try:
+        c.start_ps("--stall", f"{phase}=60").wait_for("listening on")
+        for name in c.cfg.sites:
+            c.start_site(name)
+        c.wait_event("stall")
+        killed = c.kill(c.ps)
+        assert (c.run_dir / "checkpoint.pt.tmp").exists() == phase.startswith("checkpoint")
+        c.start_ps()
+        events = c.finish()
+    finally:
+        c.close()
+    check_run(events, ROUNDS)
+    restart = rows(events, "restart")
+    assert len(restart) == 1 and restart[0]["round"] == 2       # from the checkpoint after round 1
+    first = next(e for e in rows(events, "round_end") if e["t"] > killed)
+    assert first["round"] == 2
+    print(f"\n{phase}: round 2 committed {first['t'] - restart[0]['t']:.1f} s after the PS resumed")
+
+
+@pytest.mark.timeout(300)
+def test_link_reset_mid_transfer(tmp_path):
+    """A site's connection is reset while its delta is half sent: it reconnects and the run goes on."""
+    from testbed.proxy import LinkProxy
+    from testbed.trace import Trace
+
+    c = Cluster(tmp_path, config())
+    loop = asyncio.new_event_loop()
+    proxy = LinkProxy(("127.0.0.1", c.port), Trace.constant(5, math.inf))     # 5 ms, unlimited rate
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    proxy_port = asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(10)
+    try:
+        c.start_ps().wait_for("listening on")
+        c.start_site("a"), c.start_site("c")
+        b = c._proc("b", "worker", "--ps", f"127.0.0.1:{proxy_port}", "--site", "b", "--threads", "1",
+                    "--stall", "push@2=3")
+        c.sites["b"] = b
+        b.wait_for("stalling")
+        async def reset():
+            return proxy.reset()
+        resets = asyncio.run_coroutine_threadsafe(reset(), loop).result(10)
+        assert resets >= 1
+        t_reset = time.time()
+        events = c.finish()
+    finally:
+        c.close()
+        asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+    check_run(events, ROUNDS)
+    left = [e for e in rows(events, "leave") if e["site"] == "b" and e["t"] >= t_reset - 1]
+    back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > t_reset]
+    assert left and back, "the reset did not break and restore b's session"
+    assert any(e["site"] == "b" for e in rows(events, "site_round") if e["t"] > t_reset)

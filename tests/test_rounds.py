@@ -1,0 +1,141 @@
+"""Rounds that never wait forever: deadlines, partial aggregation, late deltas (domain, no network)."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from wantrain.config import TrainConfig
+from wantrain.messages import Join, RoundResult, RoundStart
+from wantrain.replica import param_hash
+from wantrain.rounds import RoundClock, stale_weight
+from wantrain.server import ParameterServer
+
+from .helpers import small_config
+from .test_server import delta_chunks, drain, rows_of
+
+
+def test_derived_deadline_follows_recent_arrivals():
+    clock = RoundClock(TrainConfig(deadline_initial_s=300, deadline_min_s=2, deadline_factor=3))
+    assert clock.deadline_s() == 300                          # nothing timed yet
+    for a in (1.0, 1.2, 5.0):
+        clock.arrived(a)
+    assert clock.deadline_s() == pytest.approx(3.6)           # 3 x median 1.2
+    budget = RoundClock(TrainConfig(round_budget_s=10, deadline_min_s=2, deadline_factor=3))
+    budget.arrived(10.5)
+    assert budget.deadline_s() == pytest.approx(12)           # budget + max(floor, 3 x 0.5)
+    assert RoundClock(TrainConfig(deadline_s=7)).deadline_s() == 7
+    assert stale_weight(1000, 2, 0.5) == 250
+
+
+async def push(ps, link, round_, seed):
+    msgs, m = delta_chunks(ps, round_, seed=seed)
+    for c in msgs:
+        ps.on_chunk(link, c)
+    await ps.on_metrics(link, m)
+
+
+def starts(link):
+    return [m for m in drain(link) if isinstance(m, RoundStart)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["drop", "stale"])
+def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, policy):
+    async def scenario():
+        cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 2.0, "train.late_policy": policy})
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        a, b = ps.join(Join("a")), ps.join(Join("b"))
+        drain(a), drain(b)
+        await push(ps, a, 0, seed=0)
+        assert ps.round == 0                                  # b is still training
+        await asyncio.sleep(2.3)                              # the deadline passes
+        await ps.round_task
+        assert ps.round == 1 and ps.late.keys() == {"b"}
+        end = rows_of(ps, "round_end")[-1]
+        assert end["sites"] == ["a"] and end["missed"] == ["b"]
+        assert rows_of(ps, "deadline")[-1]["missing"] == ["b"]
+        # b, still pushing round 0, is sent round 0's update too (its replica must follow).
+        out_b = drain(b)
+        assert isinstance(out_b[-2], RoundResult) and out_b[-2].round == 0 and out_b[-2].sites == ("a",)
+        assert isinstance(out_b[-1], RoundStart) and out_b[-1].round == 1
+        h1 = ps.hash
+        await push(ps, b, 0, seed=1)                          # b's late delta for round 0
+        late = rows_of(ps, "late_delta")[-1]
+        assert late["site"] == "b" and late["rounds_late"] == 1
+        assert late["action"] == ("deferred" if policy == "stale" else "dropped")
+        assert ps.hash == h1 == param_hash(ps.model)          # a late delta never changes a committed round
+        await push(ps, a, 1, seed=2)
+        await push(ps, b, 1, seed=3)
+        await ps.round_task
+        end = rows_of(ps, "round_end")[-1]
+        assert ps.round == 2 and end["sites"] == ["a", "b"]
+        assert end["late_sites"] == (["b"] if policy == "stale" else [])
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_site_holds_nobody_up_after_the_first_round(tmp_path):
+    async def scenario():
+        cfg = small_config(num_sites=2, **{"train.rounds": 4, "train.quorum_wait_s": 0.3,
+                                           "train.round_budget_s": 5.0, "train.deadline_s": 30.0})
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        a = ps.join(Join("a"))
+        assert not starts(a)                                   # a run starts with all its sites
+        b = ps.join(Join("b"))
+        assert starts(a)[0].train_s == 5.0
+        drain(b)
+        await push(ps, a, 0, seed=0)
+        ps.leave(b, "killed")                                  # b dies mid-round: a's round completes
+        await ps.round_task
+        assert ps.round == 1 and not ps.in_round
+        await asyncio.sleep(0.5)                               # quorum_wait_s: round 1 starts without b
+        assert ps.in_round == {"a"} and [s.round for s in starts(a)] == [1]
+        await asyncio.sleep(1.0)
+        b = ps.join(Join("b"))                                 # b is back: joins the running round
+        got = starts(b)
+        assert got[0].round == 1 and 3.0 < got[0].train_s < 4.0   # what is left of the budget
+        assert ps.in_round == {"a", "b"}
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_data_position_survives_in_the_checkpoint(tmp_path):
+    async def scenario():
+        cfg = small_config(num_sites=1, **{"train.rounds": 3})
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        a = ps.join(Join("a"))
+        drain(a)
+        msgs, m = delta_chunks(ps, 0)
+        for c in msgs:
+            ps.on_chunk(a, c)
+        from dataclasses import replace
+        await ps.on_metrics(a, replace(m, data_position=17))
+        await ps.round_task
+        ps2 = ParameterServer(cfg, run_dir=tmp_path)           # a restart, from the checkpoint
+        a2 = ps2.join(Join("a"))
+        welcome = drain(a2)[0]
+        assert welcome.data_position == 17 and welcome.round == 1
+
+    asyncio.run(scenario())
+
+
+def test_the_site_carries_an_unapplied_delta_forward():
+    from wantrain.codec import ErrorFeedback
+    from wantrain.worker import Site, SiteOptions
+
+    for policy, applied_in in (("drop", None), ("stale", 1), ("stale", None)):
+        site = Site(SiteOptions(ps="x:1", name="b"))
+        site.cfg = small_config(**{"train.late_policy": policy})
+        site.feedback = ErrorFeedback()
+        site.feedback.residuals = {"w": np.full(4, 0.5, np.float32)}
+        site.pending = {0: {"w": np.ones(4, np.float32)}}
+        site._settle_pending(RoundResult(0, "h", sites=("a",)))        # round 0 went on without b
+        late = ("b",) if applied_in == 1 else ()
+        site._settle_pending(RoundResult(1, "h", sites=("a",), late_sites=late))
+        site._settle_pending(RoundResult(2, "h", sites=("a",)))
+        carried = policy == "drop" or applied_in is None
+        assert np.allclose(site.feedback.residuals["w"], 1.5 if carried else 0.5), policy
+        assert site.pending == {}
