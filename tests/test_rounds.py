@@ -12,7 +12,7 @@ from wantrain.rounds import RoundClock, stale_weight
 from wantrain.server import ParameterServer
 
 from .helpers import small_config
-from .test_server import delta_chunks, drain, rows_of
+from .test_server import delta_chunks, drain, enter, rows_of
 
 
 def test_derived_deadline_follows_recent_arrivals():
@@ -45,7 +45,7 @@ def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, p
     async def scenario():
         cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 2.0, "train.late_policy": policy})
         ps = ParameterServer(cfg, run_dir=tmp_path)
-        a, b = ps.join(Join("a")), ps.join(Join("b"))
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
         drain(a), drain(b)
         await push(ps, a, 0, seed=0)
         assert ps.round == 0                                  # b is still training
@@ -81,9 +81,9 @@ def test_a_missing_site_holds_nobody_up_after_the_first_round(tmp_path):
         cfg = small_config(num_sites=2, **{"train.rounds": 4, "train.quorum_wait_s": 0.3,
                                            "train.round_budget_s": 5.0, "train.deadline_s": 30.0})
         ps = ParameterServer(cfg, run_dir=tmp_path)
-        a = ps.join(Join("a"))
+        a = enter(ps, Join("a"))
         assert not starts(a)                                   # a run starts with all its sites
-        b = ps.join(Join("b"))
+        b = enter(ps, Join("b"))
         assert starts(a)[0].train_s == 5.0
         drain(b)
         await push(ps, a, 0, seed=0)
@@ -93,7 +93,7 @@ def test_a_missing_site_holds_nobody_up_after_the_first_round(tmp_path):
         await asyncio.sleep(0.5)                               # quorum_wait_s: round 1 starts without b
         assert ps.in_round == {"a"} and [s.round for s in starts(a)] == [1]
         await asyncio.sleep(1.0)
-        b = ps.join(Join("b"))                                 # b is back: joins the running round
+        b = enter(ps, Join("b"))                                 # b is back: joins the running round
         got = starts(b)
         assert got[0].round == 1 and 3.0 < got[0].train_s < 4.0   # what is left of the budget
         assert ps.in_round == {"a", "b"}
@@ -106,7 +106,7 @@ def test_data_position_survives_in_the_checkpoint(tmp_path):
     async def scenario():
         cfg = small_config(num_sites=1, **{"train.rounds": 3})
         ps = ParameterServer(cfg, run_dir=tmp_path)
-        a = ps.join(Join("a"))
+        a = enter(ps, Join("a"))
         drain(a)
         msgs, m = delta_chunks(ps, 0)
         for c in msgs:

@@ -7,7 +7,7 @@ import pytest
 
 from wantrain.codec import Codec, EncodeStats, encode_arrays
 from wantrain.errors import ProtocolError, RejectedError
-from wantrain.messages import (DELTA, MODEL, UPDATE, Join, RoundMetrics, RoundResult, RoundStart, TensorChunk,
+from wantrain.messages import (DELTA, MODEL, UPDATE, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
                                Welcome)
 from wantrain.replica import param_hash
 from wantrain.download import ModelDownload
@@ -15,6 +15,14 @@ from wantrain.server import ParameterServer
 
 
 from .helpers import small_config
+
+
+def enter(ps, join):
+    """Join a site and, as a real site does once its model is loaded, say it is Ready."""
+    link = ps.join(join)
+    if link.name not in ps.awaiting_model:
+        ps.on_ready(link, Ready(ps.round, ps.hash))
+    return link
 
 
 def drain(link):
@@ -41,7 +49,7 @@ def delta_chunks(ps, round_, scale=1e-3, seed=0):
 def one_site_round(tmp_path):
     """A PS for one site, that site joined and in round 0, and a valid delta for it."""
     ps = ParameterServer(small_config(num_sites=1), run_dir=tmp_path)
-    a = ps.join(Join("a"))
+    a = enter(ps, Join("a"))
     drain(a)
     msgs, m = delta_chunks(ps, 0)
     return ps, a, msgs, m
@@ -51,7 +59,7 @@ def one_site_round(tmp_path):
 def test_round_without_network(tmp_path):
     async def scenario():
         ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 1}), run_dir=tmp_path)
-        a = ps.join(Join("a"))
+        a = enter(ps, Join("a"))
         first = drain(a)
         assert isinstance(first[0], Welcome) and all(c.kind == MODEL for c in first[1:])
         assert len(first) - 1 == first[0].model_chunks
@@ -59,7 +67,7 @@ def test_round_without_network(tmp_path):
             ps.join(Join("a"))
         with pytest.raises(RejectedError, match="wire protocol"):
             ps.join(Join("b", protocol_version=99))
-        b = ps.join(Join("b"))
+        b = enter(ps, Join("b"))
         drain(b)
         with pytest.raises(RejectedError, match="already has its 2 sites"):
             ps.join(Join("c"))
@@ -141,7 +149,7 @@ def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path):
 def test_a_site_leaving_never_stalls_or_cancels_the_round(tmp_path):
     async def scenario():
         ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 3}), run_dir=tmp_path)
-        a, b = ps.join(Join("a")), ps.join(Join("b"))
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
         # Round 0: b's delta completes the round, then b's connection drops mid-aggregation.
         for site, seed in ((a, 0), (b, 1)):
             msgs, m = delta_chunks(ps, 0, seed=seed)
@@ -152,7 +160,7 @@ def test_a_site_leaving_never_stalls_or_cancels_the_round(tmp_path):
         await ps.round_task
         assert ps.round == 1 and not ps.aggregating
         # Round 1: a is done, b (rejoined) leaves without a delta: the round goes on without it.
-        b = ps.join(Join("b"))
+        b = enter(ps, Join("b"))
         await asyncio.sleep(0)
         msgs, m = delta_chunks(ps, 1)
         for c in msgs:

@@ -111,6 +111,8 @@ def _demo_config(args: argparse.Namespace):
         changes["train.rounds"] = args.rounds
     if args.inner_steps is not None:
         changes["train.inner_steps"] = args.inner_steps
+    if args.round_budget is not None:
+        changes["train.round_budget_s"] = args.round_budget
     return cfg.replace(**changes)
 
 
@@ -202,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--sites", type=int, default=3)
     d.add_argument("--rounds", type=int, default=None)
     d.add_argument("--inner-steps", type=int, default=None)
+    d.add_argument("--round-budget", type=float, default=None, metavar="SECONDS",
+                   help="time-budgeted rounds: every site trains this long per round (steps vary by speed)")
     d.add_argument("--preset", default="tiny")
     d.add_argument("--corpus", default="shakespeare", help="'shakespeare' or a text file or folder")
     d.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])

@@ -12,7 +12,7 @@ from .codec import ChunkSpec, Encoded
 from .config import RunConfig
 
 __all__ = ["PROTOCOL_VERSION", "MODEL", "DELTA", "UPDATE", "Join", "Welcome", "TensorChunk", "RoundStart",
-           "RoundMetrics", "RoundResult", "HashReport", "LinkProbe", "ErrorMessage"]
+           "RoundMetrics", "RoundResult", "Ready", "HashReport", "LinkProbe", "ErrorMessage"]
 
 PROTOCOL_VERSION = 1
 MODEL, DELTA, UPDATE = "model", "delta", "update"   # chunk kinds
@@ -83,6 +83,12 @@ class RoundResult:
     sites: tuple[str, ...] = field(default_factory=tuple)
     val_loss: float = float("nan")
     late_sites: tuple[str, ...] = field(default_factory=tuple)   # late deltas applied, discounted
+
+
+@dataclass(frozen=True)
+class Ready:
+    round: int          # committed rounds of the model the site loaded
+    model_hash: str
 
 
 @dataclass(frozen=True)

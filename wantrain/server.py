@@ -5,11 +5,13 @@ connected site is a `SiteLink` with an outbound queue of domain messages, and te
 it directly. Servicer turns the gRPC stream of a site into calls on ParameterServer and the
 site's queue back into wire messages; `serve()` runs both on an asyncio gRPC server.
 
-A round: when all `num_sites` sites are connected and hold the current model, the PS sends
-RoundStart; each site answers with its delta chunks and RoundMetrics; when every delta is in,
-the PS decodes and averages them (weighted by tokens), takes the outer Nesterov step, encodes
-the update with its own error feedback, applies exactly the decoded update to its replica, and
-sends the update chunks and a RoundResult (with the new parameter hash) to every site.
+A round: when every site is connected and has said it is Ready (its model loaded), the PS
+sends RoundStart; each site answers with its delta chunks and RoundMetrics. When every delta is
+in, or at the round's deadline those that are (see rounds.py), the PS averages them (weighted by
+tokens), takes the outer Nesterov step, encodes the update with its own error feedback, applies
+exactly the decoded update to its replica, checkpoints, and sends the update chunks and a
+RoundResult (with the new parameter hash) to every site. Late deltas are dropped or applied in
+a later round; a site that (re)joins mid-round trains in it with what is left of the budget.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .config import CodecConfig, RunConfig
 from .data import eval_batches, load_run_data
 from .download import ModelDownload, live_views
 from .errors import CodecError, ConfigError, NonFiniteDeltaError, ProtocolError, RejectedError
-from .messages import (DELTA, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, LinkProbe,
+from .messages import (DELTA, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .models import build_model, count_parameters
 from .outer import OuterNesterov, weighted_average
@@ -58,6 +60,7 @@ class SiteLink:
     device: str
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     closed: bool = False
+    ready: bool = False        # holds a model and can train (it said so after its download)
 
 
 @dataclass
@@ -211,9 +214,17 @@ class ParameterServer:
             self.awaiting_model.add(link.name)
         else:
             self._send_model(link)
+        return link
+
+    def on_ready(self, link: SiteLink, msg: Ready) -> None:
+        """The site loaded its model: from now on it counts for rounds (and joins a running one)."""
+        if self.hashes.get(msg.round) != msg.model_hash or msg.round > self.round:
+            raise ProtocolError(f"{link.name!r} says it loaded the model of round {msg.round} with hash "
+                                f"{msg.model_hash}; the PS has {self.hashes.get(msg.round)}")
+        link.ready = True
+        if msg.round == self.round:      # else an update is on its way to it, then the next RoundStart
             self._admit_to_round(link)
         self.maybe_start_round()
-        return link
 
     def _admit_to_round(self, link: SiteLink) -> None:
         """A site that (re)joins while a round runs takes part in it, with what is left of the budget."""
@@ -242,6 +253,7 @@ class ParameterServer:
         self._maybe_finish_round()        # the others may all be done already
 
     def _send_model(self, link: SiteLink) -> None:
+        link.ready = False
         welcome = Welcome(self.run_id, link.index, self.cfg, self.round, self.hash, 0,
                           self.data_positions.get(link.name, 0))
         download = ModelDownload(welcome, live_views(self.model), self.model_codec)
@@ -269,20 +281,19 @@ class ParameterServer:
         self._timers.append(loop.call_later(delay_s, fn, *args))
 
     def maybe_start_round(self) -> None:
-        if self.in_round or self.aggregating or self.done.is_set() or not self.links:
+        ready = {name for name, link in self.links.items() if link.ready}
+        if self.in_round or self.aggregating or self.done.is_set() or not ready:
             return
-        if len(self.links) < self.cfg.num_sites:
-            # Wait for everyone at the start of a run. Later (every site has joined once), a
+        if len(ready) < self.cfg.num_sites:
+            # Wait for everyone at the start of a run. Later (a round has been committed), a
             # missing site must not hold the others up: go on after quorum_wait_s.
-            if len(self.registry) < self.cfg.num_sites:
+            if self.round == 0:
                 return
             wait = self.cfg.train.quorum_wait_s - (time.time() - self.last_commit_at)
             if wait > 0:
                 self._later(wait + 0.01, self.maybe_start_round)
                 return
-        self.in_round = set(self.links) - self.awaiting_model
-        if not self.in_round:
-            return
+        self.in_round = ready
         self.uploads = {name: _Upload(self.round) for name in self.in_round}
         self.round_started_at = time.time()
         self.past_deadline = False
@@ -565,6 +576,8 @@ class Servicer(wire.pb_grpc.ParameterServerServicer):
                         await ps.on_metrics(link, msg)
                     elif isinstance(msg, HashReport):
                         ps.on_hash_report(link, msg)
+                    elif isinstance(msg, Ready):
+                        ps.on_ready(link, msg)
                     elif isinstance(msg, LinkProbe):
                         ps.on_link_probe(link, msg)
                     else:

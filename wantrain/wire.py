@@ -15,8 +15,8 @@ import zlib
 from .codec import ChunkSpec, Encoded
 from .config import RunConfig
 from .errors import CodecError, ConfigError, ProtocolError
-from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult,
-                       RoundStart, TensorChunk, Welcome)
+from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundMetrics,
+                       RoundResult, RoundStart, TensorChunk, Welcome)
 from .proto.v1 import ps_pb2 as pb
 from .proto.v1 import ps_pb2_grpc as pb_grpc
 
@@ -42,7 +42,7 @@ def chunk_to_proto(c: TensorChunk) -> pb.Chunk:
                     crc32=zlib.crc32(d.payload, zlib.crc32(d.scales)))
 
 
-def site_message(obj: Join | TensorChunk | RoundMetrics | HashReport | LinkProbe) -> pb.SiteMessage:
+def site_message(obj: Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe) -> pb.SiteMessage:
     if isinstance(obj, Join):
         return pb.SiteMessage(join=pb.Join(**dataclasses.asdict(obj)))
     if isinstance(obj, TensorChunk):
@@ -51,6 +51,8 @@ def site_message(obj: Join | TensorChunk | RoundMetrics | HashReport | LinkProbe
         return pb.SiteMessage(metrics=pb.RoundMetrics(**dataclasses.asdict(obj)))
     if isinstance(obj, HashReport):
         return pb.SiteMessage(hash_report=pb.HashReport(round=obj.round, model_hash=obj.model_hash))
+    if isinstance(obj, Ready):
+        return pb.SiteMessage(ready=pb.Ready(round=obj.round, model_hash=obj.model_hash))
     if isinstance(obj, LinkProbe):
         return pb.SiteMessage(link_probe=pb.LinkProbe(t=list(obj.t), rtt_ms=list(obj.rtt_ms)))
     raise TypeError(f"not a site message: {type(obj).__name__}")
@@ -100,7 +102,7 @@ def chunk_from_proto(m: pb.Chunk) -> TensorChunk:
     return TensorChunk(_KIND_BACK[m.kind], m.round, m.index, m.count, ChunkSpec(m.tensor, m.offset, m.length), data)
 
 
-def site_message_from_proto(m: pb.SiteMessage) -> Join | TensorChunk | RoundMetrics | HashReport | LinkProbe:
+def site_message_from_proto(m: pb.SiteMessage) -> Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe:
     which = m.WhichOneof("body")
     if which == "join":
         j = m.join
@@ -119,6 +121,8 @@ def site_message_from_proto(m: pb.SiteMessage) -> Join | TensorChunk | RoundMetr
         return RoundMetrics(**fields)
     if which == "hash_report":
         return HashReport(m.hash_report.round, m.hash_report.model_hash)
+    if which == "ready":
+        return Ready(m.ready.round, m.ready.model_hash)
     if which == "link_probe":
         p = m.link_probe
         if len(p.t) != len(p.rtt_ms) or len(p.t) > 1000:

@@ -31,8 +31,8 @@ from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, join_chunks
 from .config import RunConfig
 from .data import BatchSampler, load_run_data
 from .errors import CodecError, ConnectionLostError, ProtocolError, RejectedError, ReplicaMismatchError
-from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult,
-                       RoundStart, TensorChunk, Welcome)
+from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundMetrics,
+                       RoundResult, RoundStart, TensorChunk, Welcome)
 from .models import build_model
 from .replica import apply_update, flat_copy, load_flat, named_params, param_hash
 from .rounds import MAX_STALENESS
@@ -69,7 +69,9 @@ def channel_options(link_rtt_ms: float = 0.0, link_mbps: float = 0.0) -> list[tu
         ("grpc.http2.ping_timeout_ms", ping_timeout_ms),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.initial_reconnect_backoff_ms", 200),
-        ("grpc.min_reconnect_backoff_ms", 200),
+        # gRPC also uses this as the time a connection attempt may take (TCP + TLS handshake +
+        # HTTP/2 settings, several RTTs): too small and every attempt over a long link fails.
+        ("grpc.min_reconnect_backoff_ms", int(max(5_000, 12 * link_rtt_ms))),
         ("grpc.max_reconnect_backoff_ms", 2_000),
         ("grpc.use_local_subchannel_pool", 1),
     ]
@@ -205,6 +207,7 @@ class Site:
                 if len(model_parts) == expected_model:
                     await asyncio.to_thread(self._load_model, model_parts)
                     model_parts = []
+                    await call.write(wire.site_message(Ready(self.round, self.hash)))
                     if self.round >= self.cfg.train.rounds:   # joined as the run ended: the final model
                         self.finished = True
             elif isinstance(msg, RoundStart):

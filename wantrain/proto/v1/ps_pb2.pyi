@@ -150,6 +150,14 @@ class RoundResult(_message.Message):
     late_sites: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., val_loss: _Optional[float] = ..., late_sites: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class Ready(_message.Message):
+    __slots__ = ("round", "model_hash")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    model_hash: str
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ...) -> None: ...
+
 class HashReport(_message.Message):
     __slots__ = ("round", "model_hash")
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -175,18 +183,20 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class SiteMessage(_message.Message):
-    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe")
+    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe", "ready")
     JOIN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     HASH_REPORT_FIELD_NUMBER: _ClassVar[int]
     LINK_PROBE_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
     join: Join
     chunk: Chunk
     metrics: RoundMetrics
     hash_report: HashReport
     link_probe: LinkProbe
-    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ...) -> None: ...
+    ready: Ready
+    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
     __slots__ = ("welcome", "chunk", "round_start", "round_result", "error")
