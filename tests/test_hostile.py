@@ -1,0 +1,249 @@
+"""Hostile input against a running PS with TLS and per-site tokens.
+
+Each attack gets the right gRPC status, the PS stays up, and the global model is unchanged
+(no round commits, and the model a legitimate site downloads afterwards has the same hash).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import ssl
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from wantrain import wire
+from wantrain.codec import Codec, EncodeStats, encode_arrays
+from wantrain.messages import (DELTA, PROTOCOL_VERSION, Join, Ready, RoundMetrics, RoundStart, TensorChunk,
+                               Welcome)
+from wantrain.telemetry import read_events, rows
+from wantrain.tls import make_dev_certs
+
+from .helpers import Proc, free_port, small_config
+
+TOKENS = {"a": "token-of-a-0123456789", "b": "token-of-b-9876543210"}
+
+
+class HandSite:
+    """A site driven by hand: every message it sends is chosen by the test."""
+
+    def __init__(self, address: str, creds: grpc.ChannelCredentials | None, name: str, token: str,
+                 version: int = PROTOCOL_VERSION):
+        opts = [("grpc.ssl_target_name_override", "localhost"), ("grpc.max_send_message_length", 64 << 20)]
+        self.ch = grpc.secure_channel(address, creds, options=opts) if creds else grpc.insecure_channel(address)
+        self.out: queue.Queue = queue.Queue()
+        self.out.put(wire.site_message(Join(name, protocol_version=version, token=token)))
+        self.stream = wire.pb_grpc.ParameterServerStub(self.ch).Session(iter(self.out.get, None), timeout=60)
+        self.sizes: dict[str, int] = {}
+        self.welcome: Welcome | None = None
+
+    def send(self, msg) -> None:
+        self.out.put(msg if isinstance(msg, wire.pb.SiteMessage) else wire.site_message(msg))
+
+    def recv(self):
+        return wire.server_message_from_proto(next(self.stream))
+
+    def enter(self) -> Welcome:
+        """Read the Welcome and the model, say Ready."""
+        self.welcome = self.recv()
+        assert isinstance(self.welcome, Welcome), self.welcome
+        for _ in range(self.welcome.model_chunks):
+            c = self.recv()
+            self.sizes[c.spec.tensor] = self.sizes.get(c.spec.tensor, 0) + c.spec.length
+        self.send(Ready(self.welcome.round, self.welcome.model_hash))
+        return self.welcome
+
+    def wait_round(self) -> RoundStart:
+        m = self.recv()
+        assert isinstance(m, RoundStart), m
+        return m
+
+    def delta(self, round_: int, seed: int = 0, scale: float = 1e-3):
+        rng = np.random.default_rng(seed)
+        values = {k: (rng.standard_normal(n) * scale).astype(np.float32) for k, n in self.sizes.items()}
+        stats = EncodeStats()
+        chunks, _ = encode_arrays(values, Codec(self.welcome.config.codec), None, stats)
+        msgs = [TensorChunk(DELTA, round_, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]
+        metrics = RoundMetrics(round=round_, train_loss=3.0, last_train_loss=3.0, tokens=1000, steps=1,
+                               raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, huffman_bits_per_symbol=0.0,
+                               encode_s=0, decode_s=0, compute_s=1, comm_s=0, chunks=len(msgs))
+        return msgs, metrics
+
+    def status(self) -> grpc.RpcError | None:
+        """Drain the stream until the PS ends it; its final status (None if it ended OK)."""
+        try:
+            for _ in self.stream:
+                pass
+        except grpc.RpcError as e:
+            return e
+        return None
+
+    def close(self) -> None:
+        self.out.put(None)
+        self.stream.cancel()
+        self.ch.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    certs = make_dev_certs(tmp / "tls")
+    cfg = small_config(num_sites=2, sites=["a", "b"], **{"train.rounds": 2})
+    (tmp / "c.json").write_text(cfg.to_json())
+    (tmp / "tokens.json").write_text(json.dumps(TOKENS))
+    port = free_port()
+    proc = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
+                "--tokens", str(tmp / "tokens.json"), "--tls-cert", str(certs.server_cert),
+                "--tls-key", str(certs.server_key), log=tmp / "ps.log")
+    proc.wait_for("listening on")
+    address = f"127.0.0.1:{port}"
+    creds = certs.client().credentials()
+    b = HandSite(address, creds, "b", TOKENS["b"])       # the honest other site, present throughout
+    h0 = b.enter().model_hash
+    yield address, creds, proc, tmp, h0
+    b.close()
+    proc.kill()
+
+
+def attacker(server, name="a", token=TOKENS["a"], **kw) -> HandSite:
+    address, creds, *_ = server
+    return HandSite(address, creds, name, token, **kw)
+
+
+def in_round(server) -> HandSite:
+    """Site a joins properly and is in round 0 (b is already there)."""
+    a = attacker(server)
+    a.enter()
+    assert a.wait_round().round == 0
+    return a
+
+
+def assert_unharmed(server) -> None:
+    address, creds, proc, tmp, h0 = server
+    assert proc.p.poll() is None, proc.text()[-2000:]
+    assert not rows(read_events(tmp / "run"), "round_end"), "a round committed"
+    probe = HandSite(address, creds, "a", TOKENS["a"])     # the model a site downloads is the same
+    try:
+        w = probe.recv()
+        assert isinstance(w, Welcome) and w.model_hash == h0 and w.round == 0
+    finally:
+        probe.close()
+    time.sleep(0.3)        # the PS notices the probe has gone before the next attack joins as a
+
+
+def chunk_proto(c: TensorChunk, **override) -> wire.pb.SiteMessage:
+    m = wire.site_message(c)
+    for k, v in override.items():
+        setattr(m.chunk, k, v)
+    return m
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("attack, code, needle", [
+    ("duplicated_chunk", grpc.StatusCode.INVALID_ARGUMENT, "arrived twice"),
+    ("replayed_old_round", grpc.StatusCode.INVALID_ARGUMENT, "not in that round"),
+    ("out_of_range_offset", grpc.StatusCode.INVALID_ARGUMENT, "outside"),
+    ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, "elements has"),
+    ("bad_crc", grpc.StatusCode.INVALID_ARGUMENT, "CRC"),
+    ("nan_delta", grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
+    ("inf_scales", grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
+    ("oversized_message", grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+    ("metrics_before_chunks", grpc.StatusCode.INVALID_ARGUMENT, "metrics after"),
+])
+def test_bad_messages_from_a_joined_site(server, attack, code, needle):
+    a = in_round(server)
+    try:
+        msgs, metrics = a.delta(0)
+        c0 = msgs[0]
+        if attack == "duplicated_chunk":
+            a.send(c0), a.send(c0)
+        elif attack == "replayed_old_round":
+            a.send(chunk_proto(c0, round=7))
+        elif attack == "out_of_range_offset":
+            a.send(chunk_proto(c0, offset=10**9))
+        elif attack == "wrong_shape":
+            a.send(chunk_proto(c0, encoding=wire.pb.ENCODING_INT8, length=c0.spec.length + 5))
+        elif attack == "bad_crc":
+            a.send(chunk_proto(c0, crc32=c0.data.payload.__len__()))
+        elif attack in ("nan_delta", "inf_scales"):
+            from wantrain.codec import Encoded
+            first = msgs[0]
+            if attack == "nan_delta":
+                v = np.zeros(first.spec.length, np.float32)
+                v[7] = np.nan
+                enc = Encoded("fp32", first.spec.length, 0, b"", v.tobytes())
+            else:
+                s = np.frombuffer(first.data.scales, np.float32).copy()
+                s[0] = np.inf
+                enc = Encoded(first.data.encoding, first.data.length, first.data.quant_block, s.tobytes(),
+                              first.data.payload)
+            for c in [TensorChunk(DELTA, 0, 0, first.count, first.spec, enc)] + msgs[1:]:
+                a.send(c)
+            a.send(metrics)
+        elif attack == "oversized_message":
+            a.send(chunk_proto(c0, payload=b"\0" * (8 << 20)))
+        elif attack == "metrics_before_chunks":
+            a.send(metrics)
+        err = a.status()
+    finally:
+        a.close()
+    assert err is not None and err.code() == code, err
+    assert needle in (err.details() or "")
+    if attack == "nan_delta":
+        assert rows(read_events(server[3] / "run"), "quarantine")
+    assert_unharmed(server)
+
+
+@pytest.mark.timeout(60)
+def test_a_truncated_stream_changes_nothing(server):
+    a = in_round(server)
+    msgs, _ = a.delta(0)
+    for c in msgs[: len(msgs) // 2]:
+        a.send(c)
+    time.sleep(0.3)
+    a.close()                                  # the site vanishes mid-push
+    server[2].wait_for("site a left")
+    assert_unharmed(server)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("who, code", [
+    (dict(name="a", token="wrong"), grpc.StatusCode.UNAUTHENTICATED),
+    (dict(name="a", token=""), grpc.StatusCode.UNAUTHENTICATED),
+    (dict(name="eve", token=TOKENS["a"]), grpc.StatusCode.UNAUTHENTICATED),
+    (dict(name="a", token=TOKENS["a"], version=PROTOCOL_VERSION + 1), grpc.StatusCode.FAILED_PRECONDITION),
+])
+def test_refused_joins(server, who, code):
+    a = attacker(server, **who)
+    try:
+        err = a.status()
+    finally:
+        a.close()
+    assert err is not None and err.code() == code, err
+    assert_unharmed(server)
+
+
+@pytest.mark.timeout(60)
+def test_plaintext_and_garbage_on_a_tls_port(server):
+    address, creds, proc, *_ = server
+    plain = attacker((address, None, *server[2:]))
+    try:
+        err = plain.status()
+    finally:
+        plain.close()
+    assert err is not None and err.code() == grpc.StatusCode.UNAVAILABLE
+    host, port = address.split(":")
+    for blob in (b"\x00GARBAGE" * 1000, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 100):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(blob)
+            time.sleep(0.2)
+    ctx = ssl.create_default_context(cafile=None)     # a TLS client that trusts nothing of ours
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((host, int(port))) as raw, ctx.wrap_socket(raw) as s:
+        s.sendall(b"\x00" * 4096)                      # TLS fine, then not HTTP/2
+        time.sleep(0.2)
+    assert_unharmed(server)

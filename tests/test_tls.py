@@ -1,0 +1,52 @@
+"""TLS: the development CA helper, mutual TLS, and clear errors for bad certificate files."""
+
+import grpc
+import pytest
+
+from wantrain.messages import Welcome
+from wantrain.tls import make_dev_certs
+
+from .helpers import Proc, free_port, small_config, wantrain
+from .test_hostile import HandSite
+
+
+@pytest.mark.timeout(90)
+def test_mutual_tls_admits_only_sites_with_a_client_certificate(tmp_path):
+    certs = make_dev_certs(tmp_path / "tls", clients=("a",))
+    assert (tmp_path / "tls" / "server.key").stat().st_mode & 0o777 == 0o600
+    (tmp_path / "c.json").write_text(small_config(num_sites=1).to_json())
+    port = free_port()
+    ps = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
+              "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+              "--tls-client-ca", str(certs.ca), log=tmp_path / "ps.log")
+    try:
+        ps.wait_for("client certificates required")
+        address = f"127.0.0.1:{port}"
+        anonymous = HandSite(address, certs.client().credentials(), "a", "")
+        assert anonymous.status().code() == grpc.StatusCode.UNAVAILABLE
+        anonymous.close()
+        other_ca = make_dev_certs(tmp_path / "other", clients=("a",))      # a certificate from another CA
+        forged = HandSite(address, grpc.ssl_channel_credentials(
+            certs.ca.read_bytes(), other_ca.clients["a"][1].read_bytes(), other_ca.clients["a"][0].read_bytes()),
+            "a", "")
+        assert forged.status().code() == grpc.StatusCode.UNAVAILABLE
+        forged.close()
+        good = HandSite(address, certs.client("a").credentials(), "a", "")
+        assert isinstance(good.recv(), Welcome)
+        good.close()
+        assert ps.p.poll() is None
+    finally:
+        ps.kill()
+
+
+@pytest.mark.timeout(60)
+def test_tls_dev_cli_and_bad_files(tmp_path):
+    r = wantrain("tls-dev", str(tmp_path / "certs"), "--client", "site-1")
+    assert r.returncode == 0, r.stderr
+    assert "--tls-client-ca" in r.stdout and (tmp_path / "certs" / "client-site-1.pem").exists()
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    r = wantrain("ps", "--port", "0", "--tls-cert", str(tmp_path / "junk.pem"), "--tls-key", str(tmp_path / "junk.pem"),
+                 "--run-dir", str(tmp_path / "run"))
+    assert r.returncode == 2 and "junk.pem is not PEM" in r.stderr, r.stderr
+    r = wantrain("worker", "--ps", "127.0.0.1:1", "--site", "x", "--tls-ca", str(tmp_path / "nope.pem"))
+    assert r.returncode == 2 and "nope.pem does not exist" in r.stderr, r.stderr
