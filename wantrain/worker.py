@@ -130,8 +130,9 @@ class Site:
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, ConnectionLostError, RejectedError) as e:
                 # A write on a call that broke raises InvalidStateError; a read returns EOF. After
                 # a reset the PS may not have noticed our old stream yet and still holds our name.
-                if isinstance(e, RejectedError) and e.code == "run_finished" and self.cfg is not None:
-                    log.info("site %s: the run finished while this site was away (%s)", self.opts.name, e)
+                if isinstance(e, RejectedError) and e.code == "run_finished":
+                    # Away at the end, or (re)started after it, e.g. by a supervisor: nothing to do.
+                    log.info("site %s: the run has finished (%s); nothing left to do", self.opts.name, e)
                     self.finished = True
                     return
                 if isinstance(e, RejectedError) and not (e.code == "duplicate_site" and self.cfg is not None):

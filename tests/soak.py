@@ -1,0 +1,101 @@
+"""Soak: the same seeded run with and without faults; the final validation loss must agree.
+
+The faulty run SIGKILLs random sites at random moments (each restarts a second or two later,
+as a supervisor would) and the PS once (restarted from its checkpoint). `make soak` runs the
+full form; tests/test_soak.py a reduced one.
+
+    python -m tests.soak --rounds 30 --site-kills 8 --out soak.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from wantrain.telemetry import rows
+
+from .cluster import Cluster, check_run
+from .helpers import small_config
+
+
+def soak_config(rounds: int):
+    return small_config(sites=["a", "b", "c"], **{"train.rounds": rounds, "train.inner_steps": 20,
+                                                  "train.warmup_steps": 20, "train.quorum_wait_s": 1.0,
+                                                  "train.deadline_min_s": 15.0, "train.deadline_initial_s": 60.0})
+
+
+def run_once(tmp: Path, rounds: int, site_kills: int, ps_kill: bool, seed: int, log=print) -> dict:
+    """One run; faults at rounds drawn from `seed`. Returns its figures."""
+    rng = random.Random(seed)
+    c = Cluster(tmp, soak_config(rounds))
+    # Faults land in rounds 1 .. rounds-2, never two in one round; the PS kill mid-run.
+    fault_rounds = rng.sample(range(1, rounds - 1), min(rounds - 2, site_kills + int(ps_kill)))
+    ps_round = sorted(fault_rounds)[len(fault_rounds) // 2] if ps_kill else None
+    plan = {r: ("ps" if r == ps_round else rng.choice(c.cfg.sites)) for r in fault_rounds}
+    t0 = time.time()
+    done: list[tuple[int, str, float]] = []
+    try:
+        c.start()
+        for r in sorted(plan):
+            c.wait_event("round_start", round=r, timeout=300)
+            time.sleep(rng.uniform(0.0, 1.5))            # somewhere in training, push or aggregation
+            who = plan[r]
+            if who == "ps":
+                killed = c.kill(c.ps)
+                c.start_ps()
+            else:
+                killed = c.kill(c.sites[who])
+                time.sleep(rng.uniform(0.5, 2.0))
+                c.start_site(who)
+            done.append((r, who, killed))
+            log(f"  round {r}: killed {who}")
+        events = c.finish(timeout=600)
+    finally:
+        c.close()
+    check_run(events, rounds)
+    end = rows(events, "run_end")[-1]
+    restarts = rows(events, "restart")
+    return {"val_loss": end["val_loss"], "wall_s": time.time() - t0, "faults": [(r, w) for r, w, _ in done],
+            "ps_restarts": len(restarts),
+            "partial_rounds": sum(1 for e in rows(events, "round_end") if len(e["sites"]) < len(c.cfg.sites)),
+            "late_deltas": len(rows(events, "late_delta"))}
+
+
+def soak(rounds: int, site_kills: int, seed: int = 0, root: Path | None = None, log=print) -> dict:
+    root = Path(root or tempfile.mkdtemp(prefix="wantrain-soak-"))
+    (root / "clean").mkdir(parents=True, exist_ok=True)
+    (root / "faulty").mkdir(parents=True, exist_ok=True)
+    log(f"fault-free run, {rounds} rounds")
+    clean = run_once(root / "clean", rounds, 0, False, seed, log)
+    log(f"faulty run, {rounds} rounds, {site_kills} site kills and one PS kill")
+    faulty = run_once(root / "faulty", rounds, site_kills, True, seed, log)
+    gap = abs(faulty["val_loss"] - clean["val_loss"]) / clean["val_loss"]
+    return {"rounds": rounds, "clean": clean, "faulty": faulty, "relative_gap": gap, "folder": str(root)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--site-kills", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the figures here as JSON")
+    a = p.parse_args(argv)
+    result = soak(a.rounds, a.site_kills, a.seed)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+    ok = result["relative_gap"] <= 0.02
+    print(f"final validation loss: fault-free {result['clean']['val_loss']:.4f}, with faults "
+          f"{result['faulty']['val_loss']:.4f} ({100 * result['relative_gap']:.2f} % apart; limit 2 %): "
+          f"{'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
