@@ -34,7 +34,7 @@ def client(address: str, name: str, rounds: int, results: "mp.Queue") -> None:
 
     from wantrain import wire
     from wantrain.codec import Codec, encode_arrays
-    from wantrain.messages import (DELTA, HashReport, Join, RoundMetrics, RoundResult, RoundStart,
+    from wantrain.messages import (DELTA, MODEL, HashReport, Join, Ready, RoundMetrics, RoundResult, RoundStart,
                                    TensorChunk, Welcome)
     from wantrain.models import build_model
     from wantrain.replica import named_params
@@ -46,8 +46,15 @@ def client(address: str, name: str, rounds: int, results: "mp.Queue") -> None:
             await call.write(wire.site_message(Join(name)))
             chunks = None
             stats = []
+            model_left = 0
             while True:
                 msg = wire.server_message_from_proto(await call.read())
+                if isinstance(msg, TensorChunk) and msg.kind == MODEL:
+                    model_left -= 1
+                    if model_left == 0:          # the model is "loaded": count this site for rounds
+                        await call.write(wire.site_message(Ready(welcome.round, welcome.model_hash)))
+                if isinstance(msg, Welcome):
+                    welcome, model_left = msg, msg.model_chunks
                 if isinstance(msg, Welcome) and chunks is None:
                     cfg = msg.config
                     model = build_model(cfg.model.preset, 256, cfg.model.seed, "meta")

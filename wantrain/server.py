@@ -366,6 +366,7 @@ class ParameterServer:
             raise
         self.data_positions[link.name] = max(self.data_positions.get(link.name, 0), m.data_position)
         up.delta, up.metrics = delta, m
+        up.chunks = {i: None for i in up.chunks}     # the decoded delta is kept, the wire bytes need not be
         fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
         late = self.late.get(link.name) is up
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
@@ -490,11 +491,13 @@ class ParameterServer:
         for s, up in stale.items():            # keyed apart: a site may have a fresh delta too
             deltas[f"{s}@{up.round}"] = up.delta
             weights[f"{s}@{up.round}"] = stale_weight(up.metrics.tokens, self.round - up.round, t.staleness_discount)
-        avg = weighted_average(deltas, weights)
-        update = self.outer.update(avg)
         stats = EncodeStats()
-        chunks, decoded = encode_arrays(update, self.codec, self.feedback, stats)
-        apply_update(self.model, decoded)
+        chunks = []
+        for name in self.shapes:     # one tensor at a time: temporaries of one tensor, not of the model
+            avg = weighted_average({k: {name: d[name]} for k, d in deltas.items()}, weights)
+            tensor_chunks, decoded = encode_arrays(self.outer.update(avg), self.codec, self.feedback, stats)
+            apply_update(self.model, decoded)
+            chunks.extend(tensor_chunks)
         h = param_hash(self.model)
         val = self.evaluate()
         msgs = [TensorChunk(UPDATE, self.round, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from . import wire
-from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, join_chunks
+from .codec import Codec, EncodeStats, ErrorFeedback, check_coverage, check_fits, encode_arrays, join_chunks
 from .config import RunConfig
 from .data import BatchSampler, load_run_data
 from .errors import CodecError, ConnectionLostError, ProtocolError, RejectedError, ReplicaMismatchError
@@ -188,7 +188,7 @@ class Site:
         """Handle what the PS sends until the run is finished or the stream breaks."""
         await call.write(wire.site_message(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
                                                 device=str(self.device), token=self.opts.token)))
-        model_parts: list[TensorChunk] = []
+        model_specs: list = []           # model chunks placed so far (each straight into the model)
         update_parts: list[TensorChunk] = []
         expected_model = 0
         while not self.finished:
@@ -200,14 +200,15 @@ class Site:
                 raise RejectedError(msg.code, msg.message)
             if isinstance(msg, Welcome):
                 await asyncio.to_thread(self._on_welcome, msg)
-                expected_model, model_parts = msg.model_chunks, []
+                expected_model, model_specs = msg.model_chunks, []
             elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
-                model_parts.append(msg)
-                if len(model_parts) == 1:
+                self._place_model_chunk(msg)      # memory: one chunk, never a second copy of the model
+                model_specs.append(msg.spec)
+                if len(model_specs) == 1:
                     await self._stall("download", self.round)
-                if len(model_parts) == expected_model:
-                    await asyncio.to_thread(self._load_model, model_parts)
-                    model_parts = []
+                if len(model_specs) == expected_model:
+                    await asyncio.to_thread(self._finish_model, model_specs)
+                    model_specs = []
                     await call.write(wire.site_message(Ready(self.round, self.hash)))
                     if self.round >= self.cfg.train.rounds:   # joined as the run ended: the final model
                         self.finished = True
@@ -239,7 +240,8 @@ class Site:
         if first:
             tok, corpus = load_run_data(w.config.data)
             self.model = build_model(w.config.model.preset, tok.vocab_size, w.config.model.seed, self.device)
-            self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}
+            self.params = named_params(self.model)
+            self.sizes = {k: p.numel() for k, p in self.params.items()}
             shard = corpus.shard(w.site_index, w.config.num_sites, w.config.data.sharding)
             t = w.config.train
             self.sampler = BatchSampler(shard, t.batch_size, w.config.model.block_size, t.seed + 1000 * w.site_index)
@@ -262,8 +264,21 @@ class Site:
         except CodecError as e:
             raise ProtocolError(f"from the PS: {e}") from None
 
-    def _load_model(self, parts: list[TensorChunk]) -> None:
-        load_flat(self.model, self._join(parts))
+    def _place_model_chunk(self, c: TensorChunk) -> None:
+        (values,) = Codec.decode_many([c.data])
+        try:
+            check_fits(c.spec, values, self.sizes)
+        except CodecError as e:
+            raise ProtocolError(f"model chunk from the PS: {e}") from None
+        p = self.params[c.spec.tensor]
+        with torch.no_grad():
+            p.view(-1)[c.spec.offset: c.spec.offset + c.spec.length].copy_(torch.from_numpy(values))
+
+    def _finish_model(self, specs: list) -> None:
+        try:
+            check_coverage(specs, self.sizes)
+        except CodecError as e:
+            raise ProtocolError(f"model download from the PS: {e}") from None
         self.hash = param_hash(self.model)
         if self.hash != self._expected_hash:
             raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self._expected_hash}")

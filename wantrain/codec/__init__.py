@@ -5,10 +5,10 @@ Stage 2 (huffman.py): canonical length-limited Huffman over the int8 symbols.
 codec.py ties them to a CodecConfig; chunks.py cuts tensors into wire-sized pieces.
 """
 
-from .chunks import ChunkSpec, join_chunks, plan_chunks
+from .chunks import ChunkSpec, check_coverage, check_fits, join_chunks, plan_chunks
 from .codec import Codec, Encoded, EncodeStats, encode_arrays
 from .feedback import ErrorFeedback
 from .quantize import dequantize_int8, quantize_int8
 
-__all__ = ["ChunkSpec", "join_chunks", "plan_chunks", "Codec", "Encoded", "EncodeStats", "encode_arrays", "ErrorFeedback",
+__all__ = ["ChunkSpec", "check_coverage", "check_fits", "join_chunks", "plan_chunks", "Codec", "Encoded", "EncodeStats", "encode_arrays", "ErrorFeedback",
            "dequantize_int8", "quantize_int8"]

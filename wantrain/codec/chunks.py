@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import CodecError
 
-__all__ = ["ChunkSpec", "plan_chunks", "join_chunks"]
+__all__ = ["ChunkSpec", "plan_chunks", "join_chunks", "check_fits", "check_coverage"]
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,25 @@ def join_chunks(specs: list[ChunkSpec], values: list[np.ndarray], sizes: dict[st
     otherwise CodecError names the first tensor that is not.
     """
     out = {k: np.empty(n, np.float32) for k, n in sizes.items()}
-    spans: dict[str, list[tuple[int, int]]] = {k: [] for k in sizes}
     for spec, v in zip(specs, values):
-        n = sizes.get(spec.tensor)
-        if n is None or spec.offset + spec.length > n or v.size != spec.length:
-            raise CodecError(f"chunk [{spec.offset}, {spec.offset + spec.length}) does not fit tensor {spec.tensor!r}")
+        check_fits(spec, v, sizes)
         out[spec.tensor][spec.offset: spec.offset + spec.length] = v
+    check_coverage(specs, sizes)
+    return out
+
+
+def check_fits(spec: ChunkSpec, values: np.ndarray, sizes: dict[str, int]) -> None:
+    n = sizes.get(spec.tensor)
+    if n is None or spec.offset + spec.length > n or values.size != spec.length:
+        raise CodecError(f"chunk [{spec.offset}, {spec.offset + spec.length}) does not fit tensor {spec.tensor!r}")
+
+
+def check_coverage(specs: list[ChunkSpec], sizes: dict[str, int]) -> None:
+    """Every tensor of `sizes` covered exactly once by `specs`; CodecError names the first that is not."""
+    spans: dict[str, list[tuple[int, int]]] = {k: [] for k in sizes}
+    for spec in specs:
+        if spec.tensor not in spans:
+            raise CodecError(f"chunk names unknown tensor {spec.tensor!r}")
         spans[spec.tensor].append((spec.offset, spec.offset + spec.length))
     for name, n in sizes.items():
         end = 0
@@ -55,4 +68,3 @@ def join_chunks(specs: list[ChunkSpec], values: list[np.ndarray], sizes: dict[st
             end = b
         if end != n:
             raise CodecError(f"tensor {name!r} is not covered exactly once (at element {end})")
-    return out
