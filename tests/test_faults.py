@@ -32,17 +32,21 @@ def config(**changes):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("phase", ["train", "push", "download"])
 def test_site_killed_in_each_phase_rejoins(tmp_path, phase):
-    c = Cluster(tmp_path, config())
+    # Enough rounds that the restarted process (3-5 s to start under load) rejoins mid-run.
+    rounds = {"train": 8, "push": 8, "download": 10}[phase]
+    c = Cluster(tmp_path, config(**{"train.rounds": rounds}))
     try:
-        c.start()
+        c.start_ps().wait_for("listening on")
+        c.start_site("a"), c.start_site("c")
+        # b stalls after the first chunk of its round-1 push, or trains normally at first.
+        c.start_site("b", *(("--stall", "push@1=60") if phase == "push" else ()))
         c.wait_event("round_end", round=0)
         if phase == "train":
             c.sites["b"].wait_for("round 1 starts")
             time.sleep(0.3)
-        elif phase == "push":                       # restart b so that it stalls after its first chunk
-            c.kill(c.sites["b"])
-            c.start_site("b", "--stall", "push=60").wait_for("stalling")
-        else:                                       # ... or after the first chunk of its model download
+        elif phase == "push":
+            c.sites["b"].wait_for("stalling")
+        else:                                       # restart b so that it stalls mid-download
             c.kill(c.sites["b"])
             c.start_site("b", "--stall", "download=60").wait_for("stalling")
         killed = c.kill(c.sites["b"])
@@ -50,12 +54,15 @@ def test_site_killed_in_each_phase_rejoins(tmp_path, phase):
         events = c.finish()
     finally:
         c.close()
-    check_run(events, ROUNDS)
+    check_run(events, rounds)
     back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > killed]
     assert back and back[0]["resumed"] and back[0]["data_position"] > 0    # its shard resumes
     trained = [e for e in rows(events, "site_round") if e["site"] == "b" and e["t"] > killed]
     assert trained, "the restarted site never trained again"
-    print(f"\n{phase}: site b trained again {trained[0]['t'] - killed:.1f} s after its kill")
+    e = trained[0]
+    began = e["t"] - e["compute_s"] - e["encode_s"] - e["comm_s"]      # its first inner step after the restart
+    print(f"\n{phase}: site b restarted at once; rejoined {back[0]['t'] - killed:.1f} s, training again "
+          f"{began - killed:.1f} s, first delta in {e['t'] - killed:.1f} s after its kill")
 
 
 @pytest.mark.timeout(300)
