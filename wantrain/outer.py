@@ -39,13 +39,19 @@ class OuterNesterov:
         self.buf: dict[str, np.ndarray] = {}
 
     def update(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out = {}
-        for name, g in grad.items():
-            b = self.buf.get(name)
-            b = g.copy() if b is None else self.momentum * b + g       # b <- m b + g
-            self.buf[name] = b
-            out[name] = -self.lr * (g + self.momentum * b)             # Nesterov look-ahead
-        return out
+        return {name: self.update_part(name, g.size, slice(0, g.size), g) for name, g in grad.items()}
+
+    def update_part(self, name: str, size: int, part: slice, g: np.ndarray) -> np.ndarray:
+        """The update of elements `part` of tensor `name` (of `size` elements) from their gradient.
+
+        The PS steps the model one chunk at a time, so no whole-model temporary exists."""
+        buf = self.buf.get(name)
+        if buf is None:
+            buf = self.buf[name] = np.zeros(size, np.float32)
+        b = buf[part]
+        b *= self.momentum                                           # b <- m b + g, in place
+        b += g
+        return -self.lr * (g + self.momentum * b)                    # Nesterov look-ahead
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.buf.items()}

@@ -31,7 +31,7 @@ import torch
 
 from .auth import Authenticator
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
-from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, join_chunks, plan_chunks
+from .codec import Codec, EncodeStats, ErrorFeedback, Extracted, plan_chunks
 from .config import CodecConfig, RunConfig
 from .data import eval_batches, load_run_data
 from .download import ModelDownload, live_views
@@ -39,8 +39,8 @@ from .errors import CodecError, ConfigError, NonFiniteDeltaError, ProtocolError,
 from .messages import (DELTA, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .models import build_model, count_parameters
-from .outer import OuterNesterov, weighted_average
-from .replica import apply_update, flat_copy, load_flat, named_params, param_hash
+from .outer import OuterNesterov
+from .replica import flat_copy, load_flat, named_params, param_hash
 from .rounds import MAX_STALENESS, RoundClock, stale_weight
 from .telemetry import Recorder
 from .tls import TLSServer
@@ -73,7 +73,7 @@ class _Upload:
     wire_bytes: int = 0
     elements: int = 0
     metrics: RoundMetrics | None = None
-    delta: dict[str, np.ndarray] | None = None   # decoded and checked
+    delta: list[Extracted] | None = None   # checked; int8 symbols + scales: a quarter of fp32
 
 
 class ParameterServer:
@@ -95,7 +95,8 @@ class ParameterServer:
         self.val = eval_batches(corpus.val, cfg.train.batch_size, cfg.model.block_size, cfg.train.eval_batches)
         self.shapes = {k: p.numel() for k, p in named_params(self.model).items()}
         self.num_params = sum(self.shapes.values())
-        self.delta_chunks = len(plan_chunks(self.shapes, cfg.codec.chunk_elements()))
+        self.plan = plan_chunks(self.shapes, cfg.codec.chunk_elements())   # every delta and update
+        self.delta_chunks = len(self.plan)
         self.codec = Codec(cfg.codec)
         self.model_codec = Codec(CodecConfig(mode="fp32", chunk_bytes=cfg.codec.chunk_bytes,
                                              quant_block=cfg.codec.quant_block))
@@ -483,38 +484,57 @@ class ParameterServer:
 
     def _aggregate(self, uploads: dict[str, _Upload], stale: dict[str, _Upload]
                    ) -> tuple[RoundResult, EncodeStats, list[TensorChunk]]:
-        """Decode, average, outer step, encode, apply: runs in a worker thread."""
+        """Average, outer step, encode, apply, one chunk of the plan at a time: runs in a worker thread.
+
+        Working chunk by chunk keeps the PS's memory at the model, the outer momentum, the
+        downlink residual and each site's int8 delta, with no whole-model temporaries. Every
+        element sees the same float32 operations as a whole-tensor computation would."""
         self._stall("aggregate")
         t = self.cfg.train
-        deltas = {s: up.delta for s, up in uploads.items()}
+        parts = {s: up.delta for s, up in uploads.items()}
         weights = {s: float(up.metrics.tokens) for s, up in uploads.items()}
         for s, up in stale.items():            # keyed apart: a site may have a fresh delta too
-            deltas[f"{s}@{up.round}"] = up.delta
+            parts[f"{s}@{up.round}"] = up.delta
             weights[f"{s}@{up.round}"] = stale_weight(up.metrics.tokens, self.round - up.round, t.staleness_discount)
+        keys = sorted(parts)
+        total = sum(weights[k] for k in keys)
+        coef = {k: np.float32(weights[k] / total) for k in keys}
+        params = live_views(self.model)
         stats = EncodeStats()
-        chunks = []
-        for name in self.shapes:     # one tensor at a time: temporaries of one tensor, not of the model
-            avg = weighted_average({k: {name: d[name]} for k, d in deltas.items()}, weights)
-            tensor_chunks, decoded = encode_arrays(self.outer.update(avg), self.codec, self.feedback, stats)
-            apply_update(self.model, decoded)
-            chunks.extend(tensor_chunks)
+        msgs = []
+        for i, spec in enumerate(self.plan):
+            part = slice(spec.offset, spec.offset + spec.length)
+            avg = np.zeros(spec.length, np.float32)
+            for k in keys:                      # sum_k w_k d_k / sum w, sites in name order
+                avg += coef[k] * parts[k][i].values()
+            update = self.outer.update_part(spec.tensor, self.shapes[spec.tensor], part, avg)
+            if self.feedback is not None:
+                update = self.feedback.compensate_part(spec.tensor, part, update)
+            t0 = time.perf_counter()
+            enc, sent = self.codec.encode(update, stats)
+            stats.seconds += time.perf_counter() - t0
+            if self.feedback is not None:
+                self.feedback.record_part(spec.tensor, self.shapes[spec.tensor], part, update, sent)
+            params[spec.tensor][part] += sent   # one float32 add per element, as every site does
+            msgs.append(TensorChunk(UPDATE, self.round, i, len(self.plan), spec, enc))
         h = param_hash(self.model)
         val = self.evaluate()
-        msgs = [TensorChunk(UPDATE, self.round, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]
         return RoundResult(self.round, h, tuple(uploads), val, tuple(stale)), stats, msgs
 
-    def _assemble(self, site: str, up: _Upload) -> dict[str, np.ndarray]:
+    def _assemble(self, site: str, up: _Upload) -> list[Extracted]:
+        """Check a complete delta: the plan's chunks in order, decodable, finite. Keeps it as int8."""
         ordered = [up.chunks[i] for i in range(up.count)]
-        values = Codec.decode_many([c.data for c in ordered])
-        try:
-            out = join_chunks([c.spec for c in ordered], values, self.shapes)
-        except CodecError as e:
-            raise ProtocolError(f"delta from {site}: {e}") from None
-        for k, v in out.items():
-            if not np.all(np.isfinite(v)):
-                raise NonFiniteDeltaError(f"delta from {site} has non-finite values in {k!r}; "
+        for c, spec in zip(ordered, self.plan):
+            if c.spec != spec:
+                raise ProtocolError(f"delta chunk {c.index} from {site} covers {c.spec.tensor!r}"
+                                    f"[{c.spec.offset}:{c.spec.offset + c.spec.length}], the plan says "
+                                    f"{spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
+        parts = Codec.extract_many([c.data for c in ordered])
+        for c, x in zip(ordered, parts):
+            if not np.all(np.isfinite(x.values())):
+                raise NonFiniteDeltaError(f"delta from {site} has non-finite values in {c.spec.tensor!r}; "
                                           f"the site is quarantined for round {up.round}")
-        return out
+        return parts
 
     @torch.no_grad()
     def evaluate(self) -> float:

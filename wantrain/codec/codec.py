@@ -19,7 +19,7 @@ from .chunks import ChunkSpec, plan_chunks
 from .feedback import ErrorFeedback
 from .quantize import dequantize_int8, num_blocks, quantize_int8
 
-__all__ = ["Encoded", "Codec", "EncodeStats", "encode_arrays"]
+__all__ = ["Encoded", "Extracted", "Codec", "EncodeStats", "encode_arrays"]
 
 ENCODINGS = ("fp32", "int8", "int8-huffman")
 
@@ -107,30 +107,58 @@ class Codec:
         return enc, decoded
 
     @staticmethod
-    def decode_many(encs: list[Encoded]) -> list[np.ndarray]:
-        """Decode chunks (any mix of encodings); Huffman chunks are decoded together."""
+    def extract_many(encs: list[Encoded]) -> list["Extracted"]:
+        """Undo the lossless stages only (Huffman): int8 symbols and scales, or fp32 values.
+
+        Any mix of encodings; Huffman chunks are decoded together. An Extracted chunk keeps a
+        quarter of the memory of its float32 values until `values()` dequantizes it."""
         for e in encs:
             e.check()
-        out: list[np.ndarray | None] = [None] * len(encs)
+        out: list[Extracted | None] = [None] * len(encs)
         huff = [i for i, e in enumerate(encs) if e.encoding == "int8-huffman"]
         symbols = huffman.decode_many([encs[i].payload for i in huff])
         for i, sym in zip(huff, symbols):
             if sym.size != encs[i].length:
                 raise CodecError(f"Huffman chunk decodes to {sym.size} symbols, header says {encs[i].length}")
-            out[i] = _dequantize(encs[i], sym.view(np.int8))
+            out[i] = Extracted.int8(encs[i], sym.view(np.int8))
         for i, e in enumerate(encs):
             if e.encoding == "fp32":
-                out[i] = np.frombuffer(e.payload, dtype="<f4").astype(np.float32)
+                out[i] = Extracted(np.frombuffer(e.payload, dtype="<f4").astype(np.float32), None, 0)
             elif e.encoding == "int8":
-                out[i] = _dequantize(e, np.frombuffer(e.payload, dtype=np.int8))
+                out[i] = Extracted.int8(e, np.frombuffer(e.payload, dtype=np.int8))
         return out  # type: ignore[return-value]
 
+    @staticmethod
+    def decode_many(encs: list[Encoded]) -> list[np.ndarray]:
+        """Decode chunks (any mix of encodings) to float32 values."""
+        return [x.values() for x in Codec.extract_many(encs)]
 
-def _dequantize(e: Encoded, q: np.ndarray) -> np.ndarray:
-    scales = np.frombuffer(e.scales, dtype="<f4").astype(np.float32)
-    if not np.all(np.isfinite(scales)):
-        raise CodecError("chunk carries non-finite scales")
-    return dequantize_int8(q, scales, e.quant_block)
+
+@dataclass(frozen=True)
+class Extracted:
+    """A received chunk with its lossless stage undone: int8 symbols + scales, or fp32 values."""
+
+    data: np.ndarray               # int8 symbols, or float32 values when scales is None
+    scales: np.ndarray | None      # float32, one per quantization block
+    block: int
+
+    @staticmethod
+    def int8(e: Encoded, q: np.ndarray) -> "Extracted":
+        scales = np.frombuffer(e.scales, dtype="<f4").astype(np.float32)
+        if not np.all(np.isfinite(scales)):
+            raise CodecError("chunk carries non-finite scales")
+        return Extracted(q, scales, e.quant_block)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + (self.scales.nbytes if self.scales is not None else 0)
+
+    def values(self) -> np.ndarray:
+        """float32 values, exactly what the sender's `Codec.encode` said the receiver decodes."""
+        if self.scales is None:
+            return self.data
+        return dequantize_int8(self.data, self.scales, self.block)
+
 
 
 def encode_arrays(arrays: dict[str, np.ndarray], codec: Codec, feedback: ErrorFeedback | None,

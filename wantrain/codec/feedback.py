@@ -25,6 +25,18 @@ class ErrorFeedback:
         """Remember what `sent` (the decoded value the receiver will see) left out."""
         self.residuals[name] = corrected - sent
 
+    def compensate_part(self, name: str, part: slice, value: np.ndarray) -> np.ndarray:
+        """compensate() for elements `part` of tensor `name`."""
+        residual = self.residuals.get(name)
+        return value.copy() if residual is None else value + residual[part]
+
+    def record_part(self, name: str, size: int, part: slice, corrected: np.ndarray, sent: np.ndarray) -> None:
+        """record() for elements `part` of tensor `name` (of `size` elements)."""
+        residual = self.residuals.get(name)
+        if residual is None:
+            residual = self.residuals[name] = np.zeros(size, np.float32)
+        residual[part] = corrected - sent
+
     def norm(self) -> float:
         return float(np.sqrt(sum(float(np.dot(r, r)) for r in self.residuals.values())))
 
