@@ -135,9 +135,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     load_documents(cfg.data.corpus)
 
     run = Run(cfg, run_dir=args.run_dir, site_threads=1, scenario=scenario, sites=sites)
-    print(f"wantrain demo: {cfg.num_sites} sites x {cfg.train.rounds} rounds x {cfg.train.inner_steps} inner steps, "
+    work = (f"{cfg.train.round_budget_s:g} s of compute" if cfg.train.round_budget_s
+            else f"{cfg.train.inner_steps} inner steps")
+    print(f"wantrain demo: {cfg.num_sites} sites x {cfg.train.rounds} rounds x {work}, "
           f"model {cfg.model.preset}, codec {cfg.codec.mode}, scenario {scenario or 'none (direct loopback)'}, "
-          f"run folder {run.run_dir}")
+          f"TLS with a development CA, run folder {run.run_dir}")
     with run:
         bar = tqdm(total=cfg.train.rounds, unit="round", desc="training", dynamic_ncols=True)
         for ev in run.follow(timeout_s=args.timeout):
@@ -148,6 +150,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 where = (f" from {link['region']} (published RTT {link['rtt_ms']:.0f} ms, speed x{link['speed_factor']:g})"
                          if link else "")
                 bar.write(f"  site {ev['site']} joined{where}")
+            elif ev["kind"] == "deadline":
+                bar.write(f"  round {ev['round']}: deadline ({ev['deadline_s']:.1f} s) passed without "
+                          f"{', '.join(ev['missing'])}; going on with the others ({ev['policy']} late deltas)")
             elif ev["kind"] == "leave":
                 bar.write(f"  site {ev['site']} left: {ev['reason']}")
             elif ev["kind"] == "round_end":

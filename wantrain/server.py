@@ -116,6 +116,7 @@ class ParameterServer:
         self.stale: dict[str, _Upload] = {}   # complete late deltas for the next aggregation
         self.round_started_at = 0.0
         self.past_deadline = False
+        self.round_members: set[str] = set()  # sites a round started with (the last or current one)
         self.last_commit_at = time.time()
         self._timers: list[asyncio.TimerHandle] = []
         self.aggregating = False
@@ -158,6 +159,7 @@ class ParameterServer:
         self.run_id, self.round, self.val_loss = saved["run_id"], int(saved["round"]), float(saved["val_loss"])
         self.hashes = {int(k): v for k, v in saved["hashes"].items()}
         self.registry = dict(saved["registry"])
+        self.round_members = set(self.registry)      # after a restart, give every site time to return
         self.data_positions = {k: int(v) for k, v in saved.get("data_positions", {}).items()}
         self.hash = param_hash(self.model)
         if self.hash != self.hashes.get(self.round):
@@ -287,14 +289,16 @@ class ParameterServer:
             return
         if len(ready) < self.cfg.num_sites:
             # Wait for everyone at the start of a run. Later (a round has been committed), a
-            # missing site must not hold the others up: go on after quorum_wait_s.
+            # missing site must not hold the others up: give a site that was in the last round
+            # (it may be restarting) quorum_wait_s to come back, then go on without it.
             if self.round == 0:
                 return
             wait = self.cfg.train.quorum_wait_s - (time.time() - self.last_commit_at)
-            if wait > 0:
+            if wait > 0 and (set(self.registry) - ready) & self.round_members:
                 self._later(wait + 0.01, self.maybe_start_round)
                 return
         self.in_round = ready
+        self.round_members = set(ready)
         self.uploads = {name: _Upload(self.round) for name in self.in_round}
         self.round_started_at = time.time()
         self.past_deadline = False
