@@ -422,6 +422,8 @@ class ParameterServer:
         ok = expected == h.model_hash
         self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
                            ps_hash=expected)
+        if ok and link.ready and h.round + 1 == self.round:
+            self._admit_to_round(link)    # a rejoined site that caught up with the rounds it missed
         if not ok:
             self.recorder.emit("error", site=link.name, code="replica_mismatch",
                                message=f"site {link.name} has hash {h.model_hash} after round {h.round}, "
