@@ -4,7 +4,7 @@ The faulty run SIGKILLs random sites at random moments (each restarts a second o
 as a supervisor would) and the PS once (restarted from its checkpoint). `make soak` runs the
 full form; tests/test_soak.py a reduced one.
 
-    python -m tests.soak --rounds 30 --site-kills 8 --out soak.json
+    python -m tests.soak --rounds 30 --site-kills 8 --inner-steps 50 --out soak.json
 """
 
 from __future__ import annotations
@@ -23,16 +23,20 @@ from .cluster import Cluster, check_run
 from .helpers import small_config
 
 
-def soak_config(rounds: int):
-    return small_config(sites=["a", "b", "c"], **{"train.rounds": rounds, "train.inner_steps": 20,
-                                                  "train.warmup_steps": 20, "train.quorum_wait_s": 1.0,
+def soak_config(rounds: int, inner_steps: int = 20):
+    # Rounds should outlast a site's restart (a fresh process takes 3-5 s to train again on
+    # this 2-core VM), as WAN rounds of minutes do; the full soak uses 50 inner steps. The
+    # quorum wait is the product's default (5 s): a restarting site gets that long to return.
+    return small_config(sites=["a", "b", "c"], **{"train.rounds": rounds, "train.inner_steps": inner_steps,
+                                                  "train.warmup_steps": 20,
                                                   "train.deadline_min_s": 15.0, "train.deadline_initial_s": 60.0})
 
 
-def run_once(tmp: Path, rounds: int, site_kills: int, ps_kill: bool, seed: int, log=print) -> dict:
+def run_once(tmp: Path, rounds: int, site_kills: int, ps_kill: bool, seed: int, inner_steps: int = 20,
+             log=print) -> dict:
     """One run; faults at rounds drawn from `seed`. Returns its figures."""
     rng = random.Random(seed)
-    c = Cluster(tmp, soak_config(rounds))
+    c = Cluster(tmp, soak_config(rounds, inner_steps))
     # Faults land in rounds 1 .. rounds-2, never two in one round; the PS kill mid-run.
     fault_rounds = rng.sample(range(1, rounds - 1), min(rounds - 2, site_kills + int(ps_kill)))
     ps_round = sorted(fault_rounds)[len(fault_rounds) // 2] if ps_kill else None
@@ -66,16 +70,17 @@ def run_once(tmp: Path, rounds: int, site_kills: int, ps_kill: bool, seed: int, 
             "late_deltas": len(rows(events, "late_delta"))}
 
 
-def soak(rounds: int, site_kills: int, seed: int = 0, root: Path | None = None, log=print) -> dict:
+def soak(rounds: int, site_kills: int, seed: int = 0, root: Path | None = None, inner_steps: int = 20,
+         log=print) -> dict:
     root = Path(root or tempfile.mkdtemp(prefix="wantrain-soak-"))
     (root / "clean").mkdir(parents=True, exist_ok=True)
     (root / "faulty").mkdir(parents=True, exist_ok=True)
     log(f"fault-free run, {rounds} rounds")
-    clean = run_once(root / "clean", rounds, 0, False, seed, log)
+    clean = run_once(root / "clean", rounds, 0, False, seed, inner_steps, log)
     log(f"faulty run, {rounds} rounds, {site_kills} site kills and one PS kill")
-    faulty = run_once(root / "faulty", rounds, site_kills, True, seed, log)
+    faulty = run_once(root / "faulty", rounds, site_kills, True, seed, inner_steps, log)
     gap = abs(faulty["val_loss"] - clean["val_loss"]) / clean["val_loss"]
-    return {"rounds": rounds, "clean": clean, "faulty": faulty, "relative_gap": gap, "folder": str(root)}
+    return {"rounds": rounds, "inner_steps": inner_steps, "clean": clean, "faulty": faulty, "relative_gap": gap, "folder": str(root)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--site-kills", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inner-steps", type=int, default=50)
     p.add_argument("--out", default=None, help="write the figures here as JSON")
     a = p.parse_args(argv)
-    result = soak(a.rounds, a.site_kills, a.seed)
+    result = soak(a.rounds, a.site_kills, a.seed, inner_steps=a.inner_steps)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

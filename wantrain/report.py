@@ -2,7 +2,9 @@
 
 Charts: training loss per site and validation loss of the global model against wall time;
 wire MB per round (each site's uplink, the downlink update) and compression ratio per round,
-with the Huffman stage's own bits per symbol; and a summary table.
+with the Huffman stage's own bits per symbol; links' RTT and throughput with the trace in force;
+a timeline of joins, leaves, deadlines, restarts and outages; and a summary table. The live
+notebook dashboard (wantrain.ui) draws the same figures.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from plotly.subplots import make_subplots
 
 from .telemetry import read_events, rows
 
-__all__ = ["write_report", "summarize", "link_summary", "read_links"]
+__all__ = ["write_report", "summarize", "link_summary", "read_links", "figures", "timeline_figure"]
 
 
 def read_links(run_dir: str | Path) -> list[dict]:
@@ -24,7 +26,13 @@ def read_links(run_dir: str | Path) -> list[dict]:
     p = Path(run_dir) / "links.jsonl"
     if not p.is_file():
         return []
-    return [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+    out = []
+    for ln in p.read_text().splitlines():
+        try:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError:    # a line the emulator is still writing (a live dashboard)
+            break
+    return out
 
 
 def _rtt_samples(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
@@ -171,7 +179,44 @@ def figures(events: list[dict], links: list[dict] | None = None) -> list[go.Figu
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="ratio / bits", secondary_y=True)
     extra = [links_figure(events, links or []), throughput_figure(events, links or [])]
-    return [loss, wire] + [f for f in extra if f is not None]
+    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(events, links)]
+
+
+# Markers of the timeline: event kind -> (label, colour, symbol).
+_MARKERS = {
+    "join": ("join", "green", "triangle-up"), "leave": ("leave", "grey", "triangle-down"),
+    "deadline": ("deadline missed", "orange", "x"), "late_delta": ("late delta", "orange", "circle-open"),
+    "restart": ("PS restart", "red", "star"), "quarantine": ("quarantined", "purple", "square"),
+    "error": ("error", "red", "x-thin"), "outage_start": ("outage", "red", "line-ns"),
+}
+
+
+def timeline_figure(events: list[dict], links: list[dict] | None = None) -> go.Figure:
+    """Joins, leaves, deadlines missed, late deltas, restarts and outages as markers, one row per site."""
+    t0 = events[0]["t"] if events else 0.0
+    marks = [e for e in events if e["kind"] in _MARKERS] + [ln for ln in links or [] if ln["kind"] == "outage_start"]
+    fig = go.Figure()
+    for kind, (label, colour, symbol) in _MARKERS.items():
+        mine = [e for e in marks if e["kind"] == kind]
+        fig.add_trace(go.Scatter(
+            x=[e["t"] - t0 for e in mine], y=[e.get("site") or "PS" for e in mine], mode="markers", name=label,
+            marker=dict(color=colour, symbol=symbol, size=12, line=dict(width=2, color=colour)),
+            text=[_describe(e) for e in mine], hoverinfo="text+x"))
+    fig.update_layout(title="Timeline: joins, leaves, deadlines, restarts, outages", height=300,
+                      xaxis_title="seconds since start", yaxis_type="category")
+    return fig
+
+
+def _describe(e: dict) -> str:
+    if e["kind"] == "deadline":
+        return f"round {e['round']}: deadline passed without {', '.join(e['missing'])}"
+    if e["kind"] == "late_delta":
+        return f"{e['site']}: delta of round {e['round']} {e['action']}"
+    if e["kind"] == "leave":
+        return f"{e['site']} left: {e['reason']}"
+    if e["kind"] == "restart":
+        return f"PS restarted from its checkpoint at round {e['round']}"
+    return f"{e['kind']} {e.get('site', '')}".strip()
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:

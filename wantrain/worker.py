@@ -114,6 +114,7 @@ class Site:
         self.last_decode_s = 0.0
         self.probes: list[tuple[float, float]] = []   # (Unix time, RTT ms) not yet reported
         self.pushed_at: float | None = None           # when the last push ended (idle accounting)
+        self.local_steps = 0                          # inner steps of this process's optimizer
         # Deltas pushed and not yet known to be applied: round -> values as decoded. One the PS
         # drops (late) goes back into the error feedback, so its mass is not lost.
         self.pending: dict[int, dict[str, np.ndarray]] = {}
@@ -287,9 +288,10 @@ class Site:
     def _lr(self, step: int, progress: float) -> float:
         """Linear warm-up over the site's first steps, then cosine over the run's rounds.
 
-        `step` counts this site's inner steps (its data position); `progress` is how far the
-        run is, in rounds (a fraction within the current one), so fixed-step and time-budgeted
-        rounds follow the same curve."""
+        `step` counts the inner steps of this process's optimizer: a restarted site starts with
+        fresh AdamW moments, so it warms up again. `progress` is how far the run is, in rounds
+        (a fraction within the current one), so fixed-step and time-budgeted rounds follow the
+        same curve."""
         t = self.cfg.train
         if step < t.warmup_steps:
             return t.inner_lr * (step + 1) / t.warmup_steps
@@ -312,7 +314,8 @@ class Site:
         while (time.perf_counter() - t0 < train_s) if train_s > 0 else (i < t.inner_steps):
             t_step = time.perf_counter()
             frac = (t_step - t0) / train_s if train_s > 0 else i / t.inner_steps
-            lr = self._lr(self.sampler.batches_drawn, round_ + frac)
+            lr = self._lr(self.local_steps, round_ + frac)
+            self.local_steps += 1
             for g in self.inner_opt.param_groups:
                 g["lr"] = lr
             x, y = self.sampler.next()

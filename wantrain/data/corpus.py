@@ -54,14 +54,16 @@ def _shakespeare() -> list[Document]:
 
 def _markdown_to_text(md: str) -> str:
     """The plays are Markdown: '**NAME**' speaker lines, '_stage directions_', '#' headings."""
-    lines = []
-    for line in md.splitlines():
-        line = line.rstrip()
-        line = re.sub(r"^#+\s*", "", line)
-        line = re.sub(r"^\*\*(.+?)\*\*$", r"\1:", line)
-        line = line.replace("_", "")
-        lines.append(line)
-    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip() + "\n"
+    # Whole-text regexes (one pass each, not one per line: a restarting site waits on this).
+    text = "\n".join(line.rstrip() for line in md.splitlines())
+    text = _HEADING.sub("", text)
+    text = _SPEAKER.sub(r"\1:", text).replace("_", "")
+    return _BLANKS.sub("\n\n", text).strip() + "\n"
+
+
+_HEADING = re.compile(r"^#+[ \t]*", re.MULTILINE)
+_SPEAKER = re.compile(r"^\*\*(.+?)\*\*$", re.MULTILINE)
+_BLANKS = re.compile(r"\n{3,}")
 
 
 @dataclass

@@ -1,0 +1,51 @@
+"""The live dashboard, fed by a real run's Watch stream in a background thread."""
+
+import time
+
+import pytest
+
+from wantrain.run import Run
+from wantrain.ui import Dashboard, thin
+
+from .helpers import small_config
+
+
+def test_thin_keeps_ends_and_caps_points():
+    assert thin(range(10), 20) == list(range(10))
+    t = thin(range(1000), 50)
+    assert len(t) <= 50 and t[0] == 0 and t[-1] == 999 and t == sorted(t)
+
+
+@pytest.mark.timeout(180)
+def test_dashboard_follows_a_run_without_blocking(tmp_path):
+    cfg = small_config(num_sites=2, **{"train.rounds": 3})
+    with Run(cfg, run_dir=tmp_path / "run") as run:
+        live = Dashboard(min_interval_s=0.5)
+        capped = Dashboard(max_points=3, min_interval_s=3600)     # redraws only at the start and the end
+        events = []
+
+        def tee():
+            for ev in run.follow(timeout_s=150):
+                events.append(ev)
+                capped.add(ev)
+                yield ev
+
+        thread = live.follow(tee())
+        assert thread.is_alive()                  # follow() returned at once: the caller is free
+        thread.join(160)
+        assert not thread.is_alive()
+    titles = [w.layout.title.text for w in live.box.children[1:]]
+    assert any(t.startswith("Loss") for t in titles) and any(t.startswith("Timeline") for t in titles)
+    loss = next(w for w in live.box.children[1:] if w.layout.title.text.startswith("Loss"))
+    val = next(tr for tr in loss.data if tr.name.startswith("validation"))
+    assert len(val.y) == 4 and val.y[-1] < val.y[0]             # run_start + 3 rounds, falling
+    timeline = next(w for w in live.box.children[1:] if w.layout.title.text.startswith("Timeline"))
+    joins = next(tr for tr in timeline.data if tr.name == "join")
+    assert sorted(joins.y) == sorted(run.sites)
+    assert "finished: 3 rounds" in live.status.value
+    assert 2 <= live.redraws <= len(events)
+    # Rate cap and thinning: one redraw for the first event, one for run_end.
+    assert capped.redraws == 2 < len(events)
+    assert all(len(tr.x) <= 3 for w in capped.box.children[1:] for tr in w.data if tr.x is not None)
+    static = live.static_figures()                               # for saved notebooks: the real curves
+    assert [f.layout.title.text for f in static] == titles

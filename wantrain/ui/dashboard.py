@@ -1,0 +1,133 @@
+"""A live dashboard: the report's figures as FigureWidgets, fed by telemetry events as they come.
+
+Events arrive from the PS's Watch stream (`Run.follow()`, or any iterable of event dicts), so
+the dashboard looks the same whether the PS runs next to the notebook or far away. Redraws are
+rate-capped (`min_interval_s`) and every trace is thinned to `max_points` (a FigureWidget
+resends whole traces on each change). `follow()` runs in a background thread, so the kernel
+stays free while training runs; `static_figures()` gives plain figures of the final state for
+a saved or rendered notebook (a saved FigureWidget keeps only its starting data).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ..report import figures
+
+__all__ = ["Dashboard", "thin"]
+
+
+def thin(values, max_points: int) -> list:
+    """At most max_points evenly spaced values, always keeping the first and the last."""
+    values = list(values) if values is not None else []
+    if len(values) <= max_points:
+        return values
+    idx = np.unique(np.linspace(0, len(values) - 1, max_points).round().astype(int))
+    return [values[i] for i in idx]
+
+
+class Dashboard:
+    """Live charts of one run: loss, wire and compression, links, timeline."""
+
+    def __init__(self, links: Callable[[], list[dict]] | None = None, max_points: int = 400,
+                 min_interval_s: float = 1.0) -> None:
+        import ipywidgets as widgets   # the notebook extra; imported here so `wantrain` does not need it
+
+        self.links = links or (lambda: [])
+        self.max_points, self.min_interval_s = max_points, min_interval_s
+        self.events: list[dict] = []
+        self.redraws = 0
+        self._last = 0.0
+        self._lock = threading.Lock()
+        self._widgets: dict[str, go.FigureWidget] = {}
+        self.status = widgets.HTML("waiting for the run's first events")
+        self.box = widgets.VBox([self.status])
+        self.thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ feeding
+
+    def add(self, event: dict) -> None:
+        """Take one event; redraw if the last redraw is older than min_interval_s."""
+        with self._lock:
+            self.events.append(event)
+        if time.monotonic() - self._last >= self.min_interval_s or event["kind"] == "run_end":
+            self.redraw()
+
+    def follow(self, source: Iterable[dict]) -> threading.Thread:
+        """Consume `source` (e.g. `run.follow()`) in a background thread; returns the thread."""
+        def pump() -> None:
+            try:
+                for ev in source:
+                    self.add(ev)
+            except Exception as e:        # shown in the panel, never raised into the kernel
+                self.status.value = f"<b>stopped:</b> {type(e).__name__}: {e}"
+            finally:
+                self.redraw()
+
+        self.thread = threading.Thread(target=pump, name="wantrain-dashboard", daemon=True)
+        self.thread.start()
+        return self.thread
+
+    # ------------------------------------------------------------ drawing
+
+    def static_figures(self) -> list[go.Figure]:
+        with self._lock:
+            events = list(self.events)
+        return figures(events, self.links()) if events else []
+
+    def redraw(self) -> None:
+        self._last = time.monotonic()
+        figs = self.static_figures()
+        if not figs:
+            return
+        self.redraws += 1
+        for fig in figs:
+            title = fig.layout.title.text
+            widget = self._widgets.get(title)
+            if widget is None:                    # a chart that has data for the first time
+                self._widgets[title] = go.FigureWidget(self._thinned(fig))
+                continue
+            new = self._thinned(fig)
+            with widget.batch_update():
+                if len(widget.data) != len(new.data):
+                    widget.data = ()
+                    widget.add_traces(list(new.data))
+                else:
+                    for old, tr in zip(widget.data, new.data):
+                        old.x, old.y = tr.x, tr.y
+                        if getattr(tr, "text", None) is not None:
+                            old.text = tr.text
+                widget.layout.shapes = new.layout.shapes
+                widget.layout.annotations = new.layout.annotations
+        order = [self._widgets[f.layout.title.text] for f in figs]
+        if list(self.box.children[1:]) != order:      # the report's order, whatever appeared first
+            self.box.children = (self.status, *order)
+        self.status.value = self._summary()
+
+    def _thinned(self, fig: go.Figure) -> go.Figure:
+        for tr in fig.data:
+            if tr.x is not None and len(tr.x) > self.max_points:
+                keep = thin(range(len(tr.x)), self.max_points)
+                tr.x = [tr.x[i] for i in keep]
+                tr.y = [tr.y[i] for i in keep]
+                if getattr(tr, "text", None) is not None and not isinstance(tr.text, str):
+                    tr.text = [tr.text[i] for i in keep]
+        return fig
+
+    def _summary(self) -> str:
+        ends = [e for e in self.events if e["kind"] == "round_end"]
+        if not ends:
+            return f"{len(self.events)} events, no round committed yet"
+        last = ends[-1]
+        done = any(e["kind"] == "run_end" for e in self.events)
+        return (f"{'finished' if done else 'running'}: {len(ends)} rounds, validation loss "
+                f"{last['val_loss']:.4f}, last round {last['round_s']:.1f} s")
+
+    def _ipython_display_(self) -> None:   # `dashboard` as the last line of a cell shows it
+        from IPython.display import display
+        display(self.box)
