@@ -95,6 +95,9 @@ class Run:
         self._watch_thread: threading.Thread | None = None
         self._channel: grpc.Channel | None = None
         self.events: list[dict] = []
+        self._killed: set[int] = set()        # processes killed on purpose (kill_site, restart_ps)
+        self._restarting = False
+        self._ps_restarts = 0
 
     # ------------------------------------------------------------ processes
 
@@ -113,30 +116,57 @@ class Run:
             from .tls import make_dev_certs
             self.certs = make_dev_certs(self.run_dir / "tls", hosts=(self.host, "localhost"))
             tls_args = ("--tls-cert", str(self.certs.server_cert), "--tls-key", str(self.certs.server_key))
-        port_file = self.run_dir / "ps.port"
-        port_file.unlink(missing_ok=True)
-        self.ps = self.launcher.start(ProcessSpec(
-            "parameter server",
-            (self.python, "-m", "wantrain", "ps", "--config", str(cfg_path), "--run-dir", str(self.run_dir),
-             "--host", self.host, "--port", "0", "--port-file", str(port_file),
-             "--shared-secret-file", str(self.secret_file), *tls_args),
-            env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / "ps.log"))
+        self._ps_args = ("--config", str(cfg_path), "--run-dir", str(self.run_dir), "--host", self.host,
+                         "--shared-secret-file", str(self.secret_file), *tls_args)
         deadline = time.time() + timeout_s
-        while not port_file.exists():
-            if self.ps.poll() is not None:
-                raise ProcessError(f"the parameter server exited with code {self.ps.poll()} before listening:\n"
-                                   f"{self.ps.log_tail()}")
-            if time.time() > deadline:
-                self.stop()
-                raise ProcessError(f"the parameter server did not start listening within {timeout_s:.0f} s")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
+        self._start_ps(0, "ps.log", deadline)
         if self.scenario is not None:
             self._start_links(deadline)
         for name in self.sites:
             self.start_site(name)
         self._start_watch()
         return self
+
+    def _start_ps(self, port: int, log_name: str, deadline: float) -> None:
+        """Start the PS (port 0: any free port) and wait until it listens; sets self.port."""
+        port_file = self.run_dir / "ps.port"
+        port_file.unlink(missing_ok=True)
+        self.ps = self.launcher.start(ProcessSpec(
+            "parameter server",
+            (self.python, "-m", "wantrain", "ps", *self._ps_args, "--port", str(port), "--port-file", str(port_file)),
+            env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / log_name))
+        while not port_file.exists():
+            if self.ps.poll() is not None:
+                raise ProcessError(f"the parameter server exited with code {self.ps.poll()} before listening:\n"
+                                   f"{self.ps.log_tail()}")
+            if time.time() > deadline:
+                self.stop()
+                raise ProcessError("the parameter server did not start listening in time")
+            time.sleep(0.05)
+        self.port = int(port_file.read_text())
+
+    # ------------------------------------------------------------ faults, on purpose
+
+    def kill_site(self, name: str) -> None:
+        """SIGKILL a site's process, as a crash would; `start_site(name)` brings it back."""
+        p = self.workers[name]
+        self._killed.add(id(p))
+        p.kill()
+        p.wait(10)
+
+    def restart_ps(self, timeout_s: float = 120.0) -> None:
+        """SIGKILL the PS and start it again on the same port: it resumes from its checkpoint
+        and the sites reconnect by themselves."""
+        self._restarting = True
+        try:
+            old = self.ps
+            self._killed.add(id(old))
+            old.kill()
+            old.wait(10)
+            self._ps_restarts += 1
+            self._start_ps(self.port, f"ps-restart-{self._ps_restarts}.log", time.time() + timeout_s)
+        finally:
+            self._restarting = False
 
     def _start_links(self, deadline: float) -> None:
         plan_file = self.run_dir / "links.json"
@@ -196,26 +226,35 @@ class Run:
 
     # ------------------------------------------------------------ telemetry
 
-    def _start_watch(self) -> None:
+    def _open_channel(self) -> grpc.Channel:
         options = [("grpc.max_receive_message_length", 16 << 20)]
         if self.certs is not None:
-            self._channel = grpc.secure_channel(self.address, self.certs.client().credentials(), options=options)
-        else:
-            self._channel = grpc.insecure_channel(self.address, options=options)
-        stub = wire.pb_grpc.ParameterServerStub(self._channel)
+            return grpc.secure_channel(self.address, self.certs.client().credentials(), options=options)
+        return grpc.insecure_channel(self.address, options=options)
+
+    def _start_watch(self) -> None:
+        self._channel = self._open_channel()
 
         def pump() -> None:
             seq = 0
             while True:
+                channel = self._channel
+                if channel is None:
+                    break
                 try:
-                    for ev in stub.Watch(wire.pb.WatchRequest(from_seq=seq)):
+                    for ev in wire.pb_grpc.ParameterServerStub(channel).Watch(wire.pb.WatchRequest(from_seq=seq)):
                         self._events.put(json.loads(ev.json))
                         seq = ev.seq + 1
                 except grpc.RpcError:
-                    pass
-                except ValueError:   # channel closed
+                    # A PS that went away (restart_ps): a fresh channel reconnects at once, where the
+                    # old one would wait out gRPC's growing reconnect backoff.
+                    if self._channel is channel and (self._restarting or self.ps.poll() is None):
+                        self._channel = self._open_channel()
+                        channel.close()
+                except ValueError:   # channel closed by stop()
                     break
-                if self._channel is None or (self.ps is not None and self.ps.poll() is not None):
+                if self._channel is None or (self.ps is not None and self.ps.poll() is not None
+                                             and not self._restarting and id(self.ps) not in self._killed):
                     break
                 time.sleep(0.2)
             self._events.put(None)
@@ -246,7 +285,7 @@ class Run:
     def _check_processes(self, final: bool = False) -> None:
         for p in self.processes():
             code = p.poll()
-            if code not in (None, 0):
+            if code not in (None, 0) and id(p) not in self._killed:
                 raise ProcessError(f"{p.name} exited with code {code}:\n{p.log_tail()}")
 
     def wait_exit(self, timeout_s: float = 60.0) -> dict[str, int | None]:
