@@ -402,8 +402,6 @@ class ParameterServer:
         delta happened to complete the round (if that site's connection drops, its stream's
         tasks are cancelled, and the round with them)."""
         if self.aggregating or not self.in_round:
-            if not self.in_round and not self.aggregating and self.uploads == {}:
-                self.maybe_start_round()
             return
         arrived = {s for s in self.in_round if self.uploads[s].metrics is not None}
         if arrived == self.in_round or (self.past_deadline and arrived):
@@ -537,7 +535,7 @@ class ParameterServer:
                                     f"{spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
         parts = Codec.extract_many([c.data for c in ordered])
         for c, x in zip(ordered, parts):
-            if not np.all(np.isfinite(x.values())):
+            if not x.finite():
                 raise NonFiniteDeltaError(f"delta from {site} has non-finite values in {c.spec.tensor!r}; "
                                           f"the site is quarantined for round {up.round}")
         return parts

@@ -17,7 +17,7 @@ from ..errors import CodecError
 from . import huffman
 from .chunks import ChunkSpec, plan_chunks
 from .feedback import ErrorFeedback
-from .quantize import dequantize_int8, num_blocks, quantize_int8
+from .quantize import QMAX, dequantize_int8, num_blocks, quantize_int8
 
 __all__ = ["Encoded", "Extracted", "Codec", "EncodeStats", "encode_arrays"]
 
@@ -152,6 +152,13 @@ class Extracted:
     @property
     def nbytes(self) -> int:
         return self.data.nbytes + (self.scales.nbytes if self.scales is not None else 0)
+
+    def finite(self) -> bool:
+        """Would values() be all finite? Without dequantizing: |q| <= 127, so q * scale is finite
+        exactly when 127 * scale is (the same float32 multiply)."""
+        if self.scales is None:
+            return bool(np.all(np.isfinite(self.data)))
+        return bool(np.all(np.isfinite(np.float32(QMAX) * self.scales)))
 
     def values(self) -> np.ndarray:
         """float32 values, exactly what the sender's `Codec.encode` said the receiver decodes."""
