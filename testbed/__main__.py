@@ -20,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ln.add_argument("--target", required=True, help="HOST:PORT of the parameter server")
     ln.add_argument("--plan-file", required=True, help="written once every proxy listens")
     ln.add_argument("--log", default=None, help="JSONL file of link telemetry")
+    ln.add_argument("--control", default=None, help="file of JSON commands, one per line (outage now)")
     sub.add_parser("cleanup", help="remove namespaces, links and nftables tables left by a killed kernel backend")
     args = p.parse_args(argv)
     try:

@@ -41,7 +41,7 @@ class LinkHandle:
     _follower: asyncio.Task | None = None
 
     def state(self, t: float) -> LinkState:
-        return self.up.at(t)
+        return self.proxy.state(self.up, t)
 
     async def close(self) -> None:
         if self._follower:
@@ -101,7 +101,7 @@ class KernelBackend:
         t0 = h.proxy.t0
         current = None
         while True:
-            st = h.up.at(loop.time() - t0)
+            st = h.state(loop.time() - t0)
             want = (st.bandwidth_mbps if not st.down else h.kernel.rate_mbps, st.loss,
                     h.kernel.delay_ms if h.kernel.needs_proxy_delay else st.delay_ms, st.down)
             if want != current:

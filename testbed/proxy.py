@@ -23,7 +23,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .trace import Trace
+from .trace import LinkState, Trace
 
 __all__ = ["LinkProxy", "LinkStats", "mathis_rate_bps"]
 
@@ -50,9 +50,10 @@ class LinkStats:
 
 
 class _Pipe:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trace: Trace, t0: float,
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state, t0: float,
                  stats: LinkStats, up: bool) -> None:
-        self.reader, self.writer, self.trace, self.t0, self.stats, self.up = reader, writer, trace, t0, stats, up
+        # state(t) -> LinkState: the trace in force t seconds after the link started (plus forced outages)
+        self.reader, self.writer, self.state, self.t0, self.stats, self.up = reader, writer, state, t0, stats, up
         self.queue: collections.deque = collections.deque()
         self.queued = 0
         self.last_release = 0.0
@@ -68,7 +69,7 @@ class _Pipe:
                 if not data:
                     break
                 now = loop.time()
-                st = self.trace.at(now - self.t0)
+                st = self.state(now - self.t0)
                 release = max(now + st.delay_ms / 1000.0, self.last_release)   # FIFO: no reordering
                 self.last_release = release
                 self.queue.append((release, data))
@@ -100,11 +101,11 @@ class _Pipe:
             view = memoryview(data)
             while view:
                 now = loop.time()
-                st = self.trace.at(now - self.t0)
+                st = self.state(now - self.t0)
                 if st.down:   # outage: hold everything until the link is back
                     self.stats.outage_starts.append(time.time())
                     t_stall = now
-                    while self.trace.at(loop.time() - self.t0).down:
+                    while self.state(loop.time() - self.t0).down:
                         await asyncio.sleep(0.005)
                     self.stats.stalled_s += loop.time() - t_stall
                     tokens, last = 0.0, loop.time()
@@ -145,6 +146,21 @@ class LinkProxy:
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task] = set()
+        self._forced_down: tuple[float, float] | None = None   # (from, until) in link seconds
+
+    def state(self, trace: Trace, t: float) -> LinkState:
+        """The state of one direction at link time t: the trace's, unless an outage was forced."""
+        st = trace.at(t)
+        if self._forced_down is not None and self._forced_down[0] <= t < self._forced_down[1]:
+            return LinkState(st.delay_ms, 0.0, st.loss)
+        return st
+
+    def force_outage(self, duration_s: float) -> None:
+        """Take the link down now for duration_s seconds (both directions), on top of its trace."""
+        if not 0 < duration_s <= 200:
+            raise ValueError(f"an outage lasts (0, 200] s, got {duration_s}")
+        now = self.elapsed()
+        self._forced_down = (now, now + duration_s)
 
     def elapsed(self) -> float:
         return asyncio.get_running_loop().time() - self.t0
@@ -164,8 +180,8 @@ class LinkProxy:
         self.stats.connections += 1
         pair = (c_writer, t_writer)
         self._conns.add(pair)
-        up = _Pipe(c_reader, t_writer, self.up, self.t0, self.stats, True)
-        down = _Pipe(t_reader, c_writer, self.down, self.t0, self.stats, False)
+        up = _Pipe(c_reader, t_writer, lambda t: self.state(self.up, t), self.t0, self.stats, True)
+        down = _Pipe(t_reader, c_writer, lambda t: self.state(self.down, t), self.t0, self.stats, False)
         tasks = [asyncio.create_task(p) for p in (up.pump_in(), up.pump_out(), down.pump_in(), down.pump_out())]
         self._tasks.update(tasks)
         try:

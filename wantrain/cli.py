@@ -150,6 +150,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 where = (f" from {link['region']} (published RTT {link['rtt_ms']:.0f} ms, speed x{link['speed_factor']:g})"
                          if link else "")
                 bar.write(f"  site {ev['site']} joined{where}")
+            elif ev["kind"] == "ready":
+                bar.write(f"  site {ev['site']} has the model of round {ev['round']} "
+                          f"({ev['since_join_s']:.1f} s after joining)")
             elif ev["kind"] == "deadline":
                 bar.write(f"  round {ev['round']}: deadline ({ev['deadline_s']:.1f} s) passed without "
                           f"{', '.join(ev['missing'])}; going on with the others ({ev['policy']} late deltas)")

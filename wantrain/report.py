@@ -18,12 +18,12 @@ from plotly.subplots import make_subplots
 
 from .telemetry import read_events, rows
 
-__all__ = ["write_report", "summarize", "link_summary", "read_links", "figures", "timeline_figure"]
+__all__ = ["write_report", "summarize", "link_summary", "read_links", "read_faults", "figures", "timeline_figure"]
 
 
-def read_links(run_dir: str | Path) -> list[dict]:
+def read_links(run_dir: str | Path, name: str = "links.jsonl") -> list[dict]:
     """The link emulator's log (links.jsonl), if the run had one."""
-    p = Path(run_dir) / "links.jsonl"
+    p = Path(run_dir) / name
     if not p.is_file():
         return []
     out = []
@@ -33,6 +33,11 @@ def read_links(run_dir: str | Path) -> list[dict]:
         except json.JSONDecodeError:    # a line the emulator is still writing (a live dashboard)
             break
     return out
+
+
+def read_faults(run_dir: str | Path) -> list[dict]:
+    """Faults injected on purpose (`Run.kill_site`, `restart_ps`, `outage`): faults.jsonl."""
+    return read_links(run_dir, "faults.jsonl")
 
 
 def _rtt_samples(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
@@ -107,10 +112,12 @@ def links_figure(events: list[dict], links: list[dict]) -> go.Figure | None:
         if trace:
             fig.add_trace(go.Scatter(x=[ln["t"] - t0 for ln in trace], y=[ln["trace_rtt_ms"] for ln in trace],
                                      mode="lines", line=dict(dash="dot", width=1), name=f"trace RTT in force {site}"))
+    # link_rtt events carry a list of probe times in "t"; an outage still on ends "now" for the chart
+    now = max([ln["t"] for ln in links] + [e["t"] for e in events if not isinstance(e["t"], list)])
     for ln in links:
         if ln["kind"] == "outage_start":
             end = next((m["t"] for m in links if m["kind"] == "outage_end" and m["site"] == ln["site"] and m["t"] > ln["t"]),
-                       events[-1]["t"])
+                       now)
             fig.add_vrect(x0=ln["t"] - t0, x1=end - t0, fillcolor="red", opacity=0.12, line_width=0,
                           annotation_text=f"outage {ln['site']}", annotation_position="top left")
     fig.update_layout(title="Links: RTT measured by the sites (Ping) and the trace in force", height=420,
@@ -139,7 +146,7 @@ def throughput_figure(events: list[dict], links: list[dict]) -> go.Figure | None
     return fig
 
 
-def figures(events: list[dict], links: list[dict] | None = None) -> list[go.Figure]:
+def figures(events: list[dict], links: list[dict] | None = None, faults: list[dict] | None = None) -> list[go.Figure]:
     sites = rows(events, "site_round")
     ends = rows(events, "round_end")
     start = rows(events, "run_start")
@@ -179,7 +186,7 @@ def figures(events: list[dict], links: list[dict] | None = None) -> list[go.Figu
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="ratio / bits", secondary_y=True)
     extra = [links_figure(events, links or []), throughput_figure(events, links or [])]
-    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(events, links)]
+    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(events, links, faults)]
 
 
 # Markers of the timeline: event kind -> (label, colour, symbol).
@@ -188,13 +195,16 @@ _MARKERS = {
     "deadline": ("deadline missed", "orange", "x"), "late_delta": ("late delta", "orange", "circle-open"),
     "restart": ("PS restart", "red", "star"), "quarantine": ("quarantined", "purple", "square"),
     "error": ("error", "red", "x-thin"), "outage_start": ("outage", "red", "line-ns"),
+    "fault": ("fault injected", "black", "hexagram"),
 }
 
 
-def timeline_figure(events: list[dict], links: list[dict] | None = None) -> go.Figure:
-    """Joins, leaves, deadlines missed, late deltas, restarts and outages as markers, one row per site."""
+def timeline_figure(events: list[dict], links: list[dict] | None = None, faults: list[dict] | None = None) -> go.Figure:
+    """Joins, leaves, deadlines missed, late deltas, restarts, outages and injected faults as
+    markers, one row per site."""
     t0 = events[0]["t"] if events else 0.0
-    marks = [e for e in events if e["kind"] in _MARKERS] + [ln for ln in links or [] if ln["kind"] == "outage_start"]
+    marks = ([e for e in events if e["kind"] in _MARKERS] + [ln for ln in links or [] if ln["kind"] == "outage_start"]
+             + list(faults or []))
     fig = go.Figure()
     for kind, (label, colour, symbol) in _MARKERS.items():
         mine = [e for e in marks if e["kind"] == kind]
@@ -216,6 +226,10 @@ def _describe(e: dict) -> str:
         return f"{e['site']} left: {e['reason']}"
     if e["kind"] == "restart":
         return f"PS restarted from its checkpoint at round {e['round']}"
+    if e["kind"] == "fault":
+        return f"{e['action']} {e.get('site', '')}".strip() + (f" for {e['seconds']:g} s" if "seconds" in e else "")
+    if e["kind"] == "outage_start" and e.get("forced"):
+        return f"outage {e['site']} (forced now)"
     return f"{e['kind']} {e.get('site', '')}".strip()
 
 
@@ -224,7 +238,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run_dir = Path(run_dir)
     events = read_events(run_dir)
     s = summarize(events)
-    figs = figures(events, read_links(run_dir))
+    figs = figures(events, read_links(run_dir), read_faults(run_dir))
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in s.items())
     page = f"""<!doctype html>

@@ -29,7 +29,7 @@ from .errors import ProcessError
 from .launch import LocalLauncher, ProcessSpec
 from .launch.local import LocalProcess
 
-__all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
+__all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario", "write_scenario"]
 
 SITE_NAMES = ("us-east", "eu-west", "ap-southeast", "us-west", "sa-east", "eu-north", "ap-northeast", "af-south")
 _LIVE_RUNS: "weakref.WeakSet[Run]" = weakref.WeakSet()
@@ -42,6 +42,32 @@ def describe_scenario(scenario: str, python: str = sys.executable) -> dict:
     if r.returncode != 0:
         raise ProcessError(r.stderr.strip() or f"cannot describe scenario {scenario!r}")
     return json.loads(r.stdout)
+
+
+_SCENARIO_SITE_KEYS = ("name", "region", "bandwidth_mbps", "jitter_ms", "loss", "spikes_per_min", "spike_min_ms",
+                       "speed_factor", "trace", "resets", "outages")
+
+
+def write_scenario(plan: dict, path: str | Path) -> Path:
+    """Write a scenario file from a plan (`describe_scenario`'s output, perhaps edited): how the
+    notebook panel hands edited site rows to the link emulator."""
+    def value(v) -> str:
+        if isinstance(v, str):
+            return json.dumps(v)            # a JSON string is a valid TOML basic string
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return repr(float(v)) if isinstance(v, float) else str(v)
+
+    lines = [f"{k} = {value(plan[k])}" for k in ("ps_region", "time_scale", "seed", "backend") if k in plan]
+    lines.insert(0, f"name = {value(plan.get('scenario', 'custom'))}")
+    for site in plan["sites"]:
+        lines += ["", "[[site]]"] + [f"{k} = {value(site[k])}" for k in _SCENARIO_SITE_KEYS
+                                     if site.get(k) is not None and site.get(k) != []]
+    path = Path(path)
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def default_site_names(n: int) -> list[str]:
@@ -70,11 +96,12 @@ class Run:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
                  host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
-                 python: str = sys.executable, scenario: str | None = None, tls: bool = True) -> None:
+                 python: str = sys.executable, scenario: str | Path | None = None, tls: bool = True,
+                 devices: dict[str, str] | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.scenario = scenario
+        self.scenario = str(scenario) if scenario is not None else None
         self.plan: dict | None = None
         self.links = None
         if scenario is not None and sites is None:
@@ -85,6 +112,10 @@ class Run:
         if not cfg.sites:   # name the sites in the config, so each keeps its data shard
             self.cfg = cfg = cfg.replace(sites=list(self.sites))
         self.host, self.site_threads, self.python = host, site_threads, python
+        self.devices = dict(devices or {})   # site -> torch device ("auto" where absent)
+        unknown = set(self.devices) - set(self.sites)
+        if unknown:
+            raise ValueError(f"devices given for sites not in the run: {sorted(unknown)}")
         self.tls = tls            # a development CA per run: sites verify the PS, traffic is encrypted
         self.certs = None
         self.launcher = launcher or LocalLauncher()
@@ -96,6 +127,7 @@ class Run:
         self._channel: grpc.Channel | None = None
         self.events: list[dict] = []
         self._killed: set[int] = set()        # processes killed on purpose (kill_site, restart_ps)
+        self.faults: list[dict] = []          # faults injected on purpose, also in faults.jsonl
         self._restarting = False
         self._ps_restarts = 0
 
@@ -147,12 +179,33 @@ class Run:
 
     # ------------------------------------------------------------ faults, on purpose
 
+    def _fault(self, action: str, site: str | None = None, **extra) -> None:
+        row = {"kind": "fault", "t": time.time(), "action": action, **({"site": site} if site else {}), **extra}
+        self.faults.append(row)
+        with open(self.run_dir / "faults.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
     def kill_site(self, name: str) -> None:
         """SIGKILL a site's process, as a crash would; `start_site(name)` brings it back."""
+        if name not in self.workers:
+            raise ValueError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
         p = self.workers[name]
         self._killed.add(id(p))
+        self._fault("kill site", name)
         p.kill()
         p.wait(10)
+
+    def outage(self, name: str, seconds: float) -> None:
+        """Take a site's emulated link down now for `seconds` (needs a scenario)."""
+        if self.links is None or self.links.poll() is not None:
+            raise ProcessError("no link emulator is running: outages need a run with a scenario")
+        if name not in self.sites:
+            raise ValueError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
+        if not 0 < seconds <= 200:
+            raise ValueError(f"an outage lasts (0, 200] s, got {seconds}")
+        self._fault("link outage", name, seconds=seconds)
+        with open(self.run_dir / "links.control", "a") as f:
+            f.write(json.dumps({"site": name, "outage_s": seconds}) + "\n")
 
     def restart_ps(self, timeout_s: float = 120.0) -> None:
         """SIGKILL the PS and start it again on the same port: it resumes from its checkpoint
@@ -161,6 +214,7 @@ class Run:
         try:
             old = self.ps
             self._killed.add(id(old))
+            self._fault("restart PS")
             old.kill()
             old.wait(10)
             self._ps_restarts += 1
@@ -174,7 +228,8 @@ class Run:
         self.links = self.launcher.start(ProcessSpec(
             "link emulator",
             (self.python, "-m", "testbed", "links", "--scenario", self.scenario, "--target", self.address,
-             "--plan-file", str(plan_file), "--log", str(self.run_dir / "links.jsonl")),
+             "--plan-file", str(plan_file), "--log", str(self.run_dir / "links.jsonl"),
+             "--control", str(self.run_dir / "links.control")),
             env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / "links.log"))
         while not plan_file.exists():
             if self.links.poll() is not None:
@@ -194,12 +249,14 @@ class Run:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
         argv = (self.python, "-m", "wantrain", "worker", "--ps", self.address, "--site", name,
                 "--threads", str(self.site_threads), "--token-file", str(self.secret_file))
+        device = ("--device", self.devices.get(name, "auto"))
         if self.plan is not None:   # through the site's emulated link (in its namespace, if it has one)
             link = next(s for s in self.plan["sites"] if s["name"] == name)
             argv = (*link["exec_prefix"], self.python, "-m", "wantrain", "worker", "--ps",
                     f"{link['host']}:{link['port']}", "--site", name, "--threads", str(self.site_threads),
                     "--speed-factor", str(link["speed_factor"]), "--link-rtt-ms", str(link["rtt_ms"]),
                     "--link-mbps", str(link["bandwidth_mbps"] or 0), "--token-file", str(self.secret_file))
+        argv = (*argv, *device)
         if self.certs is not None:   # through a link the address differs: check the PS's name instead
             argv = (*argv, "--tls-ca", str(self.certs.ca), "--tls-server-name", "localhost")
         self.workers[name] = self.launcher.start(ProcessSpec(

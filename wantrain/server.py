@@ -61,6 +61,7 @@ class SiteLink:
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     closed: bool = False
     ready: bool = False        # holds a model and can train (it said so after its download)
+    joined_at: float = field(default_factory=time.time)
 
 
 @dataclass
@@ -225,6 +226,7 @@ class ParameterServer:
             raise ProtocolError(f"{link.name!r} says it loaded the model of round {msg.round} with hash "
                                 f"{msg.model_hash}; the PS has {self.hashes.get(msg.round)}")
         link.ready = True
+        self.recorder.emit("ready", site=link.name, round=msg.round, since_join_s=time.time() - link.joined_at)
         if msg.round == self.round:      # else an update is on its way to it, then the next RoundStart
             self._admit_to_round(link)
         self.maybe_start_round()

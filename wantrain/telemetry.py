@@ -7,6 +7,7 @@ fields `v` (schema version), `seq` (0, 1, 2, ...), `kind`, `t` (Unix time) and `
     run_start   run_id, config, num_params
     join        site, site_index, device, resumed (bool)
     leave       site, reason
+    ready       site, round, since_join_s (the site downloaded and loaded the model: it can train)
     round_start round
     site_round  round, site, train_loss, last_train_loss, tokens, steps, raw_bytes, wire_bytes,
                 ratio, huffman_bits_per_symbol, encode_s, decode_s, compute_s (emulated_s of it),
@@ -37,7 +38,7 @@ SCHEMA_VERSION = 1
 EVENT_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
                "checkpoint", "restart", "error", "run_end",
                # rounds that do not wait forever, and faults
-               "deadline", "late_delta", "quarantine", "stall", "downloads_frozen")
+               "deadline", "late_delta", "quarantine", "stall", "downloads_frozen", "ready")
 
 
 def _clean(v: Any) -> Any:

@@ -2,7 +2,9 @@
 
 A process group lets us stop a process together with anything it started; on Linux the child
 also asks the kernel to send it SIGTERM if its parent dies, so no orphan outlives a killed CLI
-or notebook kernel.
+or notebook kernel. The kernel counts the *thread* that forked as the parent, so every fork
+happens on one long-lived spawner thread: a process started from a short-lived thread (a
+notebook button's) would otherwise be sent SIGTERM as soon as that thread finished.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..errors import ProcessError
@@ -21,6 +24,7 @@ from .base import ProcessSpec
 __all__ = ["LocalLauncher", "LocalProcess"]
 
 _PR_SET_PDEATHSIG = 1
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wantrain-spawner")   # lives as long as we do
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -88,9 +92,10 @@ class LocalLauncher:
         log_file = open(spec.log_path, "ab", buffering=0) if spec.log_path else None
         env = {**os.environ, **spec.env}
         try:
-            popen = subprocess.Popen(list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+            popen = _SPAWNER.submit(
+                subprocess.Popen, list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
+                stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=_die_with_parent).result()
         except OSError as e:
             if log_file:
                 log_file.close()

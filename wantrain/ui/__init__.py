@@ -1,8 +1,9 @@
-"""Notebook widgets: a live dashboard of a run (and, to come, its control panel).
+"""Notebook widgets: a control panel that starts, stops and breaks a run, and a live dashboard.
 
 Needs the `notebook` extra (ipywidgets, anywidget): `pip install wantrain[notebook]`.
 """
 
-from .dashboard import Dashboard, thin
+from .dashboard import Dashboard, site_states, thin
+from .panel import ControlPanel
 
-__all__ = ["Dashboard", "thin"]
+__all__ = ["ControlPanel", "Dashboard", "site_states", "thin"]

@@ -10,6 +10,7 @@ a saved or rendered notebook (a saved FigureWidget keeps only its starting data)
 
 from __future__ import annotations
 
+import html
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -19,7 +20,7 @@ import plotly.graph_objects as go
 
 from ..report import figures
 
-__all__ = ["Dashboard", "thin"]
+__all__ = ["Dashboard", "thin", "site_states"]
 
 
 def thin(values, max_points: int) -> list:
@@ -31,14 +32,38 @@ def thin(values, max_points: int) -> list:
     return [values[i] for i in idx]
 
 
+def site_states(events: list[dict]) -> dict[str, str]:
+    """What each site is doing, as the PS's events tell it: downloading, ready, training, left."""
+    states: dict[str, str] = {}
+    for e in events:
+        k, site = e["kind"], e.get("site")
+        if k == "join":
+            states[site] = "downloading the model" + (" (rejoined)" if e.get("resumed") else "")
+        elif k == "ready":
+            states[site] = f"model loaded in {e['since_join_s']:.1f} s"
+        elif k == "round_start":
+            for name, st in states.items():
+                if not st.startswith(("left", "downloading")):
+                    states[name] = f"training round {e['round']}"
+        elif k == "site_round":
+            states[site] = f"sent its delta of round {e['round']} ({e['wire_bytes'] / 1e6:.2f} MB)"
+        elif k == "leave":
+            states[site] = f"left: {e['reason']}"
+        elif k == "run_end":
+            states = {name: "finished" if not st.startswith("left") else st for name, st in states.items()}
+    return states
+
+
 class Dashboard:
-    """Live charts of one run: loss, wire and compression, links, timeline."""
+    """Live charts of one run: loss, wire and compression, links, timeline; rounds progress."""
 
     def __init__(self, links: Callable[[], list[dict]] | None = None, max_points: int = 400,
-                 min_interval_s: float = 1.0) -> None:
+                 min_interval_s: float = 1.0, faults: Callable[[], list[dict]] | None = None,
+                 rounds: int | None = None) -> None:
         import ipywidgets as widgets   # the notebook extra; imported here so `wantrain` does not need it
 
         self.links = links or (lambda: [])
+        self.faults = faults or (lambda: [])
         self.max_points, self.min_interval_s = max_points, min_interval_s
         self.events: list[dict] = []
         self.redraws = 0
@@ -46,8 +71,13 @@ class Dashboard:
         self._lock = threading.Lock()
         self._widgets: dict[str, go.FigureWidget] = {}
         self.status = widgets.HTML("waiting for the run's first events")
-        self.box = widgets.VBox([self.status])
+        self.progress = widgets.IntProgress(value=0, min=0, max=rounds or 1, description="rounds",
+                                            bar_style="info", layout=widgets.Layout(width="60%"))
+        self.progress.layout.display = None if rounds else "none"
+        self.header = widgets.VBox([self.progress, self.status])
+        self.box = widgets.VBox([self.header])
         self.thread: threading.Thread | None = None
+        self.error: str | None = None       # why following stopped early, if it did
 
     # ------------------------------------------------------------ feeding
 
@@ -65,7 +95,7 @@ class Dashboard:
                 for ev in source:
                     self.add(ev)
             except Exception as e:        # shown in the panel, never raised into the kernel
-                self.status.value = f"<b>stopped:</b> {type(e).__name__}: {e}"
+                self.error = f"{type(e).__name__}: {e}"
             finally:
                 self.redraw()
 
@@ -78,12 +108,13 @@ class Dashboard:
     def static_figures(self) -> list[go.Figure]:
         with self._lock:
             events = list(self.events)
-        return figures(events, self.links()) if events else []
+        return figures(events, self.links(), self.faults()) if events else []
 
     def redraw(self) -> None:
         self._last = time.monotonic()
         figs = self.static_figures()
         if not figs:
+            self.status.value = self._summary()
             return
         self.redraws += 1
         for fig in figs:
@@ -106,8 +137,9 @@ class Dashboard:
                 widget.layout.annotations = new.layout.annotations
         order = [self._widgets[f.layout.title.text] for f in figs]
         if list(self.box.children[1:]) != order:      # the report's order, whatever appeared first
-            self.box.children = (self.status, *order)
+            self.box.children = (self.header, *order)
         self.status.value = self._summary()
+        self.progress.value = min(self.progress.max, sum(1 for e in self.events if e["kind"] == "round_end"))
 
     def _thinned(self, fig: go.Figure) -> go.Figure:
         for tr in fig.data:
@@ -120,13 +152,18 @@ class Dashboard:
         return fig
 
     def _summary(self) -> str:
-        ends = [e for e in self.events if e["kind"] == "round_end"]
-        if not ends:
-            return f"{len(self.events)} events, no round committed yet"
-        last = ends[-1]
-        done = any(e["kind"] == "run_end" for e in self.events)
-        return (f"{'finished' if done else 'running'}: {len(ends)} rounds, validation loss "
-                f"{last['val_loss']:.4f}, last round {last['round_s']:.1f} s")
+        with self._lock:
+            events = list(self.events)
+        ends = [e for e in events if e["kind"] == "round_end"]
+        done = any(e["kind"] == "run_end" for e in events)
+        head = (f"{len(events)} events, no round committed yet" if not ends else
+                f"{'finished' if done else 'running'}: {len(ends)} rounds, validation loss "
+                f"{ends[-1]['val_loss']:.4f}, last round {ends[-1]['round_s']:.1f} s")
+        rows = "".join(f"<tr><td><b>{html.escape(site)}</b></td><td>{html.escape(st)}</td></tr>"
+                       for site, st in sorted(site_states(events).items()))
+        if self.error:
+            head = f"stopped: {self.error}"
+        return f"{html.escape(head)}<table>{rows}</table>"
 
     def _ipython_display_(self) -> None:   # `dashboard` as the last line of a cell shows it
         from IPython.display import display

@@ -1,0 +1,95 @@
+"""The control panel with real processes: buttons start a run, kill a site, force an outage."""
+
+import json
+import time
+
+import pytest
+
+from wantrain.errors import ConfigError
+from wantrain.run import describe_scenario, write_scenario
+from wantrain.ui import ControlPanel, site_states
+
+from .helpers import small_config
+
+
+def _wait(cond, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while not cond():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_scenario_round_trips_through_write_scenario(tmp_path):
+    plan = describe_scenario("three-sites")
+    again = describe_scenario(str(write_scenario(plan, tmp_path / "s.toml")))
+    assert {k: v for k, v in again.items() if k != "scenario"} == {k: v for k, v in plan.items() if k != "scenario"}
+
+
+def test_panel_settings_become_the_config_and_bad_ones_name_the_problem(tmp_path):
+    panel = ControlPanel("three-sites", config=small_config(), run_root=tmp_path, rounds=3, inner_steps=7)
+    cfg = panel.config()
+    assert (cfg.train.rounds, cfg.train.inner_steps, cfg.num_sites) == (3, 7, 3)
+    assert cfg.sites == ("us-west", "eu-west", "ap-southeast") or list(cfg.sites) == ["us-west", "eu-west", "ap-southeast"]
+    panel.work.value = "time budget"
+    panel.budget.value = 4.5
+    assert panel.config().train.round_budget_s == 4.5
+    panel.rows[2]["speed"].value = 3.0
+    assert panel.site_plan()["sites"][2]["speed_factor"] == 3.0
+    panel.rows[1]["trace"].value = str(tmp_path / "missing.csv")
+    with pytest.raises(ValueError, match="missing.csv"):
+        panel.start()
+    assert panel.state == "failed" and "missing.csv" in panel.message.value
+    panel.rows[1]["trace"].value = ""
+    panel.rows[1]["name"].value = "us-west"            # two sites with one name
+    with pytest.raises(ConfigError, match="sites"):
+        panel.start()
+    assert panel.run is None and "failed" in panel.message.value
+
+
+def test_site_states_follow_the_events():
+    ev = [{"kind": "join", "site": "a"}, {"kind": "ready", "site": "a", "since_join_s": 1.5},
+          {"kind": "round_start", "round": 0}, {"kind": "join", "site": "b", "resumed": True},
+          {"kind": "leave", "site": "a", "reason": "stream broke"}]
+    assert site_states(ev) == {"a": "left: stream broke", "b": "downloading the model (rejoined)"}
+
+
+@pytest.mark.timeout(240)
+def test_buttons_drive_a_real_run(tmp_path):
+    cfg = small_config(**{"train.inner_steps": 20})
+    panel = ControlPanel("three-sites", config=cfg, run_root=tmp_path, rounds=6, inner_steps=20,
+                         restart_after_s=0.5)
+    assert panel.kill_button.disabled and not panel.start_button.disabled
+    t0 = time.time()
+    panel.start_button.click()
+    assert time.time() - t0 < 1.0                       # the click returns at once: the kernel stays free
+    _wait(lambda: panel.state == "running", 60, "the run to start")
+    assert panel.start_button.disabled and not panel.kill_button.disabled
+    dash = panel.dashboard
+    _wait(lambda: any(e["kind"] == "round_end" for e in dash.events), 90, "a first round")
+
+    panel.fault_site.value = "eu-west"
+    panel.kill_button.click()
+    _wait(lambda: any(e["kind"] == "join" and e["site"] == "eu-west" and e["resumed"] for e in dash.events),
+          60, "eu-west to rejoin")
+    panel.fault_site.value = "us-west"
+    panel.outage_s.value = 1.5
+    panel.outage_button.click()
+    assert panel.wait(180) == "finished", panel.message.value
+
+    run_dir = panel.run.run_dir
+    faults = [json.loads(ln) for ln in (run_dir / "faults.jsonl").read_text().splitlines()]
+    assert [(f["action"], f["site"]) for f in faults] == [("kill site", "eu-west"), ("link outage", "us-west")]
+    links = [json.loads(ln) for ln in (run_dir / "links.jsonl").read_text().splitlines()]
+    forced = [ln for ln in links if ln["kind"] in ("outage_start", "outage_end") and ln["site"] == "us-west"]
+    assert [ln["kind"] for ln in forced] == ["outage_start", "outage_end"] and forced[0]["forced"]
+    assert 1.2 < forced[1]["t"] - forced[0]["t"] < 2.5
+    ends = [e["round"] for e in dash.events if e["kind"] == "round_end"]
+    assert ends == list(range(6))
+    assert any(e["kind"] == "leave" and e["site"] == "eu-west" for e in dash.events)
+    timeline = next(w for w in dash.box.children[1:] if w.layout.title.text.startswith("Timeline"))
+    marks = {tr.name: list(tr.y) for tr in timeline.data}
+    assert marks["fault injected"] == ["eu-west", "us-west"] and "us-west" in marks["outage"]
+    assert dash.progress.value == 6 and "finished" in dash.status.value
+    assert (run_dir / "report.html").is_file() and "report" in panel.message.value
+    assert all(p.poll() is not None for p in panel.run.processes())

@@ -1,0 +1,291 @@
+"""The control panel: configure sites and links, start and stop a run, inject faults, watch it.
+
+One row per site (name, where it runs, device, link, custom trace, speed factor) over a testbed
+scenario, the run's settings (model preset, rounds, inner steps or a time budget, codec), Start
+and Stop, and fault buttons (kill a site, restart the PS, an outage on a link now). It drives
+the same `Run` as `wantrain demo`: the edited rows become a scenario file in the run folder.
+Nothing it does blocks the kernel: starting, following and stopping happen in background
+threads, and the live `Dashboard` below it is fed by the PS's Watch stream.
+
+    panel = ControlPanel("three-sites", rounds=8, inner_steps=30)
+    panel              # shows it; press Start, or:
+    panel.start(); panel.wait()
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..config import RunConfig
+from ..run import Run, describe_scenario, new_run_dir, write_scenario
+from .dashboard import Dashboard
+
+__all__ = ["ControlPanel"]
+
+CODECS = ("int8-huffman", "int8", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ControlPanel:
+    """Widgets over one `Run` at a time; `start()`, `stop()` and the fault methods are what the
+    buttons call, so code and clicks do the same thing."""
+
+    def __init__(self, scenario: str | Path = "three-sites", *, preset: str = "tiny", rounds: int = 8,
+                 inner_steps: int = 30, round_budget_s: float | None = None, codec: str = "int8-huffman",
+                 config: RunConfig | None = None, run_root: str | Path = "runs", site_threads: int = 1,
+                 restart_after_s: float = 2.0, python: str = sys.executable) -> None:
+        import ipywidgets as W
+
+        from ..models import PRESETS
+
+        self.base = config or RunConfig()
+        self.scenario, self.run_root, self.site_threads, self.python = scenario, Path(run_root), site_threads, python
+        self.restart_after_s = restart_after_s
+        self.plan = describe_scenario(str(scenario), python)
+        self.run: Run | None = None
+        self.dashboard: Dashboard | None = None
+        self.state = "idle"          # idle, starting, running, finished, stopped, failed
+        self.error: str | None = None
+        self._thread: threading.Thread | None = None
+        self._restarts: list[threading.Thread] = []
+
+        # ---- one row per site
+        self.rows = []
+        for s in self.plan["sites"]:
+            bw = f"{s['bandwidth_mbps']:g} Mbit/s" if s["bandwidth_mbps"] else "unlimited"
+            row = dict(
+                name=W.Text(s["name"], layout=W.Layout(width="130px")),
+                where=W.Dropdown(options=["this machine"], layout=W.Layout(width="130px"),
+                                 tooltip="remote hosts come with the SSH launcher"),
+                device=W.Dropdown(options=DEVICES, value="auto", layout=W.Layout(width="80px")),
+                link=W.HTML(f"{html.escape(s['region'])}, {s['rtt_ms']:.0f} ms RTT, {bw}",
+                            layout=W.Layout(width="260px")),
+                trace=W.Text(s["trace"] or "", placeholder="scenario trace (or a CSV path)",
+                             layout=W.Layout(width="220px")),
+                speed=W.BoundedFloatText(s["speed_factor"], min=1.0, max=100.0, step=0.25,
+                                         layout=W.Layout(width="80px")),
+            )
+            self.rows.append(row)
+        head = W.HBox([W.HTML(f"<b>{t}</b>", layout=W.Layout(width=w)) for t, w in (
+            ("site", "130px"), ("runs on", "130px"), ("device", "80px"), ("link (scenario)", "260px"),
+            ("link trace", "220px"), ("speed x", "80px"))])
+        site_table = W.VBox([head] + [W.HBox(list(r.values())) for r in self.rows])
+
+        # ---- the run's settings
+        self.preset = W.Dropdown(options=sorted(PRESETS), value=preset, description="model")
+        self.rounds = W.BoundedIntText(rounds, min=1, max=100_000, description="rounds")
+        self.work = W.ToggleButtons(options=["inner steps", "time budget"],
+                                    value="time budget" if round_budget_s else "inner steps")
+        self.inner_steps = W.BoundedIntText(inner_steps, min=1, max=1_000_000, description="steps")
+        self.budget = W.BoundedFloatText(round_budget_s or 10.0, min=0.5, max=86_400.0, description="seconds")
+        self.codec = W.Dropdown(options=CODECS, value=codec, description="codec")
+        self.work.observe(lambda _: self._show_work(), "value")
+        self._show_work()
+
+        # ---- buttons
+        self.start_button = W.Button(description="Start", button_style="success", icon="play")
+        self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.fault_site = W.Dropdown(options=[s["name"] for s in self.plan["sites"]], description="site")
+        self.kill_button = W.Button(description="Kill site", button_style="warning", disabled=True,
+                                    tooltip=f"SIGKILL the site's process; it is started again after {restart_after_s:g} s")
+        self.outage_s = W.BoundedFloatText(5.0, min=0.5, max=200.0, description="outage s")
+        self.outage_button = W.Button(description="Outage now", button_style="warning", disabled=True)
+        self.ps_button = W.Button(description="Restart PS", button_style="warning", disabled=True,
+                                  tooltip="SIGKILL the parameter server; it resumes from its checkpoint")
+        self.start_button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self._background(self.stop))
+        self.kill_button.on_click(lambda _: self._background(self.kill_site, self.fault_site.value))
+        self.outage_button.on_click(lambda _: self._background(self.outage, self.fault_site.value, self.outage_s.value))
+        self.ps_button.on_click(lambda _: self._background(self.restart_ps))
+        self.message = W.HTML("")
+        self.dash_box = W.VBox([])
+        self.box = W.VBox([
+            site_table,
+            W.HBox([self.preset, self.rounds, self.codec]),
+            W.HBox([self.work, self.inner_steps, self.budget]),
+            W.HBox([self.start_button, self.stop_button]),
+            W.HBox([self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button]),
+            self.message, self.dash_box,
+        ])
+        self.box.add_class("wantrain-panel")
+
+    # ------------------------------------------------------------ configuration
+
+    def _show_work(self) -> None:
+        budget = self.work.value == "time budget"
+        self.inner_steps.layout.display = "none" if budget else None
+        self.budget.layout.display = None if budget else "none"
+
+    def config(self) -> RunConfig:
+        """The run's configuration as the widgets say (a wrong value raises ConfigError naming the field)."""
+        names = [r["name"].value.strip() for r in self.rows]
+        changes = {"num_sites": len(names), "sites": names, "model.preset": self.preset.value,
+                   "train.rounds": self.rounds.value, "codec.mode": self.codec.value}
+        if self.work.value == "time budget":
+            changes["train.round_budget_s"] = float(self.budget.value)
+        else:
+            changes["train.inner_steps"] = self.inner_steps.value
+            changes["train.round_budget_s"] = 0.0
+        return self.base.replace(**changes)
+
+    def site_plan(self) -> dict:
+        """The scenario with the rows' edits (names, traces, speed factors) applied."""
+        plan = {k: v for k, v in self.plan.items() if k != "sites"}
+        plan["scenario"] = f"{self.plan['scenario']} (edited)"
+        plan["sites"] = []
+        for s, r in zip(self.plan["sites"], self.rows):
+            trace = r["trace"].value.strip() or None
+            if trace and not Path(trace).is_file():
+                raise ValueError(f"site {r['name'].value}: trace file {trace!r} does not exist")
+            plan["sites"].append({**s, "name": r["name"].value.strip(), "speed_factor": float(r["speed"].value),
+                                  "trace": str(Path(trace).resolve()) if trace else None})
+        return plan
+
+    # ------------------------------------------------------------ actions (what the buttons call)
+
+    def start(self) -> Run:
+        """Start a run with the panel's settings; returns at once, the run goes on in the background."""
+        if self.state in ("starting", "running"):
+            raise RuntimeError("a run is already going; stop it first")
+        self.error = None
+        try:
+            cfg = self.config()
+            run_dir = new_run_dir(self.run_root)
+            scenario = write_scenario(self.site_plan(), run_dir / "scenario.toml")
+            devices = {r["name"].value.strip(): r["device"].value for r in self.rows}
+            self.run = run = Run(cfg, run_dir=run_dir, scenario=scenario, site_threads=self.site_threads,
+                                 python=self.python, devices=devices)
+        except Exception as e:          # a bad setting: say which, start nothing
+            self._fail(e)
+            raise
+        self.dashboard = Dashboard(links=lambda: _read_links(run.run_dir), faults=lambda: list(run.faults),
+                                   rounds=cfg.train.rounds)
+        self.dash_box.children = (self.dashboard.box,)
+        self._set_state("starting")
+        self._say(f"starting: PS, link emulator and {cfg.num_sites} sites; run folder {run.run_dir}")
+        self._thread = threading.Thread(target=self._drive, args=(run,), name="wantrain-panel", daemon=True)
+        self._thread.start()
+        return run
+
+    def _drive(self, run: Run) -> None:
+        try:
+            run.start()
+            self._set_state("running")
+            self._say(f"running: PS on {run.address}, run folder {run.run_dir}")
+            self.dashboard.follow(run.follow()).join()
+            if self.state == "stopped":
+                return
+            if not any(e["kind"] == "run_end" for e in self.dashboard.events):
+                raise RuntimeError(self.dashboard.error or "the PS's event stream ended before the run did")
+            run.wait_exit(30)
+            self._set_state("finished")
+            from ..report import write_report
+            self._say(f"finished; report: {write_report(run.run_dir)}")
+        except Exception as e:
+            if self.state != "stopped":
+                self._fail(e)
+        finally:
+            run.stop()          # whatever happened; the link emulator runs until stopped
+
+    def stop(self) -> None:
+        """Stop every process of the run (the run folder keeps what happened)."""
+        if self.run is None:
+            return
+        self._set_state("stopped")
+        self.run.stop()
+        self._say(f"stopped; run folder {self.run.run_dir}")
+
+    def wait(self, timeout_s: float = 1800.0) -> str:
+        """Block until the run ends (for scripts and tests; a notebook need not call it)."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the run did not end within {timeout_s:.0f} s")
+        for t in list(self._restarts):
+            t.join(timeout_s)
+        if self.state == "failed":
+            raise RuntimeError(self.error)
+        return self.state
+
+    def kill_site(self, name: str, restart_after_s: float | None = None) -> None:
+        """SIGKILL a site, as a crash would, then start it again after `restart_after_s` (it rejoins)."""
+        run = self._running()
+        run.kill_site(name)
+        self._say(f"killed site {name}; restarting it in {self.restart_after_s:g} s")
+        self._redraw()
+        delay = self.restart_after_s if restart_after_s is None else restart_after_s
+
+        def later() -> None:
+            time.sleep(delay)
+            if self.state == "running" and self.run is run:
+                try:
+                    run.start_site(name)
+                    self._say(f"site {name} started again")
+                except Exception as e:          # e.g. the run ended meanwhile
+                    self._say(f"site {name} not restarted: {e}")
+        t = threading.Thread(target=later, daemon=True)
+        self._restarts.append(t)
+        t.start()
+
+    def restart_ps(self) -> None:
+        """SIGKILL the PS; it comes back on the same port from its checkpoint, the sites reconnect."""
+        run = self._running()
+        self._say("restarting the parameter server")
+        run.restart_ps()
+        self._say("the parameter server is back (from its checkpoint)")
+        self._redraw()
+
+    def outage(self, name: str, seconds: float) -> None:
+        """Take a site's emulated link down now."""
+        self._running().outage(name, seconds)
+        self._say(f"link of {name} down for {seconds:g} s")
+        self._redraw()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _running(self) -> Run:
+        if self.state != "running" or self.run is None:
+            raise RuntimeError(f"no run is going (state: {self.state})")
+        return self.run
+
+    def _background(self, fn, *args) -> None:
+        """Run a button's action off the kernel's thread; its error goes to the message line."""
+        def go() -> None:
+            try:
+                fn(*args)
+            except Exception as e:
+                self._say(f"<b>{type(e).__name__}</b>: {html.escape(str(e))}", raw=True)
+        threading.Thread(target=go, daemon=True).start()
+
+    def _redraw(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.redraw()
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        live = state in ("starting", "running")
+        self.start_button.disabled = live
+        self.stop_button.disabled = not live
+        for b in (self.kill_button, self.outage_button, self.ps_button):
+            b.disabled = state != "running"
+
+    def _fail(self, e: BaseException) -> None:
+        self.error = f"{type(e).__name__}: {e}"
+        self._set_state("failed")
+        self._say(f"<b>failed</b>: {html.escape(self.error)}", raw=True)
+
+    def _say(self, text: str, raw: bool = False) -> None:
+        self.message.value = text if raw else html.escape(text)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+        display(self.box)
+
+
+def _read_links(run_dir: Path) -> list[dict]:
+    from ..report import read_links
+    return read_links(run_dir)
