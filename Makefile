@@ -6,7 +6,11 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench soak protos lab clean
+.PHONY: demo test bench soak protos lab strip-notebooks clean
+
+# The tutorials run under nbmake in `make test` with WANTRAIN_QUICK=1: the same cells with fewer
+# rounds and steps (`make test WANTRAIN_QUICK=0` runs them at full size).
+WANTRAIN_QUICK ?= 1
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,7 +24,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash tools/install_sysdeps.sh
-	$(BIN)/python -m pytest -q
+	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q
 
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
@@ -37,8 +41,11 @@ protos: $(STAMP)
 	$(BIN)/python tools/gen_protos.py
 
 lab: $(STAMP)
-	$(PIP) install -q jupyterlab
-	$(BIN)/python -m jupyter lab
+	cd notebooks && ../$(BIN)/python -m jupyter lab
+
+# Notebooks are committed without outputs (tests/test_notebooks.py checks).
+strip-notebooks: $(STAMP)
+	$(BIN)/nbstripout --extra-keys "metadata.widgets" notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -14,54 +14,35 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import best_of, real_delta, save, single_core  # noqa: E402
+from common import save, single_core  # noqa: E402
 
 single_core()
 
 import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
 
-from wantrain.codec import huffman  # noqa: E402
-from wantrain.codec.quantize import quantize_int8  # noqa: E402
 from wantrain.config import CodecConfig  # noqa: E402
+from wantrain.study import best_of, codec_stages, real_delta  # noqa: E402
 
 
 def measure(flat: np.ndarray, cfg: CodecConfig) -> dict:
-    n = flat.size
-    q, scales = quantize_int8(flat, cfg.quant_block)
-    t_quant = best_of(lambda: quantize_int8(flat, cfg.quant_block))
-    scale_bits = 32 * scales.size / n
-    sym = q.view(np.uint8)
-    # Huffman as the system uses it: one payload per wire chunk, all decoded in one call.
-    step = cfg.chunk_elements()
-    parts = [sym[i:i + step] for i in range(0, n, step)]
-    payloads = [huffman.encode(p, cfg.huffman_block) for p in parts]
-    t_enc = best_of(lambda: [huffman.encode(p, cfg.huffman_block) for p in parts])
-    t_dec = best_of(lambda: huffman.decode_many(payloads))
-    assert all(np.array_equal(a, b) for a, b in zip(huffman.decode_many(payloads), parts))
-    huff_bits = 8 * sum(len(p) for p in payloads) / n
-    # Entropy bound: per chunk (each chunk has its own code), weighted by size.
-    entropy = sum(huffman.entropy_bits(np.bincount(p, minlength=256)) * p.size for p in parts) / n
+    """The codec's stages (wantrain.study) and, side by side on the same int8 bytes, zstd level 1."""
+    r = codec_stages(flat, cfg)
+    n, sym = r["params"], r.pop("symbols")
+    r.pop("payloads")
+    scale_bits = r["bits_per_param"]["int8"] - 8
     zc = zstandard.ZstdCompressor(level=1)
     zd = zstandard.ZstdDecompressor()
     raw = sym.tobytes()
     z = zc.compress(raw)
     t_zenc = best_of(lambda: zc.compress(raw))
     t_zdec = best_of(lambda: zd.decompress(z))
-    mb = n / 1e6  # int8 symbols, one byte each
-    return {
-        "params": n,
-        "bits_per_param": {"fp32": 32.0, "bf16": 16.0, "int8": 8 + scale_bits,
-                           "int8+huffman": huff_bits + scale_bits, "int8+zstd1": 8 * len(z) / n + scale_bits},
-        "huffman_bits_per_symbol": huff_bits,
-        "entropy_bits_per_symbol": entropy,
-        "huffman_minus_entropy": huff_bits - entropy,
-        "huffman_stage_gain": 8 / huff_bits,
-        "ratio_vs_fp32": 32 / (huff_bits + scale_bits),
-        "MBps_per_core": {"quantize (fp32 in)": 4 * mb / t_quant, "huffman encode": mb / t_enc,
-                          "huffman decode": mb / t_dec, "zstd1 compress": mb / t_zenc, "zstd1 decompress": mb / t_zdec},
-        "speed_vs_zstd1": {"encode": t_zenc / t_enc, "decode": t_zdec / t_dec},
-    }
+    mb = n / 1e6
+    r["bits_per_param"]["int8+zstd1"] = 8 * len(z) / n + scale_bits
+    r["MBps_per_core"] = {**r.pop("MBps"), "zstd1 compress": mb / t_zenc, "zstd1 decompress": mb / t_zdec}
+    r["speed_vs_zstd1"] = {"encode": r["MBps_per_core"]["huffman encode"] / (mb / t_zenc),
+                           "decode": r["MBps_per_core"]["huffman decode"] / (mb / t_zdec)}
+    return r
 
 
 def main() -> None:

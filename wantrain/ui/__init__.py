@@ -5,5 +5,6 @@ Needs the `notebook` extra (ipywidgets, anywidget): `pip install wantrain[notebo
 
 from .dashboard import Dashboard, site_states, thin
 from .panel import ControlPanel
+from .sizes import quick_mode, sized
 
-__all__ = ["ControlPanel", "Dashboard", "site_states", "thin"]
+__all__ = ["ControlPanel", "Dashboard", "site_states", "thin", "quick_mode", "sized"]

@@ -110,6 +110,31 @@ class Dashboard:
             events = list(self.events)
         return figures(events, self.links(), self.faults()) if events else []
 
+    def show_static(self) -> None:
+        """Display plain figures of the current state: what a saved or rendered notebook keeps."""
+        for fig in self.static_figures():
+            fig.show()
+
+    def wait_for(self, kind: str, site: str | None = None, timeout_s: float = 300.0, after: dict | None = None,
+                 **fields) -> dict:
+        """Block until an event of `kind` (for `site`, with these field values, later than the
+        event `after`) has arrived; returns it. For notebooks that script a scenario."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            seen = 0 if after is None else next(i + 1 for i, e in enumerate(self.events) if e is after)
+        while True:
+            with self._lock:
+                new, seen = self.events[seen:], len(self.events)
+            for e in new:
+                if e["kind"] == kind and (site is None or e.get("site") == site) and \
+                        all(e.get(k) == v for k, v in fields.items()):
+                    return e
+            if self.thread is not None and not self.thread.is_alive() and seen == len(self.events):
+                raise RuntimeError(f"the run's events ended without a {kind!r} event ({self.error or 'run over'})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {kind!r} event within {timeout_s:.0f} s")
+            time.sleep(0.1)
+
     def redraw(self) -> None:
         self._last = time.monotonic()
         figs = self.static_figures()
