@@ -34,18 +34,18 @@ def test_dashboard_follows_a_run_without_blocking(tmp_path):
         assert thread.is_alive()                  # follow() returned at once: the caller is free
         thread.join(160)
         assert not thread.is_alive()
-    titles = [w.layout.title.text for w in live.box.children[1:]]
+    titles = [w.layout.title.text for w in live.charts]
     assert any(t.startswith("Loss") for t in titles) and any(t.startswith("Timeline") for t in titles)
-    loss = next(w for w in live.box.children[1:] if w.layout.title.text.startswith("Loss"))
+    loss = next(w for w in live.charts if w.layout.title.text.startswith("Loss"))
     val = next(tr for tr in loss.data if tr.name.startswith("validation"))
     assert len(val.y) == 4 and val.y[-1] < val.y[0]             # run_start + 3 rounds, falling
-    timeline = next(w for w in live.box.children[1:] if w.layout.title.text.startswith("Timeline"))
+    timeline = next(w for w in live.charts if w.layout.title.text.startswith("Timeline"))
     joins = next(tr for tr in timeline.data if tr.name == "join")
     assert sorted(joins.y) == sorted(run.sites)
     assert "finished: 3 rounds" in live.status.value
     assert 2 <= live.redraws <= len(events)
     # Rate cap and thinning: one redraw for the first event, one for run_end.
     assert capped.redraws == 2 < len(events)
-    assert all(len(tr.x) <= 3 for w in capped.box.children[1:] for tr in w.data if tr.x is not None)
+    assert all(len(tr.x) <= 3 for w in capped.charts for tr in w.data if tr.x is not None)
     static = live.static_figures()                               # for saved notebooks: the real curves
     assert [f.layout.title.text for f in static] == titles

@@ -87,7 +87,7 @@ def test_buttons_drive_a_real_run(tmp_path):
     ends = [e["round"] for e in dash.events if e["kind"] == "round_end"]
     assert ends == list(range(6))
     assert any(e["kind"] == "leave" and e["site"] == "eu-west" for e in dash.events)
-    timeline = next(w for w in dash.box.children[1:] if w.layout.title.text.startswith("Timeline"))
+    timeline = next(w for w in dash.charts if w.layout.title.text.startswith("Timeline"))
     marks = {tr.name: list(tr.y) for tr in timeline.data}
     assert marks["fault injected"] == ["eu-west", "us-west"] and "us-west" in marks["outage"]
     assert dash.progress.value == 6 and "finished" in dash.status.value

@@ -212,7 +212,7 @@ def timeline_figure(events: list[dict], links: list[dict] | None = None, faults:
             x=[e["t"] - t0 for e in mine], y=[e.get("site") or "PS" for e in mine], mode="markers", name=label,
             marker=dict(color=colour, symbol=symbol, size=12, line=dict(width=2, color=colour)),
             text=[_describe(e) for e in mine], hoverinfo="text+x"))
-    fig.update_layout(title="Timeline: joins, leaves, deadlines, restarts, outages", height=300,
+    fig.update_layout(title="Timeline: joins, leaves, deadlines, restarts, outages, faults", height=300,
                       xaxis_title="seconds since start", yaxis_type="category")
     return fig
 

@@ -20,7 +20,10 @@ import plotly.graph_objects as go
 
 from ..report import figures
 
-__all__ = ["Dashboard", "thin", "site_states"]
+__all__ = ["Dashboard", "thin", "site_states", "CHART_ORDER"]
+
+# Title prefixes of the report's charts (wantrain.report.figures), in its order.
+CHART_ORDER = ("Loss", "Bytes on the wire", "Links: RTT", "Links: throughput", "Timeline")
 
 
 def thin(values, max_points: int) -> list:
@@ -68,14 +71,19 @@ class Dashboard:
         self.events: list[dict] = []
         self.redraws = 0
         self._last = 0.0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()          # guards self.events
+        self._draw_lock = threading.Lock()     # one redraw at a time: batch_update is not thread-safe
         self._widgets: dict[str, go.FigureWidget] = {}
+        # One fixed slot per chart, in the report's order, filled when the chart first has data.
+        # Slots never move: re-parenting a FigureWidget makes the browser build a new view of it
+        # from its starting data, and that view misses every later update.
+        self._slots = {prefix: widgets.Box(layout=widgets.Layout(flex_flow="column")) for prefix in CHART_ORDER}
         self.status = widgets.HTML("waiting for the run's first events")
         self.progress = widgets.IntProgress(value=0, min=0, max=rounds or 1, description="rounds",
                                             bar_style="info", layout=widgets.Layout(width="60%"))
         self.progress.layout.display = None if rounds else "none"
         self.header = widgets.VBox([self.progress, self.status])
-        self.box = widgets.VBox([self.header])
+        self.box = widgets.VBox([self.header, *self._slots.values()])
         self.thread: threading.Thread | None = None
         self.error: str | None = None       # why following stopped early, if it did
 
@@ -136,6 +144,18 @@ class Dashboard:
             time.sleep(0.1)
 
     def redraw(self) -> None:
+        """Bring every chart up to date (the follow thread and fault buttons both call this)."""
+        with self._draw_lock:
+            self._redraw()
+
+    @property
+    def charts(self) -> list[go.FigureWidget]:
+        """The live charts shown so far, in the report's order."""
+        return [slot.children[0] for slot in self._slots.values() if slot.children]
+
+    def _redraw(self) -> None:
+        import ipywidgets as widgets
+
         self._last = time.monotonic()
         figs = self.static_figures()
         if not figs:
@@ -160,9 +180,15 @@ class Dashboard:
                             old.text = tr.text
                 widget.layout.shapes = new.layout.shapes
                 widget.layout.annotations = new.layout.annotations
-        order = [self._widgets[f.layout.title.text] for f in figs]
-        if list(self.box.children[1:]) != order:      # the report's order, whatever appeared first
-            self.box.children = (self.header, *order)
+        for fig in figs:
+            title = fig.layout.title.text
+            prefix = next((p for p in CHART_ORDER if title.startswith(p)), title)
+            slot = self._slots.get(prefix)
+            if slot is None:                          # a chart the report gained later: a slot at the end
+                slot = self._slots[prefix] = widgets.Box()
+                self.box.children = (*self.box.children, slot)
+            if not slot.children:
+                slot.children = (self._widgets[title],)
         self.status.value = self._summary()
         self.progress.value = min(self.progress.max, sum(1 for e in self.events if e["kind"] == "round_end"))
 

@@ -96,6 +96,9 @@ class ControlPanel:
         self.outage_button = W.Button(description="Outage now", button_style="warning", disabled=True)
         self.ps_button = W.Button(description="Restart PS", button_style="warning", disabled=True,
                                   tooltip="SIGKILL the parameter server; it resumes from its checkpoint")
+        for b, name in ((self.start_button, "start"), (self.stop_button, "stop"), (self.kill_button, "kill"),
+                        (self.outage_button, "outage"), (self.ps_button, "restart-ps")):
+            b.add_class(f"wantrain-{name}")        # stable handles for a browser (tests, screenshots)
         self.start_button.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self._background(self.stop))
         self.kill_button.on_click(lambda _: self._background(self.kill_site, self.fault_site.value))

@@ -1,0 +1,186 @@
+"""The quickstart in a real browser: JupyterLab on 127.0.0.1, Debian's chromium driven by Playwright.
+
+Opens the quickstart, runs its cells up to the panel, presses Start, waits until the loss chart
+has points, runs a trivial cell while training goes on, presses Kill site and checks that the
+timeline shows the fault; then opens the run's `wantrain report` page in the same browser and
+checks its charts are drawn. Screenshots go to test-output/browser/ (what the closing notes
+describe). The run is full-size (WANTRAIN_QUICK=0) so it is still going when the buttons are pressed.
+"""
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+SHOTS = ROOT / "test-output" / "browser"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--no-first-run"]
+
+# Find a plotly chart by title prefix: its title and, per trace, (name, number of points).
+CHART = """(prefix) => {
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const t = gd.layout && gd.layout.title && (gd.layout.title.text || gd.layout.title);
+    if (typeof t === 'string' && t.startsWith(prefix))
+      return {title: t, traces: (gd.data || []).map(d => [d.name, (d.x || []).length])};
+  }
+  return null;
+}"""
+
+
+def _points(page, prefix: str, trace: str) -> int:
+    chart = page.evaluate(CHART, prefix)
+    return max((n for name, n in chart["traces"] if name.startswith(trace)), default=0) if chart else 0
+
+
+def _wait(cond, timeout_s: float, what: str, poll_s: float = 0.5) -> float:
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > timeout_s:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+    return time.time() - t0
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(d.name))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 (port 0), isolated from the user's Jupyter config."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (tools/install_sysdeps.sh, as root)")
+    work = tmp_path / "lab"
+    work.mkdir()
+    shutil.copy(ROOT / "notebooks" / "01-quickstart.ipynb", work)
+    token = secrets.token_hex(16)
+    env = {**os.environ, "WANTRAIN_QUICK": "0", "PYTHONUNBUFFERED": "1"}
+    for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR",
+                "IPYTHONDIR"):
+        env[var] = str(tmp_path / var.lower())
+    log = open(tmp_path / "lab.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ServerApp.ip=127.0.0.1",
+         "--ServerApp.port=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        port = None
+
+        def listening() -> bool:
+            nonlocal port
+            assert proc.poll() is None, (tmp_path / "lab.log").read_text()[-3000:]
+            for line in (tmp_path / "lab.log").read_text().splitlines():
+                if "http://127.0.0.1:" in line:
+                    port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+                    return True
+            return False
+        _wait(listening, 60, "JupyterLab to listen")
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "work": work, "profile": tmp_path / "chromium"}
+    finally:
+        proc.send_signal(signal.SIGTERM)          # the server shuts its kernels down; they stop their runs
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+        leftovers = _processes_mentioning(str(work))
+        for pid in leftovers:
+            os.kill(pid, signal.SIGKILL)
+        assert not leftovers, f"processes of the run outlived the kernel: {leftovers}"
+
+
+@pytest.mark.timeout(600)
+def test_quickstart_in_a_real_browser(lab):
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    nb = json.loads((lab["work"] / "01-quickstart.ipynb").read_text())
+    sources = ["".join(c["source"]) for c in nb["cells"]]
+    start_cell = next(i for i, s in enumerate(sources) if s.strip() == "panel.start()")
+    trivial_cell = next(i for i, s in enumerate(sources) if "the kernel answers" in s)
+
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            str(lab["profile"]), executable_path=CHROMIUM, headless=True, args=FLAGS,
+            viewport={"width": 1400, "height": 2200})
+        try:
+            page = ctx.new_page()
+            page.goto(f"{lab['url']}/lab/tree/01-quickstart.ipynb?reset&token={lab['token']}")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+            page.wait_for_function(
+                "() => (document.querySelector('#jp-main-statusbar') || {innerText: ''}).innerText.includes('Idle')",
+                timeout=90_000)
+            # Run the cells before `panel.start()`: the panel appears; Start is then pressed by hand.
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            cells.first.click()
+            page.keyboard.press("Escape")
+            for _ in range(start_cell):
+                page.keyboard.press("Shift+Enter")
+            panel = page.locator(".wantrain-panel")
+            panel.wait_for(timeout=120_000)
+            panel.screenshot(path=str(SHOTS / "1-control-panel.png"))
+            assert page.locator(".wantrain-kill").is_disabled()          # no run yet: no faults to inject
+
+            page.locator(".wantrain-start").click()
+            took = _wait(lambda: _points(page, "Loss", "validation") >= 2, 240, "the loss chart's first round")
+            print(f"\nfirst validation point {took:.1f} s after pressing Start")
+
+            # The kernel is free while the sites train: a trivial cell answers at once.
+            cells.nth(trivial_cell).click()
+            t0 = time.time()
+            page.keyboard.press("Control+Enter")
+            cells.nth(trivial_cell).locator(".jp-OutputArea-output").filter(
+                has_text="the kernel answers while the sites train: 45").wait_for(timeout=20_000)
+            print(f"trivial cell answered in {time.time() - t0:.2f} s during training")
+            page.screenshot(path=str(SHOTS / "2-dashboard-mid-run.png"))
+
+            page.locator(".wantrain-kill").click()                       # kills the selected site (us-west)
+            _wait(lambda: _points(page, "Timeline", "fault injected") >= 1 and _points(page, "Timeline", "leave") >= 1,
+                  90, "the fault and the site's leave on the timeline")
+            _wait(lambda: _points(page, "Timeline", "join") >= 4, 90, "the killed site's rejoin on the timeline")
+            timeline = page.locator(".js-plotly-plot").filter(has_text="Timeline")
+            timeline.screenshot(path=str(SHOTS / "3-timeline-with-fault.png"))
+            assert _points(page, "Loss", "validation") >= 2
+
+            page.locator(".wantrain-stop").click()
+            panel.get_by_text("stopped; run folder").wait_for(timeout=60_000)
+            run_dir = next((lab["work"] / "runs").iterdir())
+            faults = [json.loads(ln) for ln in (run_dir / "faults.jsonl").read_text().splitlines()]
+            assert [(f["action"], f["site"]) for f in faults] == [("kill site", "us-west")]
+
+            # The run's report page, in the same browser: every chart drawn with its traces.
+            r = subprocess.run([sys.executable, "-m", "wantrain", "report", str(run_dir)], capture_output=True,
+                               text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            report = ctx.new_page()
+            report.goto(Path(r.stdout.strip()).resolve().as_uri())
+            report.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 5",
+                                     timeout=60_000)
+            drawn = report.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].map(gd => ({
+                title: gd.layout.title.text, traces: gd.querySelectorAll('g.trace').length,
+                points: gd.querySelectorAll('g.trace path, g.trace .point').length}))""")
+            report.screenshot(path=str(SHOTS / "4-report.png"), full_page=True)
+            titles = [d["title"] for d in drawn]
+            for prefix in ("Loss", "Bytes on the wire", "Links: RTT", "Links: throughput", "Timeline"):
+                assert any(t.startswith(prefix) for t in titles), titles
+            assert all(d["traces"] > 0 and d["points"] > 0 for d in drawn), drawn
+        finally:
+            ctx.close()
