@@ -77,6 +77,37 @@ def channel_options(link_rtt_ms: float = 0.0, link_mbps: float = 0.0) -> list[tu
     ]
 
 
+class DownloadProgress:
+    """Progress of a model download: a bar on a terminal, else a log line every quarter.
+
+    Small models (fewer than 8 chunks) download in a blink and say nothing."""
+
+    def __init__(self, site: str, chunks: int) -> None:
+        import sys
+
+        from tqdm import tqdm
+
+        self.site, self.chunks, self.done, self.bytes = site, chunks, 0, 0
+        self.t0 = time.monotonic()
+        self.quiet = chunks < 8
+        self.bar = tqdm(total=chunks, unit="chunk", desc=f"{site}: model download", leave=False,
+                        disable=self.quiet or not sys.stderr.isatty())
+        self.next_quarter = 1
+
+    def update(self, nbytes: int) -> None:
+        self.done += 1
+        self.bytes += nbytes
+        self.bar.update(1)
+        if self.bar.disable and not self.quiet and 4 * self.done >= self.next_quarter * self.chunks:
+            self.next_quarter += 1
+            mb, s = self.bytes / 1e6, time.monotonic() - self.t0
+            log.info("site %s: model download %d %% (%.0f MB in %.1f s, %.1f MB/s)", self.site,
+                     100 * self.done // self.chunks, mb, s, mb / max(s, 1e-9))
+
+    def close(self) -> None:
+        self.bar.close()
+
+
 @dataclass(frozen=True)
 class SiteOptions:
     ps: str                        # host:port of the parameter server
@@ -202,12 +233,15 @@ class Site:
             if isinstance(msg, Welcome):
                 await asyncio.to_thread(self._on_welcome, msg)
                 expected_model, model_specs = msg.model_chunks, []
+                progress = DownloadProgress(self.opts.name, expected_model)
             elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
                 self._place_model_chunk(msg)      # memory: one chunk, never a second copy of the model
                 model_specs.append(msg.spec)
+                progress.update(msg.data.wire_bytes)
                 if len(model_specs) == 1:
                     await self._stall("download", self.round)
                 if len(model_specs) == expected_model:
+                    progress.close()
                     await asyncio.to_thread(self._finish_model, model_specs)
                     model_specs = []
                     await call.write(wire.site_message(Ready(self.round, self.hash)))
