@@ -140,8 +140,16 @@ def test_quickstart_in_a_real_browser(lab):
             assert page.locator(".wantrain-kill").is_disabled()          # no run yet: no faults to inject
 
             page.locator(".wantrain-start").click()
-            took = _wait(lambda: _points(page, "Loss", "validation") >= 2, 240, "the loss chart's first round")
+            try:
+                took = _wait(lambda: _points(page, "Loss", "validation") >= 2, 240, "the loss chart's first round")
+            except AssertionError:            # what the page showed, for whoever reads the CI log
+                page.screenshot(path=str(SHOTS / "failed-waiting-for-loss.png"))
+                print("charts:", page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map("
+                                               "g => [g.layout.title.text, (g.data || []).map(d => (d.x || []).length)])"))
+                print("panel:", panel.inner_text()[:1500])
+                raise
             print(f"\nfirst validation point {took:.1f} s after pressing Start")
+            panel.screenshot(path=str(SHOTS / "2-dashboard-mid-run.png"))      # the panel and its dashboard
 
             # The kernel is free while the sites train: a trivial cell answers at once.
             cells.nth(trivial_cell).click()
@@ -150,7 +158,6 @@ def test_quickstart_in_a_real_browser(lab):
             cells.nth(trivial_cell).locator(".jp-OutputArea-output").filter(
                 has_text="the kernel answers while the sites train: 45").wait_for(timeout=20_000)
             print(f"trivial cell answered in {time.time() - t0:.2f} s during training")
-            page.screenshot(path=str(SHOTS / "2-dashboard-mid-run.png"))
 
             page.locator(".wantrain-kill").click()                       # kills the selected site (us-west)
             _wait(lambda: _points(page, "Timeline", "fault injected") >= 1 and _points(page, "Timeline", "leave") >= 1,
@@ -162,6 +169,7 @@ def test_quickstart_in_a_real_browser(lab):
 
             page.locator(".wantrain-stop").click()
             panel.get_by_text("stopped; run folder").wait_for(timeout=60_000)
+            panel.get_by_text("stopped by the user after").wait_for(timeout=30_000)   # not shown as an error
             run_dir = next((lab["work"] / "runs").iterdir())
             faults = [json.loads(ln) for ln in (run_dir / "faults.jsonl").read_text().splitlines()]
             assert [(f["action"], f["site"]) for f in faults] == [("kill site", "us-west")]

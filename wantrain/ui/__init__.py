@@ -1,6 +1,6 @@
 """Notebook widgets: a control panel that starts, stops and breaks a run, and a live dashboard.
 
-Needs the `notebook` extra (ipywidgets, anywidget): `pip install wantrain[notebook]`.
+Needs the `notebook` extra (ipywidgets, ipykernel): `pip install wantrain[notebook]`.
 """
 
 from .dashboard import Dashboard, site_states, thin

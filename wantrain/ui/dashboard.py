@@ -1,16 +1,17 @@
-"""A live dashboard: the report's figures as FigureWidgets, fed by telemetry events as they come.
+"""A live dashboard: the report's figures, redrawn as telemetry events come.
 
 Events arrive from the PS's Watch stream (`Run.follow()`, or any iterable of event dicts), so
 the dashboard looks the same whether the PS runs next to the notebook or far away. Redraws are
-rate-capped (`min_interval_s`) and every trace is thinned to `max_points` (a FigureWidget
-resends whole traces on each change). `follow()` runs in a background thread, so the kernel
+rate-capped (`min_interval_s`) and every trace is thinned to `max_points` (each redraw sends
+whole figures to the browser). `follow()` runs in a background thread, so the kernel
 stays free while training runs; `static_figures()` gives plain figures of the final state for
-a saved or rendered notebook (a saved FigureWidget keeps only its starting data).
+a saved or rendered notebook (a saved notebook keeps no widget state).
 """
 
 from __future__ import annotations
 
 import html
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -72,12 +73,15 @@ class Dashboard:
         self.redraws = 0
         self._last = 0.0
         self._lock = threading.Lock()          # guards self.events
-        self._draw_lock = threading.Lock()     # one redraw at a time: batch_update is not thread-safe
-        self._widgets: dict[str, go.FigureWidget] = {}
-        # One fixed slot per chart, in the report's order, filled when the chart first has data.
-        # Slots never move: re-parenting a FigureWidget makes the browser build a new view of it
-        # from its starting data, and that view misses every later update.
-        self._slots = {prefix: widgets.Box(layout=widgets.Layout(flex_flow="column")) for prefix in CHART_ORDER}
+        self._draw_lock = threading.Lock()     # one redraw at a time (the follow thread, fault buttons)
+        # One fixed Output per chart, in the report's order. A redraw replaces its one output (a
+        # plotly figure for JupyterLab's plotly renderer) in a single state update: the browser
+        # always draws the latest figure, however late its view was created. (FigureWidget views
+        # render from the widget's initial state and then depend on every later message; a view
+        # created while the browser was busy showed empty axes for the whole run.)
+        self._slots = {prefix: widgets.Output() for prefix in CHART_ORDER}
+        self._shown: dict[str, go.Figure] = {}
+        self._sent: dict[str, str] = {}
         self.status = widgets.HTML("waiting for the run's first events")
         self.progress = widgets.IntProgress(value=0, min=0, max=rounds or 1, description="rounds",
                                             bar_style="info", layout=widgets.Layout(width="60%"))
@@ -86,6 +90,7 @@ class Dashboard:
         self.box = widgets.VBox([self.header, *self._slots.values()])
         self.thread: threading.Thread | None = None
         self.error: str | None = None       # why following stopped early, if it did
+        self.stopped_by_user = False        # set before stopping a run on purpose: not an error
 
     # ------------------------------------------------------------ feeding
 
@@ -103,7 +108,8 @@ class Dashboard:
                 for ev in source:
                     self.add(ev)
             except Exception as e:        # shown in the panel, never raised into the kernel
-                self.error = f"{type(e).__name__}: {e}"
+                if not self.stopped_by_user:
+                    self.error = f"{type(e).__name__}: {e}"
             finally:
                 self.redraw()
 
@@ -149,48 +155,34 @@ class Dashboard:
             self._redraw()
 
     @property
-    def charts(self) -> list[go.FigureWidget]:
-        """The live charts shown so far, in the report's order."""
-        return [slot.children[0] for slot in self._slots.values() if slot.children]
+    def charts(self) -> list[go.Figure]:
+        """The charts shown so far (thinned, as sent to the browser), in the report's order."""
+        return [self._shown[p] for p in self._slots if p in self._shown]
 
     def _redraw(self) -> None:
         import ipywidgets as widgets
+        import plotly.io as pio
 
         self._last = time.monotonic()
         figs = self.static_figures()
-        if not figs:
-            self.status.value = self._summary()
-            return
-        self.redraws += 1
-        for fig in figs:
-            title = fig.layout.title.text
-            widget = self._widgets.get(title)
-            if widget is None:                    # a chart that has data for the first time
-                self._widgets[title] = go.FigureWidget(self._thinned(fig))
-                continue
-            new = self._thinned(fig)
-            with widget.batch_update():
-                if len(widget.data) != len(new.data):
-                    widget.data = ()
-                    widget.add_traces(list(new.data))
-                else:
-                    for old, tr in zip(widget.data, new.data):
-                        old.x, old.y = tr.x, tr.y
-                        if getattr(tr, "text", None) is not None:
-                            old.text = tr.text
-                widget.layout.shapes = new.layout.shapes
-                widget.layout.annotations = new.layout.annotations
+        if figs:
+            self.redraws += 1
         for fig in figs:
             title = fig.layout.title.text
             prefix = next((p for p in CHART_ORDER if title.startswith(p)), title)
-            slot = self._slots.get(prefix)
-            if slot is None:                          # a chart the report gained later: a slot at the end
-                slot = self._slots[prefix] = widgets.Box()
-                self.box.children = (*self.box.children, slot)
-            if not slot.children:
-                slot.children = (self._widgets[title],)
+            if prefix not in self._slots:             # a chart the report gained later: a slot at the end
+                self._slots[prefix] = widgets.Output()
+                self.box.children = (*self.box.children, self._slots[prefix])
+            fig = self._thinned(fig)
+            self._shown[prefix] = fig
+            bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig)
+            key = json.dumps(bundle, sort_keys=True, default=str)
+            if self._sent.get(prefix) != key:         # unchanged charts are not sent again
+                self._sent[prefix] = key
+                self._slots[prefix].outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
         self.status.value = self._summary()
-        self.progress.value = min(self.progress.max, sum(1 for e in self.events if e["kind"] == "round_end"))
+        with self._lock:
+            self.progress.value = min(self.progress.max, sum(1 for e in self.events if e["kind"] == "round_end"))
 
     def _thinned(self, fig: go.Figure) -> go.Figure:
         for tr in fig.data:
@@ -214,6 +206,8 @@ class Dashboard:
                        for site, st in sorted(site_states(events).items()))
         if self.error:
             head = f"stopped: {self.error}"
+        elif self.stopped_by_user and not done:
+            head = f"stopped by the user after {len(ends)} rounds"
         return f"{html.escape(head)}<table>{rows}</table>"
 
     def _ipython_display_(self) -> None:   # `dashboard` as the last line of a cell shows it

@@ -199,6 +199,8 @@ class ControlPanel:
         if self.run is None:
             return
         self._set_state("stopped")
+        if self.dashboard is not None:
+            self.dashboard.stopped_by_user = True
         self.run.stop()
         self._say(f"stopped; run folder {self.run.run_dir}")
 
