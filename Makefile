@@ -24,7 +24,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash tools/install_sysdeps.sh
-	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q
+	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
