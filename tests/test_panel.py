@@ -40,11 +40,15 @@ def test_panel_settings_become_the_config_and_bad_ones_name_the_problem(tmp_path
     with pytest.raises(ValueError, match="missing.csv"):
         panel.start()
     assert panel.state == "failed" and "missing.csv" in panel.message.value
+    assert not list(tmp_path.iterdir())                 # a bad setting leaves no run folder behind
     panel.rows[1]["trace"].value = ""
     panel.rows[1]["name"].value = "us-west"            # two sites with one name
     with pytest.raises(ConfigError, match="sites"):
         panel.start()
     assert panel.run is None and "failed" in panel.message.value
+    panel.message.value = ""
+    panel.start_button.click()                          # a click reports on the message line, raises nothing
+    assert "sites" in panel.message.value and panel.state == "failed"
 
 
 def test_site_states_follow_the_events():

@@ -99,7 +99,7 @@ class ControlPanel:
         for b, name in ((self.start_button, "start"), (self.stop_button, "stop"), (self.kill_button, "kill"),
                         (self.outage_button, "outage"), (self.ps_button, "restart-ps")):
             b.add_class(f"wantrain-{name}")        # stable handles for a browser (tests, screenshots)
-        self.start_button.on_click(lambda _: self.start())
+        self.start_button.on_click(lambda _: self._start_clicked())
         self.stop_button.on_click(lambda _: self._background(self.stop))
         self.kill_button.on_click(lambda _: self._background(self.kill_site, self.fault_site.value))
         self.outage_button.on_click(lambda _: self._background(self.outage, self.fault_site.value, self.outage_s.value))
@@ -156,9 +156,9 @@ class ControlPanel:
             raise RuntimeError("a run is already going; stop it first")
         self.error = None
         try:
-            cfg = self.config()
+            cfg, plan = self.config(), self.site_plan()        # bad settings fail before anything exists
             run_dir = new_run_dir(self.run_root)
-            scenario = write_scenario(self.site_plan(), run_dir / "scenario.toml")
+            scenario = write_scenario(plan, run_dir / "scenario.toml")
             devices = {r["name"].value.strip(): r["device"].value for r in self.rows}
             self.run = run = Run(cfg, run_dir=run_dir, scenario=scenario, site_threads=self.site_threads,
                                  python=self.python, devices=devices)
@@ -168,11 +168,18 @@ class ControlPanel:
         self.dashboard = Dashboard(links=lambda: _read_links(run.run_dir), faults=lambda: list(run.faults),
                                    rounds=cfg.train.rounds)
         self.dash_box.children = (self.dashboard.box,)
+        self.fault_site.options = list(cfg.sites)                # the rows may have renamed sites
         self._set_state("starting")
         self._say(f"starting: PS, link emulator and {cfg.num_sites} sites; run folder {run.run_dir}")
         self._thread = threading.Thread(target=self._drive, args=(run,), name="wantrain-panel", daemon=True)
         self._thread.start()
         return run
+
+    def _start_clicked(self) -> None:
+        try:
+            self.start()
+        except Exception:       # already on the panel's message line; a click has no caller to raise to
+            pass
 
     def _drive(self, run: Run) -> None:
         try:
