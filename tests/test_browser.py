@@ -120,7 +120,7 @@ def test_quickstart_in_a_real_browser(lab):
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(
             str(lab["profile"]), executable_path=CHROMIUM, headless=True, args=FLAGS,
-            viewport={"width": 1400, "height": 2200})
+            viewport={"width": 1400, "height": 3400})   # tall: the panel with its charts fits
         try:
             page = ctx.new_page()
             page.goto(f"{lab['url']}/lab/tree/01-quickstart.ipynb?reset&token={lab['token']}")
@@ -128,6 +128,9 @@ def test_quickstart_in_a_real_browser(lab):
             page.wait_for_function(
                 "() => (document.querySelector('#jp-main-statusbar') || {innerText: ''}).innerText.includes('Idle')",
                 timeout=90_000)
+            no_news = page.get_by_role("button", name="No", exact=True)     # JupyterLab's news toast
+            if no_news.count():
+                no_news.first.click()
             # Run the cells before `panel.start()`: the panel appears; Start is then pressed by hand.
             cells = page.locator(".jp-Notebook .jp-Cell")
             cells.first.click()
