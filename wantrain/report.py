@@ -21,23 +21,26 @@ from .telemetry import read_events, rows
 __all__ = ["write_report", "summarize", "link_summary", "read_links", "read_faults", "figures", "timeline_figure"]
 
 
-def read_links(run_dir: str | Path, name: str = "links.jsonl") -> list[dict]:
+def read_links(run_dir: str | Path) -> list[dict]:
     """The link emulator's log (links.jsonl), if the run had one."""
-    p = Path(run_dir) / name
+    return _read_jsonl(Path(run_dir) / "links.jsonl")
+
+
+def read_faults(run_dir: str | Path) -> list[dict]:
+    """Faults injected on purpose (`Run.kill_site`, `restart_ps`, `outage`): faults.jsonl."""
+    return _read_jsonl(Path(run_dir) / "faults.jsonl")
+
+
+def _read_jsonl(p: Path) -> list[dict]:
     if not p.is_file():
         return []
     out = []
     for ln in p.read_text().splitlines():
         try:
             out.append(json.loads(ln))
-        except json.JSONDecodeError:    # a line the emulator is still writing (a live dashboard)
+        except json.JSONDecodeError:    # a last line still being written (a live dashboard)
             break
     return out
-
-
-def read_faults(run_dir: str | Path) -> list[dict]:
-    """Faults injected on purpose (`Run.kill_site`, `restart_ps`, `outage`): faults.jsonl."""
-    return read_links(run_dir, "faults.jsonl")
 
 
 def _rtt_samples(events: list[dict]) -> dict[str, list[tuple[float, float]]]:

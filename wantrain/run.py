@@ -128,6 +128,7 @@ class Run:
         self.events: list[dict] = []
         self._killed: set[int] = set()        # processes killed on purpose (kill_site, restart_ps)
         self.faults: list[dict] = []          # faults injected on purpose, also in faults.jsonl
+        self.links_control = self.run_dir / "links.control"   # commands to the link emulator (outages)
         self._restarting = False
         self._ps_restarts = 0
 
@@ -204,7 +205,7 @@ class Run:
         if not 0 < seconds <= 200:
             raise ValueError(f"an outage lasts (0, 200] s, got {seconds}")
         self._fault("link outage", name, seconds=seconds)
-        with open(self.run_dir / "links.control", "a") as f:
+        with open(self.links_control, "a") as f:
             f.write(json.dumps({"site": name, "outage_s": seconds}) + "\n")
 
     def restart_ps(self, timeout_s: float = 120.0) -> None:
@@ -229,7 +230,7 @@ class Run:
             "link emulator",
             (self.python, "-m", "testbed", "links", "--scenario", self.scenario, "--target", self.address,
              "--plan-file", str(plan_file), "--log", str(self.run_dir / "links.jsonl"),
-             "--control", str(self.run_dir / "links.control")),
+             "--control", str(self.links_control)),
             env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / "links.log"))
         while not plan_file.exists():
             if self.links.poll() is not None:

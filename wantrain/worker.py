@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ import grpc
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
 from . import wire
 from .codec import Codec, EncodeStats, ErrorFeedback, check_coverage, check_fits, encode_arrays, join_chunks
@@ -83,10 +85,6 @@ class DownloadProgress:
     Small models (fewer than 8 chunks) download in a blink and say nothing."""
 
     def __init__(self, site: str, chunks: int) -> None:
-        import sys
-
-        from tqdm import tqdm
-
         self.site, self.chunks, self.done, self.bytes = site, chunks, 0, 0
         self.t0 = time.monotonic()
         self.quiet = chunks < 8

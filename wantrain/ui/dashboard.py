@@ -175,10 +175,10 @@ class Dashboard:
                 self.box.children = (*self.box.children, self._slots[prefix])
             fig = self._thinned(fig)
             self._shown[prefix] = fig
-            bundle = pio.renderers["plotly_mimetype"].to_mimebundle(fig)
-            key = json.dumps(bundle, sort_keys=True, default=str)
-            if self._sent.get(prefix) != key:         # unchanged charts are not sent again
-                self._sent[prefix] = key
+            spec = pio.to_json(fig, validate=False)    # serialized once: compared, then sent
+            if self._sent.get(prefix) != spec:         # unchanged charts are not sent again
+                self._sent[prefix] = spec
+                bundle = {"application/vnd.plotly.v1+json": json.loads(spec)}   # plotly's Jupyter renderer
                 self._slots[prefix].outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
         self.status.value = self._summary()
         with self._lock:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from ..config import RunConfig
+from ..report import read_links, write_report
 from ..run import Run, describe_scenario, new_run_dir, write_scenario
 from .dashboard import Dashboard
 
@@ -165,7 +166,7 @@ class ControlPanel:
         except Exception as e:          # a bad setting: say which, start nothing
             self._fail(e)
             raise
-        self.dashboard = Dashboard(links=lambda: _read_links(run.run_dir), faults=lambda: list(run.faults),
+        self.dashboard = Dashboard(links=lambda: read_links(run.run_dir), faults=lambda: list(run.faults),
                                    rounds=cfg.train.rounds)
         self.dash_box.children = (self.dashboard.box,)
         self.fault_site.options = list(cfg.sites)                # the rows may have renamed sites
@@ -193,7 +194,6 @@ class ControlPanel:
                 raise RuntimeError(self.dashboard.error or "the PS's event stream ended before the run did")
             run.wait_exit(30)
             self._set_state("finished")
-            from ..report import write_report
             self._say(f"finished; report: {write_report(run.run_dir)}")
         except Exception as e:
             if self.state != "stopped":
@@ -226,10 +226,10 @@ class ControlPanel:
     def kill_site(self, name: str, restart_after_s: float | None = None) -> None:
         """SIGKILL a site, as a crash would, then start it again after `restart_after_s` (it rejoins)."""
         run = self._running()
-        run.kill_site(name)
-        self._say(f"killed site {name}; restarting it in {self.restart_after_s:g} s")
-        self._redraw()
         delay = self.restart_after_s if restart_after_s is None else restart_after_s
+        run.kill_site(name)
+        self._say(f"killed site {name}; restarting it in {delay:g} s")
+        self._redraw()
 
         def later() -> None:
             time.sleep(delay)
@@ -297,7 +297,3 @@ class ControlPanel:
         from IPython.display import display
         display(self.box)
 
-
-def _read_links(run_dir: Path) -> list[dict]:
-    from ..report import read_links
-    return read_links(run_dir)
