@@ -86,7 +86,7 @@ def _clean():
 @pytest.mark.parametrize("backend", backends())
 def test_delay(backend):
     rtt = asyncio.run(measure(backend, Trace.constant(30, math.inf), "rtt"))
-    assert abs(rtt - 60) <= 6, rtt
+    assert 54 <= rtt <= 70, rtt      # 2 x 30 ms; scheduling on a busy machine only adds
 
 
 @pytest.mark.timeout(90)

@@ -31,6 +31,10 @@ resets = [9]
 '''
 
 
+def low_tail(samples: list[float]) -> float:
+    return sorted(samples)[len(samples) // 10]
+
+
 @pytest.mark.timeout(300)
 def test_training_continues_through_an_emulated_wan(tmp_path):
     (tmp_path / "s.toml").write_text(SCENARIO)
@@ -48,13 +52,17 @@ def test_training_continues_through_an_emulated_wan(tmp_path):
     assert len(ends) == 8 and ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"] - 0.5
     assert all(c["ok"] for c in rows(events, "hash_check"))
 
-    # Each link's RTT, measured by its site through the emulator, matches the published one.
+    # Each link's RTT, measured by its site through the emulator, matches the published one. The
+    # trace's delay is base + |jitter| + spikes, never below base, and a probe queued behind a delta
+    # or delayed by a busy CPU only gains: so the low tail (10th percentile) is the link's own RTT.
+    # (Seed 3 puts the far link in a spike for about 40% of its first minute, and on a loaded CI
+    # machine its lower quartile read 284 ms; the median or a quartile would test the load.)
     rtts = {}
     for e in rows(events, "link_rtt"):
         rtts.setdefault(e["site"], []).extend(e["rtt_ms"])
-    assert abs(statistics.median(rtts["near"]) - 29) < 15          # Central US - East US
-    far = sorted(rtts["far"])                                       # Southeast Asia - East US: the
-    assert 0.9 * 224 <= far[len(far) // 4] <= 1.25 * 224, far       # quieter quarter (spikes 20% of the time)
+    assert len(rtts["near"]) >= 10 and len(rtts["far"]) >= 10, rtts
+    assert 0.9 * 29 <= low_tail(rtts["near"]) <= 29 + 15, rtts["near"]          # Central US - East US
+    assert 0.9 * 224 <= low_tail(rtts["far"]) <= 1.25 * 224, rtts["far"]         # Southeast Asia - East US
 
     # The outage and the reset happened, and the far site came back after the reset.
     kinds = [(ln["kind"], ln.get("site")) for ln in links]
