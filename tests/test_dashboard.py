@@ -1,19 +1,41 @@
 """The live dashboard, fed by a real run's Watch stream in a background thread."""
 
+import json
 import time
 
+import numpy as np
 import pytest
 
+from wantrain.report import JsonlFollower, thin
 from wantrain.run import Run
-from wantrain.ui import Dashboard, thin
+from wantrain.ui import Dashboard
 
 from .helpers import small_config
 
 
-def test_thin_keeps_ends_and_caps_points():
-    assert thin(range(10), 20) == list(range(10))
-    t = thin(range(1000), 50)
-    assert len(t) <= 50 and t[0] == 0 and t[-1] == 999 and t == sorted(t)
+def test_thin_keeps_ends_extremes_and_caps_points():
+    assert thin(range(10), 20).tolist() == list(range(10))
+    assert thin(range(10), None).tolist() == list(range(10))
+    y = np.full(10_000, 70.0)
+    y[4321], y[7000] = 450.0, 0.0                      # a one-sample delay spike and a dip
+    idx = thin(y, 400)
+    assert len(idx) <= 400 and idx[0] == 0 and idx[-1] == 9_999 and (np.diff(idx) > 0).all()
+    assert 4321 in idx and 7000 in idx                 # evenly spaced picks would miss both
+    assert len(thin(range(1000), 3)) == 3
+
+
+def test_jsonl_follower_reads_only_complete_new_lines(tmp_path):
+    log = tmp_path / "links.jsonl"
+    follow = JsonlFollower(log)
+    assert follow() == []                              # no file yet
+    log.write_text(json.dumps({"kind": "link", "t": 1}) + "\n" + '{"kind": "li')     # a line being written
+    assert [r["t"] for r in follow()] == [1]
+    with log.open("a") as f:
+        f.write('nk", "t": 2}\nnot json\n' + json.dumps({"kind": "link", "t": 3}) + "\n")
+    assert [r["t"] for r in follow()] == [1, 2, 3] and follow.malformed == 1
+    assert [r["t"] for r in follow()] == [1, 2, 3]     # nothing new: nothing read twice
+    log.write_text(json.dumps({"kind": "link", "t": 9}) + "\n")                       # replaced
+    assert [r["t"] for r in follow()] == [9]
 
 
 @pytest.mark.timeout(180)

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import html
 import json
+import threading
 from pathlib import Path
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .telemetry import read_events, rows
 
-__all__ = ["write_report", "summarize", "link_summary", "read_links", "read_faults", "figures", "timeline_figure"]
+__all__ = ["write_report", "summarize", "link_summary", "read_links", "read_faults", "figures", "timeline_figure",
+           "thin", "JsonlFollower"]
 
 
 def read_links(run_dir: str | Path) -> list[dict]:
@@ -32,15 +35,65 @@ def read_faults(run_dir: str | Path) -> list[dict]:
 
 
 def _read_jsonl(p: Path) -> list[dict]:
-    if not p.is_file():
-        return []
-    out = []
-    for ln in p.read_text().splitlines():
-        try:
-            out.append(json.loads(ln))
-        except json.JSONDecodeError:    # a last line still being written (a live dashboard)
-            break
-    return out
+    return JsonlFollower(p)()
+
+
+class JsonlFollower:
+    """The rows of a JSONL log another process is still appending to (links.jsonl during a run),
+    read incrementally: each call parses only the lines completed since the last call, so a live
+    dashboard redrawing every second does not re-read an hour of log each time."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.rows: list[dict] = []
+        self.malformed = 0                # complete lines that were not JSON (skipped)
+        self._offset = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> list[dict]:
+        with self._lock:
+            try:
+                with self.path.open("rb") as f:
+                    if f.seek(0, 2) < self._offset:      # the file was replaced: start over
+                        self.rows, self._offset = [], 0
+                    f.seek(self._offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                return list(self.rows)
+            end = chunk.rfind(b"\n") + 1               # a last line still being written waits
+            for ln in chunk[:end].splitlines():
+                if ln.strip():
+                    try:
+                        self.rows.append(json.loads(ln))
+                    except json.JSONDecodeError:
+                        self.malformed += 1
+            self._offset += end
+            return list(self.rows)
+
+
+def thin(y, max_points: int | None) -> np.ndarray:
+    """Indices of at most max_points points of the series y that keep its shape: the first and
+    the last, and the lowest and the highest point of each of the equal runs between them (a delay
+    spike or an outage stays visible, where evenly spaced picks would step over it). All indices
+    when max_points is None or y is short enough."""
+    n = len(y)
+    if max_points is None or n <= max_points:
+        return np.arange(n)
+    if max_points < 4:
+        return np.unique(np.linspace(0, n - 1, max_points).round().astype(int))
+    y = np.asarray(y, dtype=float)
+    edges = np.linspace(1, n - 1, (max_points - 2) // 2 + 1).astype(int)
+    keep = [0, n - 1]
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b > a:
+            keep += [a + int(np.argmin(y[a:b])), a + int(np.argmax(y[a:b]))]
+    return np.unique(keep)
+
+
+def _xy(x, y, max_points: int | None) -> tuple[list, list]:
+    """The series (x, y) thinned to max_points, as lists for plotly (which validates them)."""
+    idx = thin(y, max_points)
+    return np.asarray(x)[idx].tolist(), np.asarray(y)[idx].tolist()
 
 
 def _rtt_samples(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
@@ -101,34 +154,40 @@ def summarize(events: list[dict]) -> dict:
     }
 
 
-def links_figure(events: list[dict], links: list[dict]) -> go.Figure | None:
+def links_figure(events: list[dict], links: list[dict], max_points: int | None = None) -> go.Figure | None:
     samples = _rtt_samples(events)
     if not samples:
         return None
     t0 = events[0]["t"]
     fig = go.Figure()
     for site in sorted(samples):
-        pts = samples[site]
-        fig.add_trace(go.Scatter(x=[t - t0 for t, _ in pts], y=[r for _, r in pts], mode="markers",
-                                 name=f"measured RTT {site}", marker=dict(size=5)))
+        t, rtt = np.array(samples[site]).T                           # (2, probes)
+        x, y = _xy(t - t0, rtt, max_points)
+        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"measured RTT {site}", marker=dict(size=5)))
         trace = [ln for ln in links if ln["kind"] == "link" and ln["site"] == site]
         if trace:
-            fig.add_trace(go.Scatter(x=[ln["t"] - t0 for ln in trace], y=[ln["trace_rtt_ms"] for ln in trace],
-                                     mode="lines", line=dict(dash="dot", width=1), name=f"trace RTT in force {site}"))
+            x, y = _xy([ln["t"] - t0 for ln in trace], [ln["trace_rtt_ms"] for ln in trace], max_points)
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(dash="dot", width=1),
+                                     name=f"trace RTT in force {site}"))
     # link_rtt events carry a list of probe times in "t"; an outage still on ends "now" for the chart
+    # Shaded as plain layout shapes: plotly's add_vrect costs ~20 ms each, and the dashboard redraws.
     now = max([ln["t"] for ln in links] + [e["t"] for e in events if not isinstance(e["t"], list)])
+    shapes, notes = [], []
     for ln in links:
         if ln["kind"] == "outage_start":
             end = next((m["t"] for m in links if m["kind"] == "outage_end" and m["site"] == ln["site"] and m["t"] > ln["t"]),
                        now)
-            fig.add_vrect(x0=ln["t"] - t0, x1=end - t0, fillcolor="red", opacity=0.12, line_width=0,
-                          annotation_text=f"outage {ln['site']}", annotation_position="top left")
-    fig.update_layout(title="Links: RTT measured by the sites (Ping) and the trace in force", height=420,
+            shapes.append(dict(type="rect", xref="x", yref="paper", x0=ln["t"] - t0, x1=end - t0, y0=0, y1=1,
+                               fillcolor="red", opacity=0.12, line_width=0, layer="below"))
+            notes.append(dict(x=ln["t"] - t0, xref="x", y=1, yref="paper", text=f"outage {ln['site']}",
+                              showarrow=False, xanchor="left", yanchor="top"))
+    fig.update_layout(shapes=shapes, annotations=notes,
+                      title="Links: RTT measured by the sites (Ping) and the trace in force", height=420,
                       xaxis_title="seconds since start", yaxis_title="RTT (ms)", yaxis_type="log")
     return fig
 
 
-def throughput_figure(events: list[dict], links: list[dict]) -> go.Figure | None:
+def throughput_figure(events: list[dict], links: list[dict], max_points: int | None = None) -> go.Figure | None:
     rows_ = [ln for ln in links if ln["kind"] == "link"]
     if not rows_:
         return None
@@ -136,12 +195,13 @@ def throughput_figure(events: list[dict], links: list[dict]) -> go.Figure | None
     fig = go.Figure()
     for site in sorted({ln["site"] for ln in rows_}):
         mine = [ln for ln in rows_ if ln["site"] == site]
+        t = np.array([ln["t"] for ln in mine])
+        dt = np.diff(t)
+        ok = dt > 0
         for key, label in (("bytes_up", "up"), ("bytes_down", "down")):
-            x, y = [], []
-            for a, b in zip(mine, mine[1:]):
-                if b["t"] > a["t"]:
-                    x.append(b["t"] - t0)
-                    y.append((b[key] - a[key]) * 8 / (b["t"] - a["t"]) / 1e6)
+            sent = np.array([ln[key] for ln in mine], dtype=float)
+            mbps = np.diff(sent)[ok] * 8 / dt[ok] / 1e6                # between consecutive samples
+            x, y = _xy(t[1:][ok] - t0, mbps, max_points)
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{site} {label} Mbit/s",
                                      line=dict(dash="solid" if label == "up" else "dot")))
     fig.update_layout(title="Links: throughput through the emulator", height=380, xaxis_title="seconds since start",
@@ -149,47 +209,52 @@ def throughput_figure(events: list[dict], links: list[dict]) -> go.Figure | None
     return fig
 
 
-def figures(events: list[dict], links: list[dict] | None = None, faults: list[dict] | None = None) -> list[go.Figure]:
+def figures(events: list[dict], links: list[dict] | None = None, faults: list[dict] | None = None,
+            max_points: int | None = None) -> list[go.Figure]:
+    """The report's charts. max_points thins every series to about that many points, keeping
+    each one's shape (`thin`): the live dashboard's bound on what one redraw builds and sends."""
     sites = rows(events, "site_round")
     ends = rows(events, "round_end")
     start = rows(events, "run_start")
+    names = sorted({e["site"] for e in sites})
 
     loss = go.Figure()
-    for name in sorted({e["site"] for e in sites}):
+    for name in names:
         mine = [e for e in sites if e["site"] == name]
-        loss.add_trace(go.Scatter(x=[e["elapsed_s"] for e in mine], y=[e["train_loss"] for e in mine],
-                                  mode="lines+markers", name=f"train loss {name}"))
+        x, y = _xy([e["elapsed_s"] for e in mine], [e["train_loss"] for e in mine], max_points)
+        loss.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"train loss {name}"))
     val_x = ([start[0]["elapsed_s"]] if start and start[0].get("val_loss") is not None else []) + [e["elapsed_s"] for e in ends]
     val_y = ([start[0]["val_loss"]] if val_x and len(val_x) > len(ends) else []) + [e["val_loss"] for e in ends]
-    loss.add_trace(go.Scatter(x=val_x, y=val_y, mode="lines+markers", name="validation loss (global model)",
+    x, y = _xy(val_x, val_y, max_points)
+    loss.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="validation loss (global model)",
                               line=dict(width=3, color="black")))
     loss.update_layout(title="Loss against wall time", xaxis_title="seconds since start", yaxis_title="loss",
                        height=420)
 
     wire = make_subplots(specs=[[{"secondary_y": True}]])
-    for name in sorted({e["site"] for e in sites}):
+    for name in names:
         mine = [e for e in sites if e["site"] == name]
-        wire.add_trace(go.Bar(x=[e["round"] for e in mine], y=[e["wire_bytes"] / 1e6 for e in mine],
-                              name=f"uplink MB {name}"), secondary_y=False)
-    wire.add_trace(go.Bar(x=[e["round"] for e in ends], y=[e["wire_bytes"] / 1e6 for e in ends],
-                          name="downlink MB (update, per site)"), secondary_y=False)
+        x, y = _xy([e["round"] for e in mine], [e["wire_bytes"] / 1e6 for e in mine], max_points)
+        wire.add_trace(go.Bar(x=x, y=y, name=f"uplink MB {name}"), secondary_y=False)
+    x, y = _xy([e["round"] for e in ends], [e["wire_bytes"] / 1e6 for e in ends], max_points)
+    wire.add_trace(go.Bar(x=x, y=y, name="downlink MB (update, per site)"), secondary_y=False)
     by_round: dict[int, list[dict]] = {}
     for e in sites:
         by_round.setdefault(e["round"], []).append(e)
     rounds = sorted(by_round)
-    wire.add_trace(go.Scatter(x=rounds, y=[sum(e["raw_bytes"] for e in by_round[r]) /
-                                           max(1, sum(e["wire_bytes"] for e in by_round[r])) for r in rounds],
-                              mode="lines+markers", name="uplink ratio vs fp32"), secondary_y=True)
-    wire.add_trace(go.Scatter(x=rounds, y=[sum(e["huffman_bits_per_symbol"] for e in by_round[r]) / len(by_round[r])
-                                           for r in rounds],
-                              mode="lines+markers", name="Huffman bits per int8 symbol", line=dict(dash="dot")),
-                   secondary_y=True)
+    x, y = _xy(rounds, [sum(e["raw_bytes"] for e in by_round[r]) / max(1, sum(e["wire_bytes"] for e in by_round[r]))
+                        for r in rounds], max_points)
+    wire.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="uplink ratio vs fp32"), secondary_y=True)
+    x, y = _xy(rounds, [sum(e["huffman_bits_per_symbol"] for e in by_round[r]) / len(by_round[r]) for r in rounds],
+               max_points)
+    wire.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="Huffman bits per int8 symbol",
+                              line=dict(dash="dot")), secondary_y=True)
     wire.update_layout(title="Bytes on the wire and compression per round", barmode="group", height=420,
                        xaxis_title="round")
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="ratio / bits", secondary_y=True)
-    extra = [links_figure(events, links or []), throughput_figure(events, links or [])]
-    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(events, links, faults)]
+    extra = [links_figure(events, links or [], max_points), throughput_figure(events, links or [], max_points)]
+    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(events, links, faults, max_points)]
 
 
 # Markers of the timeline: event kind -> (label, colour, symbol).
@@ -202,7 +267,8 @@ _MARKERS = {
 }
 
 
-def timeline_figure(events: list[dict], links: list[dict] | None = None, faults: list[dict] | None = None) -> go.Figure:
+def timeline_figure(events: list[dict], links: list[dict] | None = None, faults: list[dict] | None = None,
+                    max_points: int | None = None) -> go.Figure:
     """Joins, leaves, deadlines missed, late deltas, restarts, outages and injected faults as
     markers, one row per site."""
     t0 = events[0]["t"] if events else 0.0
@@ -211,6 +277,7 @@ def timeline_figure(events: list[dict], links: list[dict] | None = None, faults:
     fig = go.Figure()
     for kind, (label, colour, symbol) in _MARKERS.items():
         mine = [e for e in marks if e["kind"] == kind]
+        mine = [mine[i] for i in thin([e["t"] for e in mine], max_points)]
         fig.add_trace(go.Scatter(
             x=[e["t"] - t0 for e in mine], y=[e.get("site") or "PS" for e in mine], mode="markers", name=label,
             marker=dict(color=colour, symbol=symbol, size=12, line=dict(width=2, color=colour)),

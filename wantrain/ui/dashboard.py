@@ -2,8 +2,10 @@
 
 Events arrive from the PS's Watch stream (`Run.follow()`, or any iterable of event dicts), so
 the dashboard looks the same whether the PS runs next to the notebook or far away. Redraws are
-rate-capped (`min_interval_s`) and every trace is thinned to `max_points` (each redraw sends
-whole figures to the browser). `follow()` runs in a background thread, so the kernel
+rate-capped (`min_interval_s`, stretched so that redrawing takes at most a tenth of the
+kernel's time however long the run) and every series is thinned to about `max_points`, keeping its
+spikes (`wantrain.report.thin`), before a figure is built: each redraw sends whole figures to
+the browser, and plotly validates every point it is given. `follow()` runs in a background thread, so the kernel
 stays free while training runs; `static_figures()` gives plain figures of the final state for
 a saved or rendered notebook (a saved notebook keeps no widget state).
 """
@@ -16,24 +18,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-import numpy as np
 import plotly.graph_objects as go
 
 from ..report import figures
 
-__all__ = ["Dashboard", "thin", "site_states", "CHART_ORDER"]
+__all__ = ["Dashboard", "site_states", "CHART_ORDER"]
 
 # Title prefixes of the report's charts (wantrain.report.figures), in its order.
 CHART_ORDER = ("Loss", "Bytes on the wire", "Links: RTT", "Links: throughput", "Timeline")
-
-
-def thin(values, max_points: int) -> list:
-    """At most max_points evenly spaced values, always keeping the first and the last."""
-    values = list(values) if values is not None else []
-    if len(values) <= max_points:
-        return values
-    idx = np.unique(np.linspace(0, len(values) - 1, max_points).round().astype(int))
-    return [values[i] for i in idx]
 
 
 def site_states(events: list[dict]) -> dict[str, str]:
@@ -72,6 +64,7 @@ class Dashboard:
         self.events: list[dict] = []
         self.redraws = 0
         self._last = 0.0
+        self._cost = 0.0                       # CPU seconds the last redraw took (the kernel's GIL)
         self._lock = threading.Lock()          # guards self.events
         self._draw_lock = threading.Lock()     # one redraw at a time (the follow thread, fault buttons)
         # One fixed Output per chart, in the report's order. A redraw replaces its one output (a
@@ -95,10 +88,11 @@ class Dashboard:
     # ------------------------------------------------------------ feeding
 
     def add(self, event: dict) -> None:
-        """Take one event; redraw if the last redraw is older than min_interval_s."""
+        """Take one event; redraw if the last redraw is older than min_interval_s (or ten times
+        what it took, when that is longer: the kernel keeps 90% of its time)."""
         with self._lock:
             self.events.append(event)
-        if time.monotonic() - self._last >= self.min_interval_s or event["kind"] == "run_end":
+        if time.monotonic() - self._last >= max(self.min_interval_s, 10 * self._cost) or event["kind"] == "run_end":
             self.redraw()
 
     def follow(self, source: Iterable[dict]) -> threading.Thread:
@@ -119,10 +113,11 @@ class Dashboard:
 
     # ------------------------------------------------------------ drawing
 
-    def static_figures(self) -> list[go.Figure]:
+    def static_figures(self, max_points: int | None = None) -> list[go.Figure]:
+        """The charts of the current state, every point kept unless max_points is given."""
         with self._lock:
             events = list(self.events)
-        return figures(events, self.links(), self.faults()) if events else []
+        return figures(events, self.links(), self.faults(), max_points) if events else []
 
     def show_static(self) -> None:
         """Display plain figures of the current state: what a saved or rendered notebook keeps."""
@@ -163,8 +158,8 @@ class Dashboard:
         import ipywidgets as widgets
         import plotly.io as pio
 
-        self._last = time.monotonic()
-        figs = self.static_figures()
+        self._last, cpu0 = time.monotonic(), time.thread_time()
+        figs = self.static_figures(self.max_points)     # thinned before plotly validates a point
         if figs:
             self.redraws += 1
         for fig in figs:
@@ -173,7 +168,6 @@ class Dashboard:
             if prefix not in self._slots:             # a chart the report gained later: a slot at the end
                 self._slots[prefix] = widgets.Output()
                 self.box.children = (*self.box.children, self._slots[prefix])
-            fig = self._thinned(fig)
             self._shown[prefix] = fig
             spec = pio.to_json(fig, validate=False)    # serialized once: compared, then sent
             if self._sent.get(prefix) != spec:         # unchanged charts are not sent again
@@ -183,16 +177,7 @@ class Dashboard:
         self.status.value = self._summary()
         with self._lock:
             self.progress.value = min(self.progress.max, sum(1 for e in self.events if e["kind"] == "round_end"))
-
-    def _thinned(self, fig: go.Figure) -> go.Figure:
-        for tr in fig.data:
-            if tr.x is not None and len(tr.x) > self.max_points:
-                keep = thin(range(len(tr.x)), self.max_points)
-                tr.x = [tr.x[i] for i in keep]
-                tr.y = [tr.y[i] for i in keep]
-                if getattr(tr, "text", None) is not None and not isinstance(tr.text, str):
-                    tr.text = [tr.text[i] for i in keep]
-        return fig
+        self._cost = time.thread_time() - cpu0
 
     def _summary(self) -> str:
         with self._lock:

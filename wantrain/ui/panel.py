@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from ..config import RunConfig
-from ..report import read_links, write_report
+from ..report import JsonlFollower, write_report
 from ..run import Run, describe_scenario, new_run_dir, write_scenario
 from .dashboard import Dashboard
 
@@ -166,7 +166,7 @@ class ControlPanel:
         except Exception as e:          # a bad setting: say which, start nothing
             self._fail(e)
             raise
-        self.dashboard = Dashboard(links=lambda: read_links(run.run_dir), faults=lambda: list(run.faults),
+        self.dashboard = Dashboard(links=JsonlFollower(run.run_dir / "links.jsonl"), faults=lambda: list(run.faults),
                                    rounds=cfg.train.rounds)
         self.dash_box.children = (self.dashboard.box,)
         self.fault_site.options = list(cfg.sites)                # the rows may have renamed sites

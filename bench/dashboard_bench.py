@@ -1,0 +1,97 @@
+"""Dashboard redraw cost as a run grows: what one live redraw of the notebook dashboard takes.
+
+Writes the logs of a synthetic three-site run (events.jsonl's kinds and links.jsonl's rows at
+the rates a real run has: a link row per site per second, a Ping batch per site every 5 s, a
+round every 30 s) for 5, 30 and 60 minutes, then times one live `Dashboard.redraw()` (read what
+the link log gained, build the report's figures thinned to 400 points a series, serialize) against
+the baseline of what a redraw did before: re-read the whole link log and build the full figures
+(it thinned them after that, which cost more again). Best of 3, one core.
+
+    python bench/dashboard_bench.py [--minutes 5 30 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save, single_core  # noqa: E402
+
+single_core()
+
+import numpy as np  # noqa: E402
+
+from wantrain.report import JsonlFollower, figures, read_links  # noqa: E402
+from wantrain.study import best_of  # noqa: E402
+from wantrain.ui import Dashboard  # noqa: E402
+
+SITES = ("us-west", "eu-west", "ap-southeast")
+ROUND_S = 30.0
+
+
+def synthetic_run(minutes: float, run_dir: Path, seed: int = 0) -> list[dict]:
+    """Write links.jsonl for a run of `minutes`; return its telemetry events (as Watch sends them)."""
+    rng = np.random.default_rng(seed)
+    t0, end = 1.7e9, 1.7e9 + 60 * minutes
+    events: list[dict] = [{"kind": "run_start", "t": t0, "elapsed_s": 0.0, "val_loss": 5.5}]
+    links: list[dict] = [{"kind": "links_start", "t": t0, "sites": [{"name": s} for s in SITES]}]
+    sent = {s: [0, 0] for s in SITES}
+    for i, t in enumerate(np.arange(t0, end, 1.0)):
+        for k, s in enumerate(SITES):
+            sent[s][0] += int(rng.integers(0, 2_000_000))
+            sent[s][1] += int(rng.integers(0, 2_000_000))
+            links.append({"kind": "link", "t": float(t), "site": s, "trace_rtt_ms": 70.0 + 80 * k,
+                          "bytes_up": sent[s][0], "bytes_down": sent[s][1]})
+            if i % 5 == k:
+                probes = [float(t) + j for j in range(5)]
+                events.append({"kind": "link_rtt", "t": probes, "site": s,
+                               "rtt_ms": list(70.0 + 80 * k + rng.exponential(5, 5))})
+        if i % int(ROUND_S) == int(ROUND_S) - 1:
+            r = i // int(ROUND_S)
+            events.append({"kind": "round_start", "t": float(t) - ROUND_S + 1, "round": r})
+            for s in SITES:
+                events.append({"kind": "site_round", "t": float(t), "elapsed_s": float(t - t0), "site": s, "round": r,
+                               "train_loss": 4.0 - r / 100, "wire_bytes": 790_000, "raw_bytes": 3_500_000,
+                               "huffman_bits_per_symbol": 6.8})
+            events.append({"kind": "round_end", "t": float(t), "elapsed_s": float(t - t0), "round": r,
+                           "val_loss": 3.0 - r / 200, "wire_bytes": 800_000, "round_s": ROUND_S})
+        if i % 600 == 300:
+            links.append({"kind": "outage_start", "t": float(t), "site": SITES[2]})
+            links.append({"kind": "outage_end", "t": float(t) + 5, "site": SITES[2]})
+    (run_dir / "links.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in links))
+    return events
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, nargs="+", default=[5, 30, 60])
+    args = ap.parse_args()
+    out = []
+    for minutes in args.minutes:
+        with tempfile.TemporaryDirectory() as d:
+            run_dir = Path(d)
+            events = synthetic_run(minutes, run_dir)
+            links = read_links(run_dir)
+            dash = Dashboard(links=JsonlFollower(run_dir / "links.jsonl"), min_interval_s=1e9)
+            for e in events:
+                dash.add(e)
+            t_base = best_of(lambda: figures(events, read_links(run_dir)), repeats=3)
+            t_redraw = best_of(dash.redraw, repeats=3)
+            sent_kb = sum(len(s) for s in dash._sent.values()) / 1e3
+            row = {"minutes": minutes, "events": len(events), "link_rows": len(links),
+                   "baseline_full_figures_s": round(t_base, 4), "redraw_s": round(t_redraw, 4),
+                   "redraw_over_baseline": round(t_redraw / t_base, 3), "sent_kb": round(sent_kb, 1)}
+            out.append(row)
+            print(f"{minutes:5.0f} min: {len(events):6d} events, {len(links):6d} link rows | baseline (re-read, "
+                  f"full figures) {t_base * 1e3:7.1f} ms | one live redraw {t_redraw * 1e3:6.1f} ms "
+                  f"({t_redraw / t_base:.2f}x) | {sent_kb:.0f} kB sent")
+    print("saved", save("dashboard", {"rows": out}))
+
+
+if __name__ == "__main__":
+    main()
