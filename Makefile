@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
 	$(BIN)/python bench/server_bench.py
 	$(BIN)/python bench/proxy_bench.py
+	$(BIN)/python bench/dashboard_bench.py
 
 # The full soak: 30 rounds of 50 inner steps with 8 random site kills and one PS kill against the
 # same run without faults; passes when the final validation losses are within 2 % (about 8 minutes).
