@@ -13,6 +13,16 @@ from pathlib import Path
 from wantrain.config import RunConfig
 
 
+def drain(link) -> list:
+    """What a ParameterServer queued for a site, model downloads expanded into their messages."""
+    from wantrain.download import ModelDownload
+    out = []
+    while not link.outbox.empty():
+        m = link.outbox.get_nowait()
+        out.extend(m.messages() if isinstance(m, ModelDownload) else [m])
+    return out
+
+
 def small_config(**changes) -> RunConfig:
     base = {"num_sites": 3, "train.rounds": 4, "train.inner_steps": 8, "train.batch_size": 4,
             "model.block_size": 64, "train.eval_batches": 2, "train.warmup_steps": 4}

@@ -1,7 +1,6 @@
 """The live dashboard, fed by a real run's Watch stream in a background thread."""
 
 import json
-import time
 
 import numpy as np
 import pytest

@@ -1,8 +1,15 @@
-"""Progress of long work off a terminal: a site's model download logs each quarter."""
+"""Progress of long work: a site's model download logs each quarter off a terminal; the PS reports
+downloads to watchers."""
 
+import json
 import logging
 
+from wantrain.messages import Join
+from wantrain.server import ParameterServer
+from wantrain.ui import site_states
 from wantrain.worker import DownloadProgress
+
+from .helpers import drain, small_config
 
 
 def test_download_progress_logs_quarters_and_stays_quiet_for_small_models(caplog):
@@ -19,3 +26,19 @@ def test_download_progress_logs_quarters_and_stays_quiet_for_small_models(caplog
     for _ in range(3):
         small.update(100)
     assert not caplog.records
+
+
+def test_model_download_reports_each_tenth_to_watchers(tmp_path):
+    """The PS tells Watch how far each site's model download is, so a notebook shows a percentage."""
+    ps = ParameterServer(small_config(num_sites=1, **{"codec.chunk_bytes": 4096}), run_dir=tmp_path)
+    a = ps.join(Join("a"))
+    chunks = [m for m in drain(a) if type(m).__name__ == "TensorChunk"]
+    events = [json.loads(ln) for ln in ps.recorder.events]
+    progress = [e for e in events if e["kind"] == "download"]
+    n = len(chunks)
+    assert n >= 20
+    assert [e["chunks"] for e in progress] == [next(i for i in range(1, n + 1) if 10 * i // n == k) for k in range(1, 11)]
+    assert all(e["site"] == "a" and e["of"] == n for e in progress)
+    assert progress[-1]["mb"] == sum(c.data.wire_bytes for c in chunks) / 1e6
+    half = events[:events.index(progress[4]) + 1]
+    assert site_states(half)["a"].startswith("downloading the model: 50 % of")

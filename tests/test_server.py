@@ -10,11 +10,10 @@ from wantrain.errors import ProtocolError, RejectedError
 from wantrain.messages import (DELTA, MODEL, UPDATE, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
                                Welcome)
 from wantrain.replica import param_hash
-from wantrain.download import ModelDownload
 from wantrain.server import ParameterServer
 
 
-from .helpers import small_config
+from .helpers import drain, small_config
 
 
 def enter(ps, join):
@@ -23,15 +22,6 @@ def enter(ps, join):
     if link.name not in ps.awaiting_model:
         ps.on_ready(link, Ready(ps.round, ps.hash))
     return link
-
-
-def drain(link):
-    """What the PS queued for a site, model downloads expanded into their messages."""
-    out = []
-    while not link.outbox.empty():
-        m = link.outbox.get_nowait()
-        out.extend(m.messages() if isinstance(m, ModelDownload) else [m])
-    return out
 
 
 def delta_chunks(ps, round_, scale=1e-3, seed=0):

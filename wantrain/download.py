@@ -8,7 +8,7 @@ per download is one chunk; per PS at most one extra copy of the model, only then
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -25,16 +25,23 @@ def live_views(model) -> dict[str, np.ndarray]:
 
 
 class ModelDownload:
-    """Welcome, then the model chunks, produced lazily by `messages()`."""
+    """Welcome, then the model chunks, produced lazily by `messages()`.
 
-    def __init__(self, welcome: Welcome, source: dict[str, np.ndarray], codec: Codec) -> None:
+    `on_progress(chunks_sent, chunks, bytes_sent)` is called each time another tenth of the
+    chunks has been handed to the stream (HTTP/2 flow control keeps that close to what arrived),
+    so a watcher far away can show a download's progress."""
+
+    def __init__(self, welcome: Welcome, source: dict[str, np.ndarray], codec: Codec,
+                 on_progress: Callable[[int, int, int], None] | None = None) -> None:
         self.codec = codec
         self.plan = plan_chunks({k: v.size for k, v in source.items()}, codec.cfg.chunk_elements())
         self.welcome = Welcome(welcome.run_id, welcome.site_index, welcome.config, welcome.round,
                                welcome.model_hash, len(self.plan), welcome.data_position)
         self.source = source
         self.sent = 0
+        self.bytes_sent = 0
         self.finished = False
+        self.on_progress = on_progress
 
     def messages(self) -> Iterator[Welcome | TensorChunk]:
         yield self.welcome
@@ -42,6 +49,8 @@ class ModelDownload:
         for i, spec in enumerate(self.plan):
             part = self.source[spec.tensor][spec.offset: spec.offset + spec.length]
             enc, _ = self.codec.encode(part)
-            self.sent = i + 1
             yield TensorChunk(MODEL, self.welcome.round, i, n, spec, enc)
+            self.sent, self.bytes_sent = i + 1, self.bytes_sent + enc.wire_bytes
+            if self.on_progress and 10 * self.sent // n > 10 * i // n:      # another tenth is out
+                self.on_progress(self.sent, n, self.bytes_sent)
         self.finished = True

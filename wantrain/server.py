@@ -261,7 +261,10 @@ class ParameterServer:
         link.ready = False
         welcome = Welcome(self.run_id, link.index, self.cfg, self.round, self.hash, 0,
                           self.data_positions.get(link.name, 0))
-        download = ModelDownload(welcome, live_views(self.model), self.model_codec)
+        def progress(sent: int, chunks: int, nbytes: int) -> None:     # for watchers: a tenth more is out
+            self.recorder.emit("download", site=link.name, chunks=sent, of=chunks, mb=nbytes / 1e6)
+
+        download = ModelDownload(welcome, live_views(self.model), self.model_codec, on_progress=progress)
         self.downloads = [d for d in self.downloads if not d.finished] + [download]
         link.outbox.put_nowait(download)
 

@@ -7,6 +7,8 @@ fields `v` (schema version), `seq` (0, 1, 2, ...), `kind`, `t` (Unix time) and `
     run_start   run_id, config, num_params
     join        site, site_index, device, resumed (bool)
     leave       site, reason
+    download    site, chunks, of, mb: the PS has handed this much of the model to the site's stream
+                (once per tenth of its chunks)
     ready       site, round, since_join_s (the site downloaded and loaded the model: it can train)
     round_start round
     site_round  round, site, train_loss, last_train_loss, tokens, steps, raw_bytes, wire_bytes,
@@ -38,7 +40,8 @@ SCHEMA_VERSION = 1
 EVENT_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
                "checkpoint", "restart", "error", "run_end",
                # rounds that do not wait forever, and faults
-               "deadline", "late_delta", "quarantine", "stall", "downloads_frozen", "ready")
+               "deadline", "late_delta", "quarantine", "stall", "downloads_frozen", "ready",
+               "download")
 
 
 def _clean(v: Any) -> Any:

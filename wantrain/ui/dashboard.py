@@ -35,6 +35,10 @@ def site_states(events: list[dict]) -> dict[str, str]:
         k, site = e["kind"], e.get("site")
         if k == "join":
             states[site] = "downloading the model" + (" (rejoined)" if e.get("resumed") else "")
+        elif k == "download" and site in states and states[site].startswith("downloading"):
+            rejoined = " (rejoined)" if states[site].endswith("(rejoined)") else ""
+            states[site] = f"downloading the model: {100 * e['chunks'] // e['of']} % of {e['of']} chunks " \
+                           f"({e['mb']:.1f} MB sent){rejoined}"
         elif k == "ready":
             states[site] = f"model loaded in {e['since_join_s']:.1f} s"
         elif k == "round_start":
