@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from wantrain.report import JsonlFollower, thin
+from wantrain.report import JsonlFollower, figures, thin
 from wantrain.run import Run
 from wantrain.ui import Dashboard
 
@@ -70,3 +70,20 @@ def test_dashboard_follows_a_run_without_blocking(tmp_path):
     assert all(len(tr.x) <= 3 for w in capped.charts for tr in w.data if tr.x is not None)
     static = live.static_figures()                               # for saved notebooks: the real curves
     assert [f.layout.title.text for f in static] == titles
+
+
+def test_figures_thin_every_series_and_tolerate_empty_probe_batches():
+    t0 = 1.7e9
+    events = [{"kind": "run_start", "t": t0, "elapsed_s": 0.0, "val_loss": 5.5},
+              {"kind": "link_rtt", "t": [], "site": "a", "rtt_ms": []},
+              {"kind": "link_rtt", "t": [t0 + i for i in range(1000)], "site": "b",
+               "rtt_ms": [900.0 if i == 613 else 80.0 for i in range(1000)]}]
+    links = [{"kind": "link", "t": t0 + i, "site": "b", "trace_rtt_ms": 80.0, "bytes_up": 1000 * i, "bytes_down": 0}
+             for i in range(1000)]
+    full = figures(events, links)
+    thinned = figures(events, links, max_points=50)
+    assert [f.layout.title.text for f in full] == [f.layout.title.text for f in thinned]
+    rtt = next(f for f in thinned if f.layout.title.text.startswith("Links: RTT"))
+    b = next(tr for tr in rtt.data if tr.name == "measured RTT b")
+    assert len(b.y) <= 50 and max(b.y) == 900.0                      # the spike survives thinning
+    assert max(len(tr.x) for f in full for tr in f.data if tr.x is not None) == 1000

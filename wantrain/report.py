@@ -161,7 +161,7 @@ def links_figure(events: list[dict], links: list[dict], max_points: int | None =
     t0 = events[0]["t"]
     fig = go.Figure()
     for site in sorted(samples):
-        t, rtt = np.array(samples[site]).T                           # (2, probes)
+        t, rtt = np.array(samples[site], dtype=float).reshape(-1, 2).T      # (2, probes)
         x, y = _xy(t - t0, rtt, max_points)
         fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"measured RTT {site}", marker=dict(size=5)))
         trace = [ln for ln in links if ln["kind"] == "link" and ln["site"] == site]
@@ -169,8 +169,8 @@ def links_figure(events: list[dict], links: list[dict], max_points: int | None =
             x, y = _xy([ln["t"] - t0 for ln in trace], [ln["trace_rtt_ms"] for ln in trace], max_points)
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(dash="dot", width=1),
                                      name=f"trace RTT in force {site}"))
-    # link_rtt events carry a list of probe times in "t"; an outage still on ends "now" for the chart
-    # Shaded as plain layout shapes: plotly's add_vrect costs ~20 ms each, and the dashboard redraws.
+    # Outages shaded as plain layout shapes (plotly's add_vrect costs ~20 ms each, and the dashboard
+    # redraws). link_rtt events carry a list of probe times in "t"; an outage still on ends "now".
     now = max([ln["t"] for ln in links] + [e["t"] for e in events if not isinstance(e["t"], list)])
     shapes, notes = [], []
     for ln in links:
