@@ -6,8 +6,9 @@ A scenario is a TOML file (see scenarios/ for the built-in ones):
     backend ("proxy", the default and needing no root, or "kernel": root, namespaces)
     [[site]] name, region, and optionally: bandwidth_mbps (default unlimited), jitter_ms, loss,
              spikes_per_min, spike_min_ms, outages = [{start_s, duration_s}], resets = [start_s, ...]
-             (connection resets), speed_factor, trace = "file.csv" (replaces the synthetic trace;
-             relative to the scenario file)
+             (connection resets), speed_factor, trace = "file.csv" (replaces the synthetic delay,
+             bandwidth, jitter, loss and spikes; relative to the scenario file; outages and resets
+             still happen on top of it)
 
 A bad file gets a message that names the file, the line (where the TOML says it) and the field.
 """
@@ -71,6 +72,7 @@ class Scenario:
         """(uplink, downlink) traces of a site's link, already time-scaled."""
         if site.trace:
             t = Trace.load_csv(Path(site.trace) if self.path is None else self.path.parent / site.trace, loop=True)
+            t = t.with_outages(site.outages)
             return t.scaled(self.time_scale), t.scaled(self.time_scale)
         i = [s.name for s in self.sites].index(site.name)
         one_way = self.rtt_ms(site) / 2

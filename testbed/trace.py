@@ -197,6 +197,30 @@ class Trace:
         return Trace(t, np.array([s.delay_ms for s in states]), np.array([s.bandwidth_mbps for s in states]),
                      np.array([s.loss for s in states]), self.loop, self.time_scale, self.name, self.events)
 
+    def with_outages(self, outages: tuple[Outage, ...]) -> "Trace":
+        """This trace with the bandwidth at 0 during each outage (trace seconds). A looped trace is first
+        repeated until one pass covers every outage; the result loops over that longer pass."""
+        if not outages:
+            return self
+        for o in outages:
+            if not 0 < o.duration_s <= 200 or o.start_s < 0:
+                raise TraceError(f"outage duration must be in (0, 200] s and its start >= 0, got {o}")
+        period = self.duration_s
+        end = max(o.start_s + o.duration_s for o in outages)
+        reps = max(1, math.ceil(end / period)) if self.loop else 1
+        if reps * self.t_s.size > 1_000_000:
+            raise TraceError(f"trace {self.name!r} would need {reps} passes to reach an outage at {end:g} s")
+        t = np.concatenate([self.t_s + k * period for k in range(reps)])
+        cuts = np.array(sorted({x for o in outages for x in (o.start_s, o.start_s + o.duration_s)}))
+        t = np.union1d(t, cuts[cuts < reps * period] if self.loop else cuts)
+        base = Trace(self.t_s, self.delay_ms, self.bandwidth_mbps, self.loss, self.loop, 1.0, self.name)
+        states = [base.at(x) for x in t]
+        bw = np.array([st.bandwidth_mbps for st in states])
+        for o in outages:
+            bw[(t >= o.start_s) & (t < o.start_s + o.duration_s)] = 0.0
+        return Trace(t, np.array([st.delay_ms for st in states]), bw, np.array([st.loss for st in states]), self.loop,
+                     self.time_scale, self.name, self.events + tuple(outages))
+
     def looped(self, loop: bool = True) -> "Trace":
         return Trace(self.t_s, self.delay_ms, self.bandwidth_mbps, self.loss, loop, self.time_scale, self.name,
                      self.events)

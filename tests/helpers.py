@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -44,11 +45,17 @@ def wantrain(*args: str, timeout: float = 120, **kw) -> subprocess.CompletedProc
 class Proc:
     """A wantrain process that a test started; always killed (with its group) at the end."""
 
-    def __init__(self, *args: str, log: Path) -> None:
+    def __init__(self, *args: str, log: Path, open_files: int | None = None) -> None:
         self.log = log
         self.f = open(log, "wb")
+
+        def limit() -> None:            # the child's open-file limit, soft and hard (a common 1024)
+            if open_files is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         self.p = subprocess.Popen([sys.executable, "-m", "wantrain", *args], stdout=self.f, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                  stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=limit,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

@@ -6,6 +6,7 @@ Each attack gets the right gRPC status, the PS stays up, and the global model is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import socket
@@ -18,8 +19,8 @@ import pytest
 
 from wantrain import wire
 from wantrain.codec import Codec, EncodeStats, encode_arrays
-from wantrain.messages import (DELTA, PROTOCOL_VERSION, Join, Ready, RoundMetrics, RoundStart, TensorChunk,
-                               Welcome)
+from wantrain.messages import (DELTA, PROTOCOL_VERSION, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart,
+                               TensorChunk, Welcome)
 from wantrain.telemetry import read_events, rows
 from wantrain.tls import make_dev_certs
 
@@ -28,21 +29,38 @@ from .helpers import Proc, free_port, small_config
 TOKENS = {"a": "token-of-a-0123456789", "b": "token-of-b-9876543210"}
 
 
+class _Raw(bytes):
+    """Bytes sent as a SiteMessage without serializing (see HandSite.send_raw)."""
+
+
+def _serialize(m) -> bytes:
+    return bytes(m) if isinstance(m, _Raw) else m.SerializeToString()
+
+
 class HandSite:
     """A site driven by hand: every message it sends is chosen by the test."""
 
     def __init__(self, address: str, creds: grpc.ChannelCredentials | None, name: str, token: str,
-                 version: int = PROTOCOL_VERSION):
+                 version: int = PROTOCOL_VERSION, first: bytes | None = None, **join):
         opts = [("grpc.ssl_target_name_override", "localhost"), ("grpc.max_send_message_length", 64 << 20)]
         self.ch = grpc.secure_channel(address, creds, options=opts) if creds else grpc.insecure_channel(address)
         self.out: queue.Queue = queue.Queue()
-        self.out.put(wire.site_message(Join(name, protocol_version=version, token=token)))
-        self.stream = wire.pb_grpc.ParameterServerStub(self.ch).Session(iter(self.out.get, None), timeout=60)
+        if first is not None:
+            self.out.put(_Raw(first))
+        else:
+            self.out.put(wire.site_message(Join(name, protocol_version=version, token=token, **join)))
+        session = self.ch.stream_stream("/wantrain.v1.ParameterServer/Session", request_serializer=_serialize,
+                                        response_deserializer=wire.pb.ServerMessage.FromString)
+        self.stream = session(iter(self.out.get, None), timeout=60)
         self.sizes: dict[str, int] = {}
         self.welcome: Welcome | None = None
 
     def send(self, msg) -> None:
         self.out.put(msg if isinstance(msg, wire.pb.SiteMessage) else wire.site_message(msg))
+
+    def send_raw(self, raw: bytes) -> None:
+        """Bytes as they are, whatever protobuf makes of them."""
+        self.out.put(_Raw(raw))
 
     def recv(self):
         return wire.server_message_from_proto(next(self.stream))
@@ -68,7 +86,9 @@ class HandSite:
         stats = EncodeStats()
         chunks, _ = encode_arrays(values, Codec(self.welcome.config.codec), None, stats)
         msgs = [TensorChunk(DELTA, round_, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]
-        metrics = RoundMetrics(round=round_, train_loss=3.0, last_train_loss=3.0, tokens=1000, steps=1,
+        t = self.welcome.config.train
+        metrics = RoundMetrics(round=round_, train_loss=3.0, last_train_loss=3.0,
+                               tokens=t.batch_size * self.welcome.config.model.block_size, steps=1,
                                raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, huffman_bits_per_symbol=0.0,
                                encode_s=0, decode_s=0, compute_s=1, comm_s=0, chunks=len(msgs))
         return msgs, metrics
@@ -149,8 +169,19 @@ def chunk_proto(c: TensorChunk, **override) -> wire.pb.SiteMessage:
     ("out_of_range_offset", grpc.StatusCode.INVALID_ARGUMENT, "outside"),
     ("wrong_shape", grpc.StatusCode.INVALID_ARGUMENT, "elements has"),
     ("bad_crc", grpc.StatusCode.INVALID_ARGUMENT, "CRC"),
-    ("nan_delta", grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
+    ("nan_scales", grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
     ("inf_scales", grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
+    ("wrong_encoding", grpc.StatusCode.INVALID_ARGUMENT, "codec.mode"),
+    ("huge_delta", grpc.StatusCode.INVALID_ARGUMENT, "max_delta_ratio"),
+    ("tokens_lie", grpc.StatusCode.INVALID_ARGUMENT, "tokens"),
+    ("steps_lie", grpc.StatusCode.INVALID_ARGUMENT, "inner steps"),
+    ("metrics_twice", grpc.StatusCode.INVALID_ARGUMENT, "arrived twice"),
+    ("unparseable", grpc.StatusCode.INVALID_ARGUMENT, "protobuf can parse"),
+    ("hash_of_future_round", grpc.StatusCode.INVALID_ARGUMENT, "not been committed"),
+    ("ready_twice", grpc.StatusCode.INVALID_ARGUMENT, "no model download is waiting"),
+    ("probe_flood", grpc.StatusCode.RESOURCE_EXHAUSTED, "RTT samples faster"),
+    ("control_flood", grpc.StatusCode.RESOURCE_EXHAUSTED, "control messages faster"),
+    ("wrong_hash_reports", grpc.StatusCode.INVALID_ARGUMENT, "not been committed"),
     ("oversized_message", grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
     ("metrics_before_chunks", grpc.StatusCode.INVALID_ARGUMENT, "metrics after"),
 ])
@@ -169,21 +200,41 @@ def test_bad_messages_from_a_joined_site(server, attack, code, needle):
             a.send(chunk_proto(c0, encoding=wire.pb.ENCODING_INT8, length=c0.spec.length + 5))
         elif attack == "bad_crc":
             a.send(chunk_proto(c0, crc32=c0.data.payload.__len__()))
-        elif attack in ("nan_delta", "inf_scales"):
+        elif attack in ("nan_scales", "inf_scales", "wrong_encoding", "huge_delta"):
             from wantrain.codec import Encoded
             first = msgs[0]
-            if attack == "nan_delta":
-                v = np.zeros(first.spec.length, np.float32)
-                v[7] = np.nan
-                enc = Encoded("fp32", first.spec.length, 0, b"", v.tobytes())
+            s = np.frombuffer(first.data.scales, np.float32).copy()
+            if attack == "wrong_encoding":
+                enc = Encoded("fp32", first.spec.length, 0, b"", np.zeros(first.spec.length, np.float32).tobytes())
             else:
-                s = np.frombuffer(first.data.scales, np.float32).copy()
-                s[0] = np.inf
+                s[0] = {"nan_scales": np.nan, "inf_scales": np.inf, "huge_delta": 1e36}[attack]
                 enc = Encoded(first.data.encoding, first.data.length, first.data.quant_block, s.tobytes(),
                               first.data.payload)
             for c in [TensorChunk(DELTA, 0, 0, first.count, first.spec, enc)] + msgs[1:]:
                 a.send(c)
             a.send(metrics)
+        elif attack in ("tokens_lie", "steps_lie", "metrics_twice"):
+            for c in msgs:
+                a.send(c)
+            lie = {"tokens_lie": dict(tokens=2**64 - 1), "steps_lie": dict(steps=2**32 - 1), "metrics_twice": {}}
+            a.send(dataclasses.replace(metrics, **lie[attack]))
+            if attack == "metrics_twice":
+                a.send(metrics)
+        elif attack == "unparseable":
+            a.send_raw(b"\x12\xff\xff\xff\xff\x0f")        # a chunk field whose length runs past the end
+        elif attack == "hash_of_future_round":
+            a.send(HashReport(0, a.welcome.model_hash))          # no round has been committed
+        elif attack == "ready_twice":
+            a.send(Ready(a.welcome.round, a.welcome.model_hash))
+        elif attack == "control_flood":
+            for i in range(200):
+                a.send(LinkProbe((1.7e9 + i,), (10.0,)))
+        elif attack == "wrong_hash_reports":                      # finding 4: 200 reports, 4.4 KB
+            for _ in range(200):
+                a.send(HashReport(0, "0" * 16))
+        elif attack == "probe_flood":
+            for i in range(2100):                                 # 2.1 million samples, 1000 a message
+                a.send(LinkProbe(tuple(1.7e9 + k for k in range(1000)), (10.0,) * 1000))
         elif attack == "oversized_message":
             a.send(chunk_proto(c0, payload=b"\0" * (8 << 20)))
         elif attack == "metrics_before_chunks":
@@ -193,7 +244,7 @@ def test_bad_messages_from_a_joined_site(server, attack, code, needle):
         a.close()
     assert err is not None and err.code() == code, err
     assert needle in (err.details() or "")
-    if attack == "nan_delta":
+    if attack in ("nan_scales", "huge_delta"):
         assert rows(read_events(server[3] / "run"), "quarantine")
     assert_unharmed(server)
 
@@ -216,6 +267,16 @@ def test_a_truncated_stream_changes_nothing(server):
     (dict(name="a", token=""), grpc.StatusCode.UNAUTHENTICATED),
     (dict(name="eve", token=TOKENS["a"]), grpc.StatusCode.UNAUTHENTICATED),
     (dict(name="a", token=TOKENS["a"], version=PROTOCOL_VERSION + 1), grpc.StatusCode.FAILED_PRECONDITION),
+    # finding 5: strings and numbers from the wire
+    (dict(name="a", token=TOKENS["a"], device="x" * 3_000_000), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(name="a", token=TOKENS["a"], device="cpu\n2026-11-30 12:00:00 INFO wantrain.ps: forged"),
+     grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(name="a", token=TOKENS["a"], resume_hash="\x1b[2J\x07"), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(name="a", token=TOKENS["a"], resume_round=2**64 - 1), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(name="a\nb", token=TOKENS["a"]), grpc.StatusCode.INVALID_ARGUMENT),
+    # finding 6: a first message protobuf cannot parse
+    (dict(name="a", token="", first=b"\x0a\x05hello"), grpc.StatusCode.INVALID_ARGUMENT),
+    (dict(name="a", token="", first=b"\xff" * 64), grpc.StatusCode.INVALID_ARGUMENT),
 ])
 def test_refused_joins(server, who, code):
     a = attacker(server, **who)
@@ -225,6 +286,23 @@ def test_refused_joins(server, who, code):
         a.close()
     assert err is not None and err.code() == code, err
     assert_unharmed(server)
+
+
+@pytest.mark.timeout(60)
+def test_what_peers_sent_stays_bounded_in_the_log_and_the_events(server):
+    """Finding 5, after the attacks above: no line of the PS's log or its event log was forged or
+    blown up by what a peer sent, and no traceback (finding 6)."""
+    _, _, proc, tmp, _ = server
+    log_lines = proc.text().splitlines()
+    event_lines = (tmp / "run" / "events.jsonl").read_text().splitlines()
+    assert not [ln for ln in log_lines if "forged" in ln and not ln.startswith("20") or ln.startswith("2026-11-30")]
+    assert max(map(len, log_lines)) < 2000
+    long = {json.loads(ln)["kind"] for ln in event_lines if len(ln) > 4000}
+    assert long <= {"run_start", "link_rtt"}, long      # the config; at most 1000 RTT samples a message
+    assert not any("\x1b" in ln or "\x07" in ln for ln in log_lines + event_lines)
+    assert "Traceback" not in proc.text()
+    downloads = [e for e in rows(read_events(tmp / "run"), "join") if e["site"] == "a"]
+    assert len(downloads) < 60     # one per test above (finding 4: not one per hash report)
 
 
 @pytest.mark.timeout(60)

@@ -24,21 +24,26 @@ def enter(ps, join):
     return link
 
 
+def metrics_for(cfg, round_, stats, chunks, steps=1, tokens=None):
+    """RoundMetrics as an honest site reports them for a delta encoded with `stats`."""
+    tokens = steps * cfg.train.batch_size * cfg.model.block_size if tokens is None else tokens
+    return RoundMetrics(round=round_, train_loss=3.0, last_train_loss=3.0, tokens=tokens, steps=steps,
+                        raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, huffman_bits_per_symbol=0.0,
+                        encode_s=0, decode_s=0, compute_s=0, comm_s=0, chunks=chunks)
+
+
 def delta_chunks(ps, round_, scale=1e-3, seed=0):
     rng = np.random.default_rng(seed)
     delta = {k: (rng.standard_normal(n) * scale).astype(np.float32) for k, n in ps.shapes.items()}
     stats = EncodeStats()
     chunks, _ = encode_arrays(delta, Codec(ps.cfg.codec), None, stats)
     msgs = [TensorChunk(DELTA, round_, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]
-    m = RoundMetrics(round=round_, train_loss=3.0, last_train_loss=3.0, tokens=1000, steps=1,
-                     raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, huffman_bits_per_symbol=0.0,
-                     encode_s=0, decode_s=0, compute_s=0, comm_s=0, chunks=len(msgs))
-    return msgs, m
+    return msgs, metrics_for(ps.cfg, round_, stats, len(msgs))
 
 
-def one_site_round(tmp_path):
+def one_site_round(tmp_path, **changes):
     """A PS for one site, that site joined and in round 0, and a valid delta for it."""
-    ps = ParameterServer(small_config(num_sites=1), run_dir=tmp_path)
+    ps = ParameterServer(small_config(num_sites=1, **changes), run_dir=tmp_path)
     a = enter(ps, Join("a"))
     drain(a)
     msgs, m = delta_chunks(ps, 0)
@@ -102,9 +107,9 @@ def test_bad_delta_never_touches_the_model(tmp_path):
         with pytest.raises(ProtocolError, match=f"comes in {len(msgs)} chunks"):
             ps.on_chunk(a, TensorChunk(DELTA, 0, 0, 10**12, bad.spec, bad.data))
         # A site that repeats its largest valid chunk under every index cannot hold more than
-        # one model's worth of delta in the PS's memory.
+        # one model's worth of delta in the PS's memory: each index must be the plan's chunk.
         big = max(msgs, key=lambda c: c.spec.length)
-        with pytest.raises(ProtocolError, match="more elements than the model"):
+        with pytest.raises(ProtocolError, match="the plan says"):
             for i in range(len(msgs)):
                 ps.on_chunk(a, TensorChunk(DELTA, 0, i, len(msgs), big.spec, big.data))
         with pytest.raises(ProtocolError, match="metrics after"):
@@ -115,22 +120,29 @@ def test_bad_delta_never_touches_the_model(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path):
+@pytest.mark.parametrize("mode", ["fp32", "int8-huffman"])
+def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path, mode):
     from wantrain.codec import Encoded
 
     async def scenario():
-        ps, a, msgs, m = one_site_round(tmp_path)
+        ps, a, msgs, m = one_site_round(tmp_path, **{"codec.mode": mode})
         h0 = ps.hash
         first = msgs[0]
-        values = np.zeros(first.spec.length, np.float32)
-        values[3] = np.nan
-        poisoned = TensorChunk(DELTA, 0, 0, first.count, first.spec, Encoded("fp32", first.spec.length, 0, b"",
-                                                                             values.tobytes()))
+        if mode == "fp32":           # a NaN element
+            values = np.frombuffer(first.data.payload, np.float32).copy()
+            values[3] = np.nan
+            enc = Encoded("fp32", first.spec.length, 0, b"", values.tobytes())
+        else:                         # an infinite scale
+            scales = np.frombuffer(first.data.scales, np.float32).copy()
+            scales[0] = np.inf
+            enc = Encoded(mode, first.spec.length, first.data.quant_block, scales.tobytes(), first.data.payload)
+        poisoned = TensorChunk(DELTA, 0, 0, first.count, first.spec, enc)
         for c in [poisoned] + msgs[1:]:
             ps.on_chunk(a, c)
         with pytest.raises(ProtocolError, match="non-finite"):
             await ps.on_metrics(a, m)
         assert ps.hash == h0 == param_hash(ps.model) and ps.round == 0 and not ps.aggregating
+        assert rows_of(ps, "quarantine")[-1]["site"] == "a"
 
     asyncio.run(scenario())
 
@@ -182,18 +194,16 @@ def test_chunkwise_aggregation_equals_the_whole_model_reference(tmp_path):
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
         rng = np.random.default_rng(5)
         sent = {}
-        for link, tokens in ((a, 1000), (b, 3000)):
+        for link, tokens in ((a, 700), (b, 2000)):
             delta = {k: (rng.standard_normal(n) * 1e-3).astype(np.float32) for k, n in ps.shapes.items()}
-            chunks, sent[link.name] = encode_arrays(delta, Codec(ps.cfg.codec), None)
+            stats = EncodeStats()
+            chunks, sent[link.name] = encode_arrays(delta, Codec(ps.cfg.codec), None, stats)
             for i, (spec, enc) in enumerate(chunks):
                 ps.on_chunk(link, TensorChunk(DELTA, 0, i, len(chunks), spec, enc))
-            m = RoundMetrics(round=0, train_loss=3.0, last_train_loss=3.0, tokens=tokens, steps=1, raw_bytes=0,
-                             wire_bytes=1, huffman_bits_per_symbol=0.0, encode_s=0, decode_s=0, compute_s=0,
-                             comm_s=0, chunks=len(chunks))
-            await ps.on_metrics(link, m)
+            await ps.on_metrics(link, metrics_for(ps.cfg, 0, stats, len(chunks), steps=8, tokens=tokens))
         await ps.round_task
         outer = OuterNesterov(ps.cfg.train.outer_lr, ps.cfg.train.outer_momentum)
-        update = outer.update(weighted_average(sent, {"a": 1000.0, "b": 3000.0}))
+        update = outer.update(weighted_average(sent, {"a": 700.0, "b": 2000.0}))
         _, decoded = encode_arrays(update, Codec(ps.cfg.codec), ErrorFeedback())
         load_flat(ps.model, start)
         apply_update(ps.model, decoded)

@@ -9,6 +9,9 @@ from wantrain.messages import (DELTA, ErrorMessage, HashReport, Join, LinkProbe,
                                TensorChunk, Welcome)
 
 
+H = "0123456789abcdef"      # a parameter hash: 16 lowercase hex digits
+
+
 def chunk():
     enc, _ = Codec(CodecConfig()).encode(np.linspace(-1, 1, 5000, dtype=np.float32))
     return TensorChunk(DELTA, 3, 1, 4, ChunkSpec("h.0.attn.c_attn.weight", 5000, 5000), enc)
@@ -20,9 +23,9 @@ def metrics():
                         comm_s=0.2, chunks=4)
 
 
-@pytest.mark.parametrize("make", [lambda: Join("us-east", 1, 2, "abc", "cpu"), chunk, metrics,
+@pytest.mark.parametrize("make", [lambda: Join("us-east", 1, 2, H, "cpu"), chunk, metrics,
                                   lambda: LinkProbe((1.0, 2.0), (80.5, 90.0)),
-                                  lambda: HashReport(3, "abcd")])
+                                  lambda: HashReport(3, H)])
 def test_site_messages_round_trip(make):
     msg = make()
     raw = wire.site_message(msg).SerializeToString()
@@ -31,8 +34,8 @@ def test_site_messages_round_trip(make):
 
 
 @pytest.mark.parametrize("make", [
-    lambda: Welcome("run", 2, RunConfig(), 5, "abcd", 7), chunk, lambda: RoundStart(4, "h"),
-    lambda: RoundResult(4, "h", ("a", "b"), 2.5), lambda: ErrorMessage("duplicate_site", "taken")])
+    lambda: Welcome("run", 2, RunConfig(), 5, H, 7), chunk, lambda: RoundStart(4, H),
+    lambda: RoundResult(4, H, ("a", "b"), 2.5), lambda: ErrorMessage("duplicate_site", "taken")])
 def test_server_messages_round_trip(make):
     msg = make()
     raw = wire.server_message(msg).SerializeToString()
@@ -73,3 +76,37 @@ def test_empty_and_bad_messages():
     bad = wire.pb.ServerMessage(welcome=wire.pb.Welcome(config_json='{"num_sites": -1}'))
     with pytest.raises(ProtocolError, match="num_sites"):
         wire.server_message_from_proto(bad)
+
+
+@pytest.mark.parametrize("msg, match", [
+    (wire.pb.SiteMessage(join=wire.pb.Join(site="a\nb")), "valid site"),
+    (wire.pb.SiteMessage(join=wire.pb.Join(site="a", device="x" * 3_000_000)), "device"),
+    (wire.pb.SiteMessage(join=wire.pb.Join(site="a", device="cpu\n2026 INFO forged")), "device"),
+    (wire.pb.SiteMessage(join=wire.pb.Join(site="a", resume_hash="\x1b[31m")), "resume_hash"),
+    (wire.pb.SiteMessage(hash_report=wire.pb.HashReport(round=1, model_hash="ABCDEF0123456789")), "hex"),
+    (wire.pb.SiteMessage(ready=wire.pb.Ready(round=0, model_hash="")), "hex"),
+    (wire.pb.SiteMessage(link_probe=wire.pb.LinkProbe(t=[float("nan")], rtt_ms=[1.0])), "Unix times"),
+    (wire.pb.SiteMessage(link_probe=wire.pb.LinkProbe(t=[1e9] * 1001, rtt_ms=[1.0] * 1001)), "at most 1000"),
+    (wire.pb.SiteMessage(metrics=wire.pb.RoundMetrics(round=0, compute_s=1e300)), "compute_s"),
+])
+def test_strings_and_numbers_from_the_wire_are_bounded(msg, match):
+    """Finding 5: what a peer names or claims is checked before it reaches a log line or an event."""
+    with pytest.raises(ProtocolError, match=match):
+        wire.parse_site_message(msg.SerializeToString())
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xff\xff\xff", b"\x0a\x05hello", b"\x12\x80\x80\x80\x80\x10"])
+def test_bytes_protobuf_cannot_parse_are_a_protocol_error(raw):
+    """Finding 6: garbage is a ProtocolError (the PS answers INVALID_ARGUMENT), never an exception of protobuf's."""
+    with pytest.raises(ProtocolError, match="protobuf can parse"):
+        wire.parse_site_message(raw)
+
+
+def test_a_huffman_header_cannot_claim_more_symbols_than_its_chunk():
+    m = wire.site_message(chunk())
+    payload = bytearray(m.chunk.payload)
+    payload[4:8] = (10**9).to_bytes(4, "little")        # n in the payload header
+    m.chunk.payload = bytes(payload)
+    m.chunk.crc32 = __import__("zlib").crc32(m.chunk.payload, __import__("zlib").crc32(m.chunk.scales))
+    with pytest.raises(ProtocolError, match="announces 1000000000 symbols"):
+        wire.parse_site_message(m.SerializeToString())

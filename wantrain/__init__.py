@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "Run": "wantrain.run",
     "ParameterServer": "wantrain.server",
-    "serve": "wantrain.server",
+    "serve": "wantrain.servicer",
     "Site": "wantrain.worker",
     "SiteOptions": "wantrain.worker",
     "Codec": "wantrain.codec",

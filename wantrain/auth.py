@@ -1,8 +1,14 @@
-"""Who may join a run: per-site tokens, or one shared secret, checked on every Join.
+"""Who may join a run, and who may watch it: per-site tokens or one shared secret, and an observer token.
+
+Sites present their secret in the Join. Watch (the run's telemetry: config, sites, losses, hashes,
+errors) and Ping need one too, as gRPC metadata `authorization: Bearer <token>`: the observer
+token or the shared secret for Watch (a notebook, the CLI), a site's own secret for Ping. A PS
+with no secret at all is open to everyone (development on one machine).
 
 Secrets never travel in the run config (which every site receives) and never sit on a command
 line: the PS reads them from files (`--tokens FILE`: a JSON object site -> token;
-`--shared-secret-file FILE`), a site from `--token-file FILE`. Comparisons take constant time.
+`--shared-secret-file FILE`, `--observer-token-file FILE`), a site from `--token-file FILE`, an
+observer from `--observer-token-file FILE`. Comparisons take constant time.
 """
 
 from __future__ import annotations
@@ -15,7 +21,14 @@ from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["Authenticator", "read_secret", "new_secret_file"]
+__all__ = ["Authenticator", "read_secret", "new_secret_file", "bearer", "token_from_metadata", "METADATA_KEY"]
+
+METADATA_KEY = "authorization"
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    """gRPC call metadata that presents `token` (Watch, Ping)."""
+    return ((METADATA_KEY, f"Bearer {token}"),) if token else ()
 
 
 def read_secret(path: str | Path) -> str:
@@ -41,13 +54,15 @@ def new_secret_file(path: str | Path) -> Path:
 class Authenticator:
     tokens: dict[str, str] = field(default_factory=dict, repr=False)   # site -> token
     shared_secret: str = field(default="", repr=False)
+    observer_token: str = field(default="", repr=False)
 
     @property
     def open(self) -> bool:
-        return not self.tokens and not self.shared_secret
+        return not self.tokens and not self.shared_secret and not self.observer_token
 
     @classmethod
-    def from_files(cls, tokens_file: str | Path | None = None, shared_secret_file: str | Path | None = None):
+    def from_files(cls, tokens_file: str | Path | None = None, shared_secret_file: str | Path | None = None,
+                   observer_token_file: str | Path | None = None):
         tokens: dict[str, str] = {}
         if tokens_file:
             p = Path(tokens_file)
@@ -58,11 +73,12 @@ class Authenticator:
             if not isinstance(tokens, dict) or not all(isinstance(k, str) and isinstance(v, str) and v
                                                         for k, v in tokens.items()):
                 raise ConfigError(f"tokens file {p} must be a JSON object of site name -> non-empty token")
-        return cls(tokens, read_secret(shared_secret_file) if shared_secret_file else "")
+        return cls(tokens, read_secret(shared_secret_file) if shared_secret_file else "",
+                   read_secret(observer_token_file) if observer_token_file else "")
 
     def check(self, site: str, token: str) -> str | None:
         """None if the site may join, else the reason (for the log; the site hears less)."""
-        if self.open:
+        if not self.tokens and not self.shared_secret:
             return None
         given = token.encode()
         if site in self.tokens and hmac.compare_digest(given, self.tokens[site].encode()):
@@ -70,3 +86,23 @@ class Authenticator:
         if self.shared_secret and hmac.compare_digest(given, self.shared_secret.encode()):
             return None
         return "unknown site" if self.tokens and site not in self.tokens and not self.shared_secret else "bad token"
+
+    def may_watch(self, token: str) -> bool:
+        """Watch: the observer token or the run's shared secret (anyone, if the PS has no secret)."""
+        if self.open:
+            return True
+        given = token.encode()
+        return any(secret and hmac.compare_digest(given, secret.encode())
+                   for secret in (self.observer_token, self.shared_secret))
+
+    def may_ping(self, site: str, token: str) -> bool:
+        """Ping: what may join (a site's own secret) or watch."""
+        return self.may_watch(token) or self.check(site, token) is None
+
+
+def token_from_metadata(metadata) -> str:
+    """The bearer token of a call's metadata ("" if none)."""
+    for key, value in metadata or ():
+        if key == METADATA_KEY and isinstance(value, str) and value.startswith("Bearer "):
+            return value[len("Bearer "):]
+    return ""

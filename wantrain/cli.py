@@ -23,18 +23,29 @@ def _setup_logging(level: str = "INFO") -> None:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
+    from .auth import Authenticator, new_secret_file
     from .config import RunConfig
-    from .server import ParameterServer, serve
+    from .limits import Limits
+    from .run import new_run_dir
+    from .server import ParameterServer
+    from .servicer import serve
+    from .tls import TLSServer
 
     _setup_logging()
-    from .run import new_run_dir
-
-    from .auth import Authenticator
-
+    log = logging.getLogger("wantrain.ps")
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
-    auth = Authenticator.from_files(args.tokens, args.shared_secret_file)
-    run_dir = args.run_dir or new_run_dir()
-    from .tls import TLSServer
+    limits = Limits(max_connections=args.max_connections, max_streams_per_peer=args.max_streams_per_peer,
+                    handshake_timeout_s=args.handshake_timeout, join_timeout_s=args.join_timeout)
+    run_dir = Path(args.run_dir) if args.run_dir else new_run_dir()
+    observer_file = args.observer_token_file
+    if not observer_file and (args.tokens or args.shared_secret_file):
+        # Telemetry names the sites, their losses and errors: with sites authenticated, watchers are too.
+        run_dir.mkdir(parents=True, exist_ok=True)
+        observer_file = run_dir / "observer-token"
+        if not observer_file.exists():
+            new_secret_file(observer_file)
+        log.info("observers (Watch) need the token in %s (wantrain watch --observer-token-file ...)", observer_file)
+    auth = Authenticator.from_files(args.tokens, args.shared_secret_file, observer_file)
     tls = None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
@@ -44,11 +55,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
     elif args.tls_client_ca:
         raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
     elif args.host not in ("127.0.0.1", "localhost", "::1"):
-        logging.getLogger("wantrain.ps").warning(
+        log.warning(
             "serving plaintext on %s: sites' tokens and deltas cross the network unencrypted; "
             "use --tls-cert/--tls-key (wantrain tls-dev makes a development CA)", args.host)
     ps = ParameterServer(cfg, run_dir=run_dir, exit_when_done=not args.keep_running, auth=auth,
-                         stalls=_stalls(args.stall))
+                         stalls=_stalls(args.stall), limits=limits)
     asyncio.run(serve(ps, args.host, args.port, args.port_file, tls=tls))
     return 0
 
@@ -72,6 +83,38 @@ def cmd_worker(args: argparse.Namespace) -> int:
                             link_mbps=args.link_mbps))
     asyncio.run(site.run())
     logging.getLogger("wantrain.site").info("site %s finished after %d rounds", args.site, site.round)
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Print a PS's telemetry, one JSON event per line, from the start of the run until its end."""
+    import json
+
+    import grpc
+
+    from . import net, wire
+    from .auth import bearer, read_secret
+    from .errors import ConnectionLostError, RejectedError
+    from .tls import TLSClient
+
+    token = read_secret(args.observer_token_file) if args.observer_token_file else ""
+    tls = TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None
+    seq = args.from_seq
+    with net.observer_channel(args.ps, tls, args.tls_server_name) as channel:
+        watch = wire.pb_grpc.ParameterServerStub(channel).Watch
+        try:
+            for ev in watch(wire.pb.WatchRequest(from_seq=seq), metadata=bearer(token), wait_for_ready=True,
+                            timeout=args.timeout or None):
+                print(ev.json, flush=True)
+                if json.loads(ev.json).get("kind") == "run_end" and not args.follow:
+                    return 0
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                raise RejectedError("unauthenticated", f"{args.ps} refused to show its telemetry: {e.details()}") \
+                    from None
+            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return 0
+            raise ConnectionLostError(f"watching {args.ps} failed: {e.code().name}: {e.details()}") from None
     return 0
 
 
@@ -145,6 +188,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for ev in run.follow(timeout_s=args.timeout):
             if ev["kind"] == "run_start":
                 bar.set_postfix_str(f"val loss {ev['val_loss']:.3f}")
+                c = ev.get("corpus") or {}
+                if c:
+                    bar.write(f"  corpus {cfg.data.corpus}: {c['documents']} document(s), {c['tokens']} tokens "
+                              f"({c['train_tokens']} for training)"
+                              + (f"; {c['skipped_files']} file(s) skipped: not text" if c["skipped_files"] else ""))
             elif ev["kind"] == "join":
                 link = next((s for s in (run.plan or {}).get("sites", []) if s["name"] == ev["site"]), None)
                 where = (f" from {link['region']} (published RTT {link['rtt_ms']:.0f} ms, speed x{link['speed_factor']:g})"
@@ -237,6 +285,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS (see `wantrain tls-dev`)")
     s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     s.add_argument("--tls-client-ca", default=None, help="PEM CA: require client certificates signed by it")
+    s.add_argument("--observer-token-file", default=None,
+                   help="file holding the token observers (Watch) must present (default with --tokens or "
+                        "--shared-secret-file: a new one in the run folder)")
+    s.add_argument("--max-connections", type=int, default=0,
+                   help="TCP connections at once (default 0: 80%% of the open-file limit)")
+    s.add_argument("--max-streams-per-peer", type=int, default=32, help="Session and Watch calls at once per IP")
+    s.add_argument("--handshake-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="close a connection that has not finished TLS and HTTP/2 setup by then")
+    s.add_argument("--join-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="end a Session that has not sent its Join by then")
     s.add_argument("--stall", action="append", metavar="PHASE=SECONDS",
                    help="fault injection for tests: sleep in aggregate or checkpoint (before the rename)")
     s.set_defaults(func=cmd_ps)
@@ -259,6 +317,18 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--stall", action="append", metavar="PHASE=SECONDS",
                    help="fault injection for tests: sleep in train, push (after chunk 0) or download")
     w.set_defaults(func=cmd_worker)
+
+    o = sub.add_parser("watch", help="print a parameter server's telemetry as JSON lines")
+    o.add_argument("--ps", required=True, help="HOST:PORT of the parameter server")
+    o.add_argument("--observer-token-file", default=None, help="file holding the PS's observer token")
+    o.add_argument("--tls-ca", default=None, help="PEM CA that signed the PS's certificate: connect with TLS")
+    o.add_argument("--tls-cert", default=None, help="PEM client certificate (when the PS requires one)")
+    o.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    o.add_argument("--tls-server-name", default="", help="name to check the PS's certificate against")
+    o.add_argument("--from-seq", type=int, default=0, help="start at this event (0: the whole run)")
+    o.add_argument("--follow", action="store_true", help="keep watching after the run ends")
+    o.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds (0: never)")
+    o.set_defaults(func=cmd_watch)
 
     t = sub.add_parser("tls-dev", help="create a development CA, a PS certificate and client certificates")
     t.add_argument("folder")

@@ -10,18 +10,33 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RunConfig", "CODEC_MODES"]
+__all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustConfig", "RunConfig", "CODEC_MODES", "check_site_name"]
 
 CODEC_MODES = ("fp32", "int8", "int8-huffman")
 TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
 LATE_POLICIES = ("drop", "stale")
+NORM_ACTIONS = ("reject", "clip")
+AGGREGATES = ("mean", "trimmed_mean")
+
+
+SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}")
+
+
+def check_site_name(name: object) -> str | None:
+    """None if `name` may name a site, else why not (the wire and the run config share the rule:
+    names reach file names, log lines and every watcher)."""
+    if not isinstance(name, str) or not SITE_NAME.fullmatch(name):
+        shown = repr(name if not isinstance(name, str) or len(name) <= 80 else name[:80] + "...")
+        return f"site names are 1-64 letters, digits and ._:@+- starting with a letter or digit, got {shown}"
+    return None
 
 
 def _check(cond: bool, field_name: str, message: str, value: Any) -> None:
@@ -147,6 +162,37 @@ class CodecConfig:
 
 
 @dataclass(frozen=True)
+class RobustConfig:
+    """What one site may do to the global model: bounds on its delta and its claims (wantrain.screening).
+
+    A site could be buggy or hostile; either way, one delta must not be able to destroy the run."""
+
+    norm_factor: float = 10.0        # a delta whose L2 norm exceeds this x the reference (the median of the
+                                     # round's other deltas and of recently accepted ones) is ... (0: no check)
+    norm_action: str = "reject"      # ... "reject"ed (quarantined for the round) or "clip"ped to that bound
+    norm_history: int = 16           # accepted delta norms (any site) kept as the reference
+    max_delta_ratio: float = 10.0    # no delta may exceed this x the larger of the global parameters' norm and
+                                     # steps x inner_lr x sqrt(parameters) (how far AdamW can move) (0: no bound)
+    max_steps_per_s: float = 1000.0  # time-budgeted rounds: steps a site may claim per second of its budget
+    aggregate: str = "mean"          # "mean" (weighted by tokens) or "trimmed_mean" (per coordinate, unweighted:
+                                     # for runs with untrusted sites)
+    trim_fraction: float = 0.2       # trimmed_mean: share of the deltas dropped at each end of every coordinate
+
+    def validate(self, prefix: str = "robust") -> None:
+        for name in ("norm_factor", "max_delta_ratio"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and (v == 0 or v >= 1 if name == "norm_factor" else v >= 0), f"{prefix}.{name}",
+                   "must be 0 (off) or >= 1" if name == "norm_factor" else "must be >= 0 (0: off)", v)
+        _check(self.norm_action in NORM_ACTIONS, f"{prefix}.norm_action", f"must be one of {NORM_ACTIONS}",
+               self.norm_action)
+        _check(1 <= self.norm_history <= 10_000, f"{prefix}.norm_history", "must be in [1, 10000]", self.norm_history)
+        _check(math.isfinite(self.max_steps_per_s) and self.max_steps_per_s > 0, f"{prefix}.max_steps_per_s",
+               "must be a positive number", self.max_steps_per_s)
+        _check(self.aggregate in AGGREGATES, f"{prefix}.aggregate", f"must be one of {AGGREGATES}", self.aggregate)
+        _check(0 <= self.trim_fraction < 0.5, f"{prefix}.trim_fraction", "must be in [0, 0.5)", self.trim_fraction)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything the PS needs to run, and every site needs to join."""
 
@@ -156,19 +202,24 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     codec: CodecConfig = field(default_factory=CodecConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         _check(1 <= self.num_sites <= 1024, "num_sites", "must be in [1, 1024]", self.num_sites)
-        _check(not self.sites or (len(self.sites) == self.num_sites and len(set(self.sites)) == len(self.sites)
-                                  and all(isinstance(n, str) and n for n in self.sites)),
+        _check(not self.sites or (len(self.sites) == self.num_sites and len(set(self.sites)) == len(self.sites)),
                "sites", f"must be empty or {self.num_sites} distinct names", self.sites)
+        for name in self.sites:
+            why = check_site_name(name)
+            if why:
+                raise ConfigError(f"sites: {why}")
         self.model.validate()
         self.data.validate()
         self.train.validate()
         self.codec.validate()
+        self.robust.validate()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -255,4 +306,5 @@ def _coerce(f: dataclasses.Field, value: Any, name: str) -> Any:
     return value
 
 
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "codec": CodecConfig}
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "codec": CodecConfig,
+             "robust": RobustConfig}

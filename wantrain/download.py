@@ -2,8 +2,9 @@
 
 A download reads the PS's live parameters as it goes. If a round commits while downloads are
 in flight, the PS first freezes the old parameters once (`freeze`), shared by every download
-still at that round, so each site receives exactly the model its Welcome announced. Memory
-per download is one chunk; per PS at most one extra copy of the model, only then.
+still at that round, so each site receives exactly the model its Welcome announced; a frozen
+download keeps its copy through any later commits. Memory per download is one chunk; per PS
+one extra copy of the model per round that committed during a download still in flight.
 """
 
 from __future__ import annotations
@@ -38,10 +39,15 @@ class ModelDownload:
         self.welcome = Welcome(welcome.run_id, welcome.site_index, welcome.config, welcome.round,
                                welcome.model_hash, len(self.plan), welcome.data_position)
         self.source = source
+        self.frozen = False       # True once `source` is a copy, no longer the live parameters
         self.sent = 0
         self.bytes_sent = 0
         self.finished = False
         self.on_progress = on_progress
+
+    def freeze(self, copy: dict[str, np.ndarray]) -> None:
+        """Read from `copy` (the parameters at this download's round) from now on."""
+        self.source, self.frozen = copy, True
 
     def messages(self) -> Iterator[Welcome | TensorChunk]:
         yield self.welcome

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .messages import HASH_HEX_DIGITS
+
 __all__ = ["named_params", "param_hash", "flat_copy", "apply_update", "load_flat"]
 
 
@@ -31,7 +33,7 @@ def param_hash(model: nn.Module) -> str:
     for name, p in named_params(model).items():
         h.update(name.encode())
         h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
+    return h.hexdigest()[:HASH_HEX_DIGITS]
 
 
 @torch.no_grad()

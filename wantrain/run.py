@@ -22,10 +22,10 @@ from typing import Iterator
 
 import grpc
 
-from . import wire
+from . import net, wire
+from .auth import bearer, new_secret_file, read_secret
 from .config import RunConfig
-from .auth import new_secret_file
-from .errors import ProcessError
+from .errors import ConfigError, ProcessError
 from .launch import LocalLauncher, ProcessSpec
 from .launch.local import LocalProcess
 
@@ -39,6 +39,8 @@ def describe_scenario(scenario: str, python: str = sys.executable) -> dict:
     """The plan of a testbed scenario (sites, regions, RTTs, speed factors), without starting it."""
     r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", scenario], capture_output=True, text=True,
                        timeout=60)
+    if r.returncode == 2:      # the scenario is malformed: testbed's message names the file, line and field
+        raise ConfigError(r.stderr.strip().removeprefix("testbed describe: "))
     if r.returncode != 0:
         raise ProcessError(r.stderr.strip() or f"cannot describe scenario {scenario!r}")
     return json.loads(r.stdout)
@@ -124,6 +126,7 @@ class Run:
         self.port: int | None = None
         self._events: "queue.Queue[dict | None]" = queue.Queue()
         self._watch_thread: threading.Thread | None = None
+        self._watch_error = ""
         self._channel: grpc.Channel | None = None
         self.events: list[dict] = []
         self._killed: set[int] = set()        # processes killed on purpose (kill_site, restart_ps)
@@ -142,15 +145,19 @@ class Run:
         _LIVE_RUNS.add(self)
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(self.cfg.to_json())
-        # Even on one machine the PS admits only this run's sites: a fresh shared secret.
+        # Even on one machine the PS admits only this run's sites, and shows its telemetry only to
+        # this run's observers: a fresh shared secret, and a fresh observer token.
         self.secret_file = new_secret_file(self.run_dir / "secret")
+        self.observer_token_file = new_secret_file(self.run_dir / "observer-token")
+        self.observer_token = read_secret(self.observer_token_file)
         tls_args: tuple[str, ...] = ()
         if self.tls:
             from .tls import make_dev_certs
             self.certs = make_dev_certs(self.run_dir / "tls", hosts=(self.host, "localhost"))
             tls_args = ("--tls-cert", str(self.certs.server_cert), "--tls-key", str(self.certs.server_key))
         self._ps_args = ("--config", str(cfg_path), "--run-dir", str(self.run_dir), "--host", self.host,
-                         "--shared-secret-file", str(self.secret_file), *tls_args)
+                         "--shared-secret-file", str(self.secret_file),
+                         "--observer-token-file", str(self.observer_token_file), *tls_args)
         deadline = time.time() + timeout_s
         self._start_ps(0, "ps.log", deadline)
         if self.scenario is not None:
@@ -285,10 +292,7 @@ class Run:
     # ------------------------------------------------------------ telemetry
 
     def _open_channel(self) -> grpc.Channel:
-        options = [("grpc.max_receive_message_length", 16 << 20)]
-        if self.certs is not None:
-            return grpc.secure_channel(self.address, self.certs.client().credentials(), options=options)
-        return grpc.insecure_channel(self.address, options=options)
+        return net.observer_channel(self.address, self.certs.client() if self.certs is not None else None)
 
     def _start_watch(self) -> None:
         self._channel = self._open_channel()
@@ -300,10 +304,14 @@ class Run:
                 if channel is None:
                     break
                 try:
-                    for ev in wire.pb_grpc.ParameterServerStub(channel).Watch(wire.pb.WatchRequest(from_seq=seq)):
+                    watch = wire.pb_grpc.ParameterServerStub(channel).Watch
+                    for ev in watch(wire.pb.WatchRequest(from_seq=seq), metadata=bearer(self.observer_token)):
                         self._events.put(json.loads(ev.json))
                         seq = ev.seq + 1
-                except grpc.RpcError:
+                except grpc.RpcError as e:
+                    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT):
+                        self._watch_error = f"the parameter server refused to show its telemetry: {e.details()}"
+                        break
                     # A PS that went away (restart_ps): a fresh channel reconnects at once, where the
                     # old one would wait out gRPC's growing reconnect backoff.
                     if self._channel is channel and (self._restarting or self.ps.poll() is None):
@@ -329,6 +337,8 @@ class Run:
             except queue.Empty:
                 ev = "idle"
             if ev is None:
+                if self._watch_error:
+                    raise ProcessError(self._watch_error)
                 self._check_processes(final=True)
                 raise ProcessError("the parameter server stopped before the run finished:\n" + self.ps.log_tail())
             if ev != "idle":

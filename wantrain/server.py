@@ -1,52 +1,57 @@
-"""The parameter server: a domain object (ParameterServer) and a thin gRPC adapter (Servicer).
+"""The parameter server as a domain object: ParameterServer holds the global model and runs the rounds.
 
-ParameterServer holds the global model and runs the rounds. It knows nothing of gRPC: each
-connected site is a `SiteLink` with an outbound queue of domain messages, and tests can drive
-it directly. Servicer turns the gRPC stream of a site into calls on ParameterServer and the
-site's queue back into wire messages; `serve()` runs both on an asyncio gRPC server.
+It knows nothing of gRPC: each connected site is a `SiteLink` with an outbound queue of domain
+messages, and tests drive it directly. `servicer.py` turns a site's gRPC stream into calls of
+`handle()` and the site's queue back into wire messages; `serve()` runs both.
 
 A round: when every site is connected and has said it is Ready (its model loaded), the PS
 sends RoundStart; each site answers with its delta chunks and RoundMetrics. When every delta is
-in, or at the round's deadline those that are (see rounds.py), the PS averages them (weighted by
-tokens), takes the outer Nesterov step, encodes the update with its own error feedback, applies
-exactly the decoded update to its replica, checkpoints, and sends the update chunks and a
-RoundResult (with the new parameter hash) to every site. Late deltas are dropped or applied in
-a later round; a site that (re)joins mid-round trains in it with what is left of the budget.
+in, or at the round's deadline those that are (see rounds.py), the PS screens them
+(screening.py), averages them, takes the outer Nesterov step, encodes the update with its own
+error feedback, applies exactly the decoded update to its replica (aggregate.py), checkpoints,
+and sends the update chunks and a RoundResult (with the new parameter hash) to every site. Late
+deltas are dropped or applied in a later round; a site that (re)joins mid-round trains in it
+with what is left of the budget.
+
+Everything a site sends is checked before it touches any state: the message itself (wire.py),
+its place in the protocol (here: rounds, plan, sequencing), its claims (screening.py), and the
+rate of what it makes the PS do (limits.py). A violation raises ProtocolError or RejectedError
+for that site alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 import numpy as np
 import torch
 
+from .aggregate import Contribution, aggregate_round
 from .auth import Authenticator
 from .checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
 from .codec import Codec, EncodeStats, ErrorFeedback, Extracted, plan_chunks
 from .config import CodecConfig, RunConfig
 from .data import eval_batches, load_run_data
 from .download import ModelDownload, live_views
-from .errors import CodecError, ConfigError, NonFiniteDeltaError, ProtocolError, RejectedError
-from .messages import (DELTA, PROTOCOL_VERSION, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
-                       RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
+from .errors import CodecError, ConfigError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError, Reject, RejectedError
+from .limits import Limits, TokenBucket, safe_text
+from .messages import (DELTA, PROTOCOL_VERSION, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundResult,
+                       RoundStart, TensorChunk, Welcome)
 from .models import build_model, count_parameters
 from .outer import OuterNesterov
 from .replica import flat_copy, load_flat, named_params, param_hash
 from .rounds import MAX_STALENESS, RoundClock, stale_weight
+from .screening import Screen, Verdict, check_claims, clipped, delta_norm, l2_norm, max_delta_scale
 from .telemetry import Recorder
-from .tls import TLSServer
-from . import wire
 
-__all__ = ["ParameterServer", "Servicer", "serve", "SiteLink", "server_options"]
+__all__ = ["ParameterServer", "SiteLink"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -58,10 +63,17 @@ class SiteLink:
     name: str
     index: int
     device: str
+    limits: Limits = field(default_factory=Limits, repr=False)
     outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
     closed: bool = False
-    ready: bool = False        # holds a model and can train (it said so after its download)
+    ready: bool = False           # holds a model and can train (it said so after its download)
+    base_round: int | None = None  # round of the model download in flight or last loaded
+    last_hash_round: int = -1     # the last round whose hash the site reported
     joined_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.control = TokenBucket(self.limits.control_burst, self.limits.control_per_s)
+        self.probe_samples = TokenBucket(self.limits.probe_samples_burst, self.limits.probe_samples_per_s)
 
 
 @dataclass
@@ -69,12 +81,14 @@ class _Upload:
     """A site's delta for one round, as it arrives."""
 
     round: int
+    train_s: float = 0.0           # the compute budget its RoundStart gave (0: fixed inner steps)
     count: int = -1
     chunks: dict[int, TensorChunk] = field(default_factory=dict)
     wire_bytes: int = 0
     elements: int = 0
     metrics: RoundMetrics | None = None
     delta: list[Extracted] | None = None   # checked; int8 symbols + scales: a quarter of fp32
+    norm: float = 0.0
 
 
 class ParameterServer:
@@ -82,9 +96,10 @@ class ParameterServer:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, run_id: str | None = None,
                  exit_when_done: bool = True, resume: bool = True, auth: Authenticator | None = None,
-                 stalls: dict[str, float] | None = None) -> None:
+                 stalls: dict[str, float] | None = None, limits: Limits | None = None) -> None:
         self.cfg = cfg
         self.auth = auth or Authenticator()
+        self.limits = limits or Limits()
         self.stalls = dict(stalls or {})       # fault-injection points for tests: phase -> seconds
         self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.run_dir = Path(run_dir) if run_dir else None
@@ -92,6 +107,7 @@ class ParameterServer:
         self.exit_when_done = exit_when_done
 
         tok, corpus = load_run_data(cfg.data)
+        self.corpus_summary = corpus.summary()
         self.model = build_model(cfg.model.preset, tok.vocab_size, cfg.model.seed)
         self.val = eval_batches(corpus.val, cfg.train.batch_size, cfg.model.block_size, cfg.train.eval_batches)
         self.shapes = {k: p.numel() for k, p in named_params(self.model).items()}
@@ -104,9 +120,12 @@ class ParameterServer:
         self.outer = OuterNesterov(cfg.train.outer_lr, cfg.train.outer_momentum)
         self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
         self.clock = RoundClock(cfg.train)
+        self.screen = Screen(cfg)
+        self.downloads_by_site: dict[str, deque[float]] = {}   # when each site's model downloads began
 
         self.round = 0                        # committed rounds
         self.hash = param_hash(self.model)
+        self.param_norm = self._param_norm()
         self.hashes: dict[int, str] = {0: self.hash}
         self.registry: dict[str, int] = {}    # every site ever seen -> index
         self.data_positions: dict[str, int] = {}   # batches each site has drawn, as last reported
@@ -138,7 +157,12 @@ class ParameterServer:
         else:
             self.val_loss = self.evaluate()
             self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(),
-                               num_params=count_parameters(self.model), val_loss=self.val_loss)
+                               num_params=count_parameters(self.model), val_loss=self.val_loss,
+                               corpus=self.corpus_summary)
+        c = self.corpus_summary
+        log.info("corpus %s: %d document(s), %d tokens (%d for training, %d held out)%s", cfg.data.corpus,
+                 c["documents"], c["tokens"], c["train_tokens"], c["val_tokens"],
+                 f"; skipped {c['skipped_files']} file(s) that are not text" if c.get("skipped_files") else "")
 
     # ------------------------------------------------------------ checkpoints
 
@@ -147,7 +171,8 @@ class ParameterServer:
                 "params_np": flat_copy(self.model), "outer_np": self.outer.state_dict(),
                 "feedback_np": self.feedback.state_dict() if self.feedback else {},
                 "hashes": dict(self.hashes), "registry": dict(self.registry),
-                "data_positions": dict(self.data_positions), "val_loss": self.val_loss}
+                "data_positions": dict(self.data_positions), "val_loss": self.val_loss,
+                "screen_norms": self.screen.state_dict()}
 
     def _restore(self, saved: dict) -> None:
         if RunConfig.from_json(saved["config_json"]) != self.cfg:
@@ -162,7 +187,9 @@ class ParameterServer:
         self.registry = dict(saved["registry"])
         self.round_members = set(self.registry)      # after a restart, give every site time to return
         self.data_positions = {k: int(v) for k, v in saved.get("data_positions", {}).items()}
+        self.screen.load_state_dict(saved.get("screen_norms", []))
         self.hash = param_hash(self.model)
+        self.param_norm = self._param_norm()
         if self.hash != self.hashes.get(self.round):
             raise ConfigError(f"{self.ckpt_path} is damaged: its parameters hash to {self.hash}, "
                               f"it says {self.hashes.get(self.round)}")
@@ -172,6 +199,10 @@ class ParameterServer:
         save_checkpoint(self.ckpt_path, self._checkpoint_state(), before_rename=lambda: self._stall("checkpoint"))
         self.recorder.emit("checkpoint", round=self.round, seconds=time.time() - t0,
                            bytes=self.ckpt_path.stat().st_size)
+
+    def _param_norm(self) -> float:
+        """L2 norm of the global parameters (float64): the scale every delta is bounded against."""
+        return l2_norm(live_views(self.model).values())
 
     def _stall(self, phase: str) -> None:
         """A fault-injection point: tests kill the process while it sleeps here ("phase" or "phase@round")."""
@@ -186,45 +217,83 @@ class ParameterServer:
     def join(self, msg: Join) -> SiteLink:
         """Admit a site or raise RejectedError; queues the Welcome and the model download."""
         if msg.protocol_version != PROTOCOL_VERSION:
-            raise RejectedError("protocol_version", f"site {msg.site!r} speaks wire protocol {msg.protocol_version}, "
-                                                    f"this parameter server speaks {PROTOCOL_VERSION}")
+            raise RejectedError(Reject.PROTOCOL_VERSION, f"site {msg.site!r} speaks wire protocol "
+                                f"{msg.protocol_version}, this parameter server speaks {PROTOCOL_VERSION}")
         why = self.auth.check(msg.site, msg.token)
         if why is not None:
-            log.warning("refused site %r: %s", msg.site, why)
-            raise RejectedError("unauthenticated", f"site {msg.site!r} is not allowed to join this run "
-                                                   "(unknown site or wrong token)")
+            raise RejectedError(Reject.UNAUTHENTICATED, f"site {msg.site!r} is not allowed to join this run "
+                                                        "(unknown site or wrong token)")
+        if msg.resume_round > self.cfg.train.rounds:
+            raise ProtocolError(f"join says the site's replica holds round {msg.resume_round}; "
+                                f"the run has {self.cfg.train.rounds} rounds")
         if msg.site in self.links:
-            raise RejectedError("duplicate_site", f"a site named {msg.site!r} is already connected; "
-                                                  "each site needs its own name")
+            raise RejectedError(Reject.DUPLICATE_SITE, f"a site named {msg.site!r} is already connected; "
+                                                       "each site needs its own name")
         if self.cfg.sites and msg.site not in self.cfg.sites:
-            raise RejectedError("unknown_site", f"{msg.site!r} is not one of the run's sites "
-                                                f"({', '.join(self.cfg.sites)})")
+            raise RejectedError(Reject.UNKNOWN_SITE, f"{msg.site!r} is not one of the run's sites "
+                                                     f"({', '.join(self.cfg.sites)})")
         if msg.site not in self.registry and len(self.registry) >= self.cfg.num_sites:
-            raise RejectedError("run_full", f"the run already has its {self.cfg.num_sites} sites "
-                                            f"({', '.join(sorted(self.registry))}); {msg.site!r} is not one of them")
+            raise RejectedError(Reject.RUN_FULL, f"the run already has its {self.cfg.num_sites} sites "
+                                f"({', '.join(sorted(self.registry))}); {msg.site!r} is not one of them")
         if self.done.is_set():
             self.told_finished.add(msg.site)
-            raise RejectedError("run_finished", f"the run finished after {self.round} rounds")
+            raise RejectedError(Reject.RUN_FINISHED, f"the run finished after {self.round} rounds")
+        self._charge_download(msg.site)
         resumed = msg.site in self.registry
         # Named sites keep their place (and data shard) whatever order they join in.
         index = self.registry.setdefault(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
                                          else len(self.registry))
-        link = SiteLink(msg.site, index, msg.device)
+        link = SiteLink(msg.site, index, msg.device, self.limits)
         self.links[msg.site] = link
         self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed,
                            data_position=self.data_positions.get(msg.site, 0))
-        log.info("site %s joined (index %d, %s)%s", msg.site, index, msg.device, " again" if resumed else "")
+        log.info("site %s joined (index %d, %s)%s", msg.site, index, safe_text(msg.device, 64),
+                 " again" if resumed else "")
         if self.aggregating:       # the model is about to change: send it after the round commits
             self.awaiting_model.add(link.name)
         else:
             self._send_model(link)
         return link
 
+    def _charge_download(self, site: str) -> None:
+        """A model download costs the PS the model's size in bandwidth: a site gets a bounded number."""
+        recent = self.downloads_by_site.setdefault(site, deque())
+        now = time.monotonic()
+        while recent and now - recent[0] > self.limits.download_window_s:
+            recent.popleft()
+        if len(recent) >= self.limits.downloads_allowed(4 * self.num_params):
+            wait = self.limits.download_window_s - (now - recent[0])
+            raise RejectedError(Reject.RATE_LIMITED, f"site {site!r} has downloaded the model {len(recent)} times "
+                                f"in {self.limits.download_window_s:.0f} s; try again in {wait:.0f} s")
+        recent.append(now)
+
+    async def handle(self, link: SiteLink, msg) -> None:
+        """One message from a joined site, after wire.py has checked its form; raises ProtocolError or
+        RejectedError for this site alone."""
+        if not isinstance(msg, TensorChunk) and not link.control.take():
+            raise RejectedError(Reject.RATE_LIMITED, f"site {link.name!r} sends control messages faster than "
+                                f"{self.limits.control_per_s:g} a second")
+        if isinstance(msg, TensorChunk):
+            self.on_chunk(link, msg)
+        elif isinstance(msg, RoundMetrics):
+            await self.on_metrics(link, msg)
+        elif isinstance(msg, HashReport):
+            self.on_hash_report(link, msg)
+        elif isinstance(msg, Ready):
+            self.on_ready(link, msg)
+        elif isinstance(msg, LinkProbe):
+            self.on_link_probe(link, msg)
+        else:
+            raise ProtocolError(f"unexpected {type(msg).__name__} after joining")
+
     def on_ready(self, link: SiteLink, msg: Ready) -> None:
         """The site loaded its model: from now on it counts for rounds (and joins a running one)."""
-        if self.hashes.get(msg.round) != msg.model_hash or msg.round > self.round:
+        if link.ready or link.base_round is None:
+            raise ProtocolError(f"{link.name!r} says Ready, but no model download is waiting for it")
+        if msg.round != link.base_round or self.hashes.get(msg.round) != msg.model_hash:
             raise ProtocolError(f"{link.name!r} says it loaded the model of round {msg.round} with hash "
-                                f"{msg.model_hash}; the PS has {self.hashes.get(msg.round)}")
+                                f"{msg.model_hash}; the PS sent round {link.base_round} with hash "
+                                f"{self.hashes.get(link.base_round)}")
         link.ready = True
         self.recorder.emit("ready", site=link.name, round=msg.round, since_join_s=time.time() - link.joined_at)
         if msg.round == self.round:      # else an update is on its way to it, then the next RoundStart
@@ -242,7 +311,7 @@ class ParameterServer:
             if train_s < 0.1 * budget:      # too little left to be worth it: wait for the next round
                 return
         self.in_round.add(link.name)
-        self.uploads[link.name] = _Upload(self.round)
+        self.uploads[link.name] = _Upload(self.round, train_s)
         link.outbox.put_nowait(RoundStart(self.round, self.hash, train_s))
 
     def leave(self, link: SiteLink, reason: str) -> None:
@@ -259,6 +328,7 @@ class ParameterServer:
 
     def _send_model(self, link: SiteLink) -> None:
         link.ready = False
+        link.base_round = self.round
         welcome = Welcome(self.run_id, link.index, self.cfg, self.round, self.hash, 0,
                           self.data_positions.get(link.name, 0))
         def progress(sent: int, chunks: int, nbytes: int) -> None:     # for watchers: a tenth more is out
@@ -269,14 +339,17 @@ class ParameterServer:
         link.outbox.put_nowait(download)
 
     async def _freeze_downloads(self) -> None:
-        """Before the parameters change: give downloads still in flight one shared frozen copy."""
+        """Before the parameters change: downloads still reading the live parameters get one shared
+        frozen copy of them. A download frozen at an earlier round keeps its copy: it must deliver
+        the model its Welcome announced, however many rounds commit while it is in flight."""
         active = [d for d in self.downloads if not d.finished]
         self.downloads = active
-        if active:
+        live = [d for d in active if not d.frozen]
+        if live:
             frozen = await asyncio.to_thread(flat_copy, self.model)
-            for d in active:
-                d.source = frozen
-            self.recorder.emit("downloads_frozen", round=self.round, downloads=len(active))
+            for d in live:
+                d.freeze(frozen)
+            self.recorder.emit("downloads_frozen", round=self.round, downloads=len(live))
 
     # ------------------------------------------------------------ rounds
 
@@ -304,7 +377,7 @@ class ParameterServer:
                 return
         self.in_round = ready
         self.round_members = set(ready)
-        self.uploads = {name: _Upload(self.round) for name in self.in_round}
+        self.uploads = {name: _Upload(self.round, self.cfg.train.round_budget_s) for name in self.in_round}
         self.round_started_at = time.time()
         self.past_deadline = False
         deadline = self.clock.deadline_s()
@@ -339,23 +412,30 @@ class ParameterServer:
         if c.kind != DELTA:
             raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
         up = self._upload_for(link, c.round)
+        if up.metrics is not None:
+            raise ProtocolError(f"delta chunk {c.index} of round {c.round} after the round's metrics")
+        # Caps, so that one site holds at most one model's worth of delta in the PS's memory: the
+        # chunks are exactly the plan's, each at most fp32-sized (+ headers), each index once.
+        if c.count != self.delta_chunks:
+            raise ProtocolError(f"a delta comes in {self.delta_chunks} chunks here, this one says {c.count}")
         numel = self.shapes.get(c.spec.tensor)
         if numel is None:
             raise ProtocolError(f"delta chunk names unknown tensor {c.spec.tensor!r}")
-        if c.spec.offset + c.spec.length > numel or c.spec.length == 0:
+        if c.spec.offset + c.spec.length > numel:
             raise ProtocolError(f"delta chunk [{c.spec.offset}, {c.spec.offset + c.spec.length}) is outside "
                                 f"tensor {c.spec.tensor!r} of {numel} elements")
+        spec = self.plan[c.index]
+        if c.spec != spec:
+            raise ProtocolError(f"delta chunk {c.index} covers {c.spec.tensor!r}[{c.spec.offset}:"
+                                f"{c.spec.offset + c.spec.length}], the plan says "
+                                f"{spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
+        if c.data.encoding != self.cfg.codec.mode:
+            raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas are "
+                                f"{self.cfg.codec.mode} (codec.mode)")
         if c.index in up.chunks:
             raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice")
-        # Caps, so that one site holds at most about one model's worth of delta in the PS's memory:
-        # the chunk count is the codec's plan, each chunk at most fp32-sized (+ headers), and
-        # all chunks together cover at most the model's elements.
-        if c.count != self.delta_chunks:
-            raise ProtocolError(f"a delta comes in {self.delta_chunks} chunks here, this one says {c.count}")
         if c.data.wire_bytes > 4 * c.spec.length + 65536:
             raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
-        if up.elements + c.spec.length > self.num_params:
-            raise ProtocolError(f"delta chunks add up to more elements than the model's {self.num_params}")
         up.count = c.count
         up.chunks[c.index] = c
         up.wire_bytes += c.data.wire_bytes
@@ -363,30 +443,32 @@ class ParameterServer:
 
     async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
         up = self._upload_for(link, m.round)
+        if up.metrics is not None:
+            raise ProtocolError(f"round {m.round} metrics from {link.name!r} arrived twice")
         if len(up.chunks) != up.count or m.chunks != up.count:
             raise ProtocolError(f"metrics after {len(up.chunks)} of {max(up.count, m.chunks)} delta chunks")
-        if m.tokens == 0 or m.steps == 0:
-            raise ProtocolError(f"round {m.round} metrics from {link.name!r} report no training")
+        check_claims(self.cfg, m, up.train_s, self.num_params, up.wire_bytes, self.round)
         # Decode and check this site's delta now, while others still train: a bad delta is
         # rejected here, for this site alone, and never reaches the aggregate.
         try:
-            delta = await asyncio.to_thread(self._assemble, link.name, up)
-        except NonFiniteDeltaError as e:
-            self.recorder.emit("quarantine", round=m.round, site=link.name, message=str(e))
+            delta, norm = await asyncio.to_thread(self._assemble, link.name, up, m.steps)
+        except (NonFiniteDeltaError, DeltaRejectedError) as e:
+            self.recorder.emit("quarantine", round=m.round, site=link.name, message=str(e), action="rejected")
             raise
+        if self.uploads.get(link.name) is not up and self.late.get(link.name) is not up:
+            return                  # the site left (or its upload was dropped) while its delta was checked
         self.data_positions[link.name] = max(self.data_positions.get(link.name, 0), m.data_position)
-        up.delta, up.metrics = delta, m
-        up.chunks = {i: None for i in up.chunks}     # the decoded delta is kept, the wire bytes need not be
+        up.delta, up.metrics, up.norm = delta, m, norm
+        up.chunks = {}              # the decoded delta is kept, the wire bytes need not be
         fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
         late = self.late.get(link.name) is up
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
-                           received_wire_bytes=up.wire_bytes, **fields)
+                           received_wire_bytes=up.wire_bytes, delta_norm=norm,
+                           delta_to_model=norm / self.param_norm if self.param_norm else 0.0, **fields)
         if late:
             del self.late[link.name]
             self._on_late_delta(link.name, up)
-            return
-        if self.uploads.get(link.name) is not up:      # the site left or the round moved on meanwhile
             return
         self.clock.arrived(time.time() - self.round_started_at)
         self._maybe_finish_round()
@@ -417,21 +499,34 @@ class ParameterServer:
             self.round_task = asyncio.create_task(self._finish_round())
 
     def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
+        if not link.probe_samples.take(len(p.rtt_ms)):
+            raise RejectedError(Reject.RATE_LIMITED, f"site {link.name!r} reports RTT samples faster than "
+                                f"{self.limits.probe_samples_per_s:g} a second")
         if p.rtt_ms:
             self.recorder.emit("link_rtt", site=link.name, t=list(p.t), rtt_ms=list(p.rtt_ms))
 
     def on_hash_report(self, link: SiteLink, h: HashReport) -> None:
+        """A site's hash after applying round h.round's update: each committed round at most once, in order."""
+        if h.round + 1 > self.round:
+            raise ProtocolError(f"hash report for round {h.round}, which has not been committed "
+                                f"({self.round} rounds are)")
+        if h.round <= link.last_hash_round:
+            raise ProtocolError(f"hash report for round {h.round} after one for round {link.last_hash_round}")
+        link.last_hash_round = h.round
+        if not link.ready and (link.base_round is None or h.round < link.base_round):
+            return                   # an update applied before the resync in flight: that model is gone
         expected = self.hashes.get(h.round + 1)
         ok = expected == h.model_hash
         self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
                            ps_hash=expected)
         if ok and link.ready and h.round + 1 == self.round:
             self._admit_to_round(link)    # a rejoined site that caught up with the rounds it missed
-        if not ok:
+        if not ok and link.ready:          # one resync at a time: reports during a download change nothing
             self.recorder.emit("error", site=link.name, code="replica_mismatch",
                                message=f"site {link.name} has hash {h.model_hash} after round {h.round}, "
                                        f"the PS has {expected}; resyncing the site")
             log.error("replica mismatch at %s after round %d; resyncing", link.name, h.round)
+            self._charge_download(link.name)
             self._send_model(link)
 
     async def _finish_round(self) -> None:
@@ -445,11 +540,16 @@ class ParameterServer:
 
     async def _commit_round(self) -> None:
         uploads = {s: self.uploads[s] for s in sorted(self.in_round)}
-        stale = {s: up for s, up in sorted(self.stale.items()) if self.round - up.round <= MAX_STALENESS}
+        stale = {f"{s}@{up.round}": up for s, up in sorted(self.stale.items())
+                 if self.round - up.round <= MAX_STALENESS}     # keyed apart: a site may have a fresh delta too
         self.stale = {}
+        verdicts = self._screen({**uploads, **stale})
+        accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
+        accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
         await self._freeze_downloads()
         t0 = time.time()
-        result, stats, update_chunks = await asyncio.to_thread(self._aggregate, uploads, stale)
+        result, stats, update_chunks = await asyncio.to_thread(self._aggregate, accepted, accepted_stale, verdicts)
+        self.screen.remember(verdicts)
         aggregate_s = time.time() - t0
         r = self.round
         self.round += 1
@@ -461,9 +561,10 @@ class ParameterServer:
             await asyncio.to_thread(self._save_checkpoint)   # commit before anyone hears of the round
         round_s = time.time() - self.round_started_at
         per_site = {s: {"steps": up.metrics.steps, "tokens": up.metrics.tokens, "compute_s": up.metrics.compute_s,
-                        "idle_s": max(0.0, round_s - up.metrics.compute_s)} for s, up in uploads.items()}
+                        "idle_s": max(0.0, round_s - up.metrics.compute_s)} for s, up in accepted.items()}
         self.recorder.emit("round_end", round=r, val_loss=result.val_loss, model_hash=result.model_hash,
                            sites=list(result.sites), late_sites=list(result.late_sites), missed=sorted(self.late),
+                           rejected=sorted(k for k, v in verdicts.items() if v.action == "reject"),
                            per_site=per_site, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
                            ratio=stats.ratio, huffman_bits_per_symbol=stats.huffman_bits_per_symbol,
                            encode_s=stats.seconds, aggregate_s=aggregate_s, round_s=round_s)
@@ -491,59 +592,70 @@ class ParameterServer:
         else:
             self.maybe_start_round()
 
-    def _aggregate(self, uploads: dict[str, _Upload], stale: dict[str, _Upload]
-                   ) -> tuple[RoundResult, EncodeStats, list[TensorChunk]]:
-        """Average, outer step, encode, apply, one chunk of the plan at a time: runs in a worker thread.
+    def _screen(self, deltas: dict[str, _Upload]) -> dict:
+        """Judge the round's deltas against each other and recent history (screening.Screen); say what
+        was rejected or clipped. Rejecting every delta would stall the run, so then they are clipped."""
+        verdicts = self.screen.judge({k: up.norm for k, up in deltas.items()})
+        if verdicts and all(v.action == "reject" for v in verdicts.values()):
+            verdicts = {k: Verdict("clip", v.norm, v.reference, self.cfg.robust.norm_factor * v.reference / v.norm)
+                        for k, v in verdicts.items()}
+        for key, v in verdicts.items():
+            if v.action == "accept":
+                continue
+            site, _, late_round = key.partition("@")
+            action = "rejected" if v.action == "reject" else f"clipped to {v.factor:.3g}x"
+            self.recorder.emit("quarantine", round=self.round, site=site, action=v.action, norm=v.norm,
+                               reference=v.reference, factor=v.factor,
+                               message=f"{v.reason}: {action}" + (f" (late delta of round {late_round})"
+                                                                   if late_round else ""))
+            log.warning("round %d: the delta of %s %s: %s", self.round, key, action, v.reason)
+        return verdicts
 
-        Working chunk by chunk keeps the PS's memory at the model, the outer momentum, the
-        downlink residual and each site's int8 delta, with no whole-model temporaries. Every
-        element sees the same float32 operations as a whole-tensor computation would."""
+    def _aggregate(self, uploads: dict[str, _Upload], stale: dict[str, _Upload], verdicts: dict
+                   ) -> tuple[RoundResult, EncodeStats, list[TensorChunk]]:
+        """The round's aggregate applied to the model, in a worker thread (aggregate.py); then hash and evaluate."""
         self._stall("aggregate")
         t = self.cfg.train
-        parts = {s: up.delta for s, up in uploads.items()}
-        weights = {s: float(up.metrics.tokens) for s, up in uploads.items()}
-        for s, up in stale.items():            # keyed apart: a site may have a fresh delta too
-            parts[f"{s}@{up.round}"] = up.delta
-            weights[f"{s}@{up.round}"] = stale_weight(up.metrics.tokens, self.round - up.round, t.staleness_discount)
-        keys = sorted(parts)
-        total = sum(weights[k] for k in keys)
-        coef = {k: np.float32(weights[k] / total) for k in keys}
-        params = live_views(self.model)
-        stats = EncodeStats()
-        msgs = []
-        for i, spec in enumerate(self.plan):
-            part = slice(spec.offset, spec.offset + spec.length)
-            avg = np.zeros(spec.length, np.float32)
-            for k in keys:                      # sum_k w_k d_k / sum w, sites in name order
-                avg += coef[k] * parts[k][i].values()
-            update = self.outer.update_part(spec.tensor, self.shapes[spec.tensor], part, avg)
-            if self.feedback is not None:
-                update = self.feedback.compensate_part(spec.tensor, part, update)
-            t0 = time.perf_counter()
-            enc, sent = self.codec.encode(update, stats)
-            stats.seconds += time.perf_counter() - t0
-            if self.feedback is not None:
-                self.feedback.record_part(spec.tensor, self.shapes[spec.tensor], part, update, sent)
-            params[spec.tensor][part] += sent   # one float32 add per element, as every site does
-            msgs.append(TensorChunk(UPDATE, self.round, i, len(self.plan), spec, enc))
+        contributions = {}
+        for key, up in {**uploads, **stale}.items():
+            parts = up.delta if verdicts[key].action == "accept" else clipped(up.delta, verdicts[key].factor)
+            weight = float(up.metrics.tokens)
+            if key in stale:
+                weight = stale_weight(up.metrics.tokens, self.round - up.round, t.staleness_discount)
+            contributions[key] = Contribution(parts, weight)
+        msgs, stats = aggregate_round(self.round, self.plan, self.shapes, live_views(self.model), contributions,
+                                      self.outer, self.feedback, self.codec, self.cfg.robust.aggregate,
+                                      self.cfg.robust.trim_fraction)
         h = param_hash(self.model)
+        self.param_norm = self._param_norm()
         val = self.evaluate()
-        return RoundResult(self.round, h, tuple(uploads), val, tuple(stale)), stats, msgs
+        late_sites = tuple(k.partition("@")[0] for k in stale)
+        return RoundResult(self.round, h, tuple(uploads), val, late_sites), stats, msgs
 
-    def _assemble(self, site: str, up: _Upload) -> list[Extracted]:
-        """Check a complete delta: the plan's chunks in order, decodable, finite. Keeps it as int8."""
+    def _assemble(self, site: str, up: _Upload, steps: int) -> tuple[list[Extracted], float]:
+        """Check a complete delta: decodable, finite, not out of all proportion. Keeps it as int8."""
         ordered = [up.chunks[i] for i in range(up.count)]
-        for c, spec in zip(ordered, self.plan):
-            if c.spec != spec:
-                raise ProtocolError(f"delta chunk {c.index} from {site} covers {c.spec.tensor!r}"
-                                    f"[{c.spec.offset}:{c.spec.offset + c.spec.length}], the plan says "
-                                    f"{spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
-        parts = Codec.extract_many([c.data for c in ordered])
+        for c in ordered:
+            if c.data.scales and not np.all(np.isfinite(np.frombuffer(c.data.scales, "<f4"))):
+                raise NonFiniteDeltaError(f"delta from {site} has non-finite scales in {c.spec.tensor!r}; "
+                                          f"the site is quarantined for round {up.round}")
+        try:
+            parts = Codec.extract_many([c.data for c in ordered])
+        except CodecError as e:
+            raise ProtocolError(f"delta from {site} cannot be decoded: {e}") from None
         for c, x in zip(ordered, parts):
             if not x.finite():
                 raise NonFiniteDeltaError(f"delta from {site} has non-finite values in {c.spec.tensor!r}; "
                                           f"the site is quarantined for round {up.round}")
-        return parts
+        norm = delta_norm(parts)
+        scale = max_delta_scale(self.cfg, self.param_norm, steps, self.num_params)
+        bound = self.cfg.robust.max_delta_ratio * scale
+        if bound and not norm <= bound:
+            raise DeltaRejectedError(f"delta from {site} has norm {norm:.4g}, more than robust.max_delta_ratio "
+                                     f"({self.cfg.robust.max_delta_ratio:g}) x {scale:.4g} (the larger of the global "
+                                     f"model's norm and how far {steps} inner steps can move it); the site is "
+                                     f"quarantined for round {up.round}")
+        return parts, norm
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -555,174 +667,3 @@ class ParameterServer:
         return float(np.mean(losses))
 
 
-# ---------------------------------------------------------------- gRPC adapter
-
-_REJECT_STATUS = {
-    "protocol_version": grpc.StatusCode.FAILED_PRECONDITION,
-    "duplicate_site": grpc.StatusCode.ALREADY_EXISTS,
-    "run_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "run_finished": grpc.StatusCode.FAILED_PRECONDITION,
-    "unknown_site": grpc.StatusCode.PERMISSION_DENIED,
-    "unauthenticated": grpc.StatusCode.UNAUTHENTICATED,
-}
-
-
-class Servicer(wire.pb_grpc.ParameterServerServicer):
-    """Thin adapter: wire messages in and out, all decisions in ParameterServer."""
-
-    def __init__(self, ps: ParameterServer) -> None:
-        self.ps = ps
-
-    async def Session(self, request_iterator, context):  # noqa: N802 (gRPC method name)
-        # An async generator: gRPC writes what we yield, so no write is ever in flight when the
-        # handler ends. A reader task feeds the site's messages to the PS.
-        ps = self.ps
-        peer = context.peer()
-        try:
-            first = wire.site_message_from_proto(await anext(request_iterator))
-        except (StopAsyncIteration, ProtocolError) as e:
-            log.warning("rejected stream from %s: %s", peer, e or "closed before joining")
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the first message must be a valid Join ({e})")
-            return
-        if not isinstance(first, Join):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be a Join")
-            return
-        try:
-            link = ps.join(first)
-        except RejectedError as e:
-            log.warning("rejected site %r from %s: %s", first.site, peer, e)
-            ps.recorder.emit("error", site=first.site, code=e.code, message=str(e))
-            yield wire.server_message(ErrorMessage(e.code, str(e)))
-            await context.abort(_REJECT_STATUS.get(e.code, grpc.StatusCode.FAILED_PRECONDITION), str(e))
-            return
-
-        failure: list[Exception] = []
-
-        async def read() -> None:
-            try:
-                async for raw in request_iterator:
-                    msg = wire.site_message_from_proto(raw)
-                    if isinstance(msg, TensorChunk):
-                        ps.on_chunk(link, msg)
-                    elif isinstance(msg, RoundMetrics):
-                        await ps.on_metrics(link, msg)
-                    elif isinstance(msg, HashReport):
-                        ps.on_hash_report(link, msg)
-                    elif isinstance(msg, Ready):
-                        ps.on_ready(link, msg)
-                    elif isinstance(msg, LinkProbe):
-                        ps.on_link_probe(link, msg)
-                    else:
-                        raise ProtocolError(f"unexpected {type(msg).__name__} after joining")
-            except (ProtocolError, CodecError) as e:
-                failure.append(e)
-                log.warning("site %s sent a bad message: %s", link.name, e)
-                ps.recorder.emit("error", site=link.name, code="invalid_message", message=str(e))
-            except Exception as e:  # the connection broke
-                failure.append(ConnectionError(str(e) or type(e).__name__))
-            finally:
-                link.outbox.put_nowait(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while True:
-                msg = await link.outbox.get()
-                if msg is None:
-                    break
-                if isinstance(msg, ModelDownload):     # chunks encoded one at a time as they go out
-                    try:
-                        for part in msg.messages():
-                            yield wire.server_message(part)
-                    finally:
-                        msg.finished = True
-                    continue
-                yield wire.server_message(msg)
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
-            reason = f"rejected: {failure[0]}" if failure else "stream closed by the site"
-            ps.leave(link, reason)
-        if failure and not isinstance(failure[0], ConnectionError):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure[0]))
-
-    async def Ping(self, request, context):  # noqa: N802
-        return wire.pb.PingReply(server_time=time.time())
-
-    async def Watch(self, request, context):  # noqa: N802
-        rec = self.ps.recorder
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-        unsubscribe = rec.subscribe(lambda: loop.call_soon_threadsafe(wake.set))
-        seq = request.from_seq
-        closing = asyncio.ensure_future(self.ps.closing.wait())
-        try:
-            while True:
-                wake.clear()
-                for line in rec.since(seq):
-                    yield wire.event_to_proto(seq, line)
-                    seq += 1
-                if self.ps.closing.is_set():
-                    return
-                waiter = asyncio.ensure_future(wake.wait())
-                await asyncio.wait([waiter, closing], return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-        finally:
-            closing.cancel()
-            unsubscribe()
-
-
-def server_options() -> list[tuple[str, int]]:
-    """Channel options for the PS side: message caps, and tolerant keepalive (see DESIGN.md)."""
-    return [
-        ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 20_000),
-        ("grpc.http2.ping_timeout_ms", 120_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
-        ("grpc.http2.max_ping_strikes", 0),
-    ]
-
-
-async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
-                port_file: str | Path | None = None, linger_s: float = 1.0, straggler_wait_s: float = 20.0,
-                tls: TLSServer | None = None) -> None:
-    """Run the PS until the run is done (if exit_when_done) or forever; port 0 picks a free port.
-
-    After the last round it waits (up to straggler_wait_s) for sites that were away at the end
-    (a reset, an outage) to reconnect and be told the run is over, so none retries in vain.
-    """
-    server = grpc.aio.server(options=server_options())
-    wire.pb_grpc.add_ParameterServerServicer_to_server(Servicer(ps), server)
-    if tls is not None:
-        bound = server.add_secure_port(f"{host}:{port}", tls.credentials())
-    else:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
-    await server.start()
-    log.info("parameter server %s listening on %s:%d (%s)", ps.run_id, host, bound,
-             "plaintext" if tls is None else "TLS, client certificates required" if tls.client_ca else "TLS")
-    if port_file:
-        tmp = Path(str(port_file) + ".tmp")
-        tmp.write_text(f"{bound}\n")
-        tmp.replace(port_file)
-    try:
-        if ps.exit_when_done:
-            await ps.done.wait()
-            deadline = time.time() + 30
-            while ps.links and time.time() < deadline:   # let sites receive the last result
-                await asyncio.sleep(0.05)
-            deadline = time.time() + straggler_wait_s
-            while set(ps.registry) - ps.told_finished and time.time() < deadline:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(linger_s)                  # and watchers the last events
-        else:
-            await server.wait_for_termination()
-    finally:
-        ps.closing.set()            # watchers get their last events and end their streams
-        await asyncio.sleep(0.2)
-        await server.stop(grace=1.0)
-        ps.recorder.close()

@@ -1,35 +1,53 @@
 """The only module that imports the generated protobuf code.
 
-`to_proto` turns a domain object (wantrain.messages) into the wire message for its direction;
-`site_message_from_proto` / `server_message_from_proto` turn what arrives back into domain
-objects, checking it on the way: a malformed message raises ProtocolError with a sentence that
-says what is wrong, and never yields a half-built object.
+`site_message` / `server_message` turn a domain object (wantrain.messages) into the wire message
+for its direction; `parse_site_message` / `parse_server_message` turn the bytes that arrive back
+into domain objects, checking them on the way. A message protobuf cannot parse, or one that
+breaks a rule of docs/protocol.md that needs no state to check (a name, a hash, a number out of
+range), raises ProtocolError with a sentence that says what is wrong, and never yields a
+half-built object. Rules that depend on the run (which tensors, which round) are the PS's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import zlib
 
+from google.protobuf.message import DecodeError
+
 from .codec import ChunkSpec, Encoded
-from .config import RunConfig
+from .config import RunConfig, check_site_name
 from .errors import CodecError, ConfigError, ProtocolError
-from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundMetrics,
-                       RoundResult, RoundStart, TensorChunk, Welcome)
+from .limits import safe_text
+from .messages import (DELTA, HASH_HEX_DIGITS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
+                       RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .proto.v1 import ps_pb2 as pb
 from .proto.v1 import ps_pb2_grpc as pb_grpc
 
-__all__ = ["pb", "pb_grpc", "site_message", "server_message", "site_message_from_proto",
-           "server_message_from_proto", "event_to_proto", "MAX_MESSAGE_BYTES", "MAX_NAME_LEN"]
+__all__ = ["pb", "pb_grpc", "site_message", "server_message", "parse_site_message", "parse_server_message",
+           "site_message_from_proto", "server_message_from_proto", "event_to_proto",
+           "MAX_MESSAGE_BYTES", "MAX_NAME_LEN", "MAX_DEVICE_LEN", "MAX_TOKEN_LEN", "MAX_PROBE_SAMPLES"]
 
 MAX_MESSAGE_BYTES = 4 << 20      # a chunk carries at most ~1 MiB of payload; leave headroom
-MAX_NAME_LEN = 256
+MAX_NAME_LEN = 256               # tensor names
+MAX_DEVICE_LEN = 128
+MAX_TOKEN_LEN = 4096
+MAX_PROBE_SAMPLES = 1000         # per LinkProbe message
+MAX_SECONDS = 1e7                # any duration a message reports (about 116 days)
+_HASH = re.compile(rf"[0-9a-f]{{{HASH_HEX_DIGITS}}}")
 
 _ENCODING = {"fp32": pb.ENCODING_FP32, "int8": pb.ENCODING_INT8, "int8-huffman": pb.ENCODING_INT8_HUFFMAN}
 _ENCODING_BACK = {v: k for k, v in _ENCODING.items()}
 _KIND = {MODEL: pb.CHUNK_KIND_MODEL, DELTA: pb.CHUNK_KIND_DELTA, UPDATE: pb.CHUNK_KIND_UPDATE}
 _KIND_BACK = {v: k for k, v in _KIND.items()}
+
+
+def _hash(value: str, what: str, empty_ok: bool = False) -> str:
+    if (empty_ok and value == "") or _HASH.fullmatch(value):
+        return value
+    raise ProtocolError(f"{what} must be {HASH_HEX_DIGITS} lowercase hex digits, got {safe_text(value, 40)!r}")
 
 
 # ------------------------------------------------------------------ domain -> proto
@@ -81,17 +99,44 @@ def event_to_proto(seq: int, json_line: str) -> pb.TelemetryEvent:
     return pb.TelemetryEvent(seq=seq, json=json_line)
 
 
-# ------------------------------------------------------------------ proto -> domain
+# ------------------------------------------------------------------ bytes -> domain
+
+def parse_site_message(raw: bytes) -> Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe:
+    """What a site sent, checked; ProtocolError if protobuf cannot parse it or it breaks a rule."""
+    try:
+        m = pb.SiteMessage.FromString(raw)
+    except (DecodeError, ValueError) as e:
+        raise ProtocolError(f"not a SiteMessage that protobuf can parse ({len(raw)} bytes): {e}") from None
+    return site_message_from_proto(m)
+
+
+def parse_server_message(raw: bytes) -> Welcome | TensorChunk | RoundStart | RoundResult | ErrorMessage:
+    try:
+        m = pb.ServerMessage.FromString(raw)
+    except (DecodeError, ValueError) as e:
+        raise ProtocolError(f"not a ServerMessage that protobuf can parse ({len(raw)} bytes): {e}") from None
+    return server_message_from_proto(m)
+
+
+def parse_request(cls, raw: bytes, what: str):
+    """A Watch or Ping request; ProtocolError if protobuf cannot parse it."""
+    try:
+        return cls.FromString(raw)
+    except (DecodeError, ValueError) as e:
+        raise ProtocolError(f"not a {what} that protobuf can parse ({len(raw)} bytes): {e}") from None
+
 
 def chunk_from_proto(m: pb.Chunk) -> TensorChunk:
     if m.kind not in _KIND_BACK:
         raise ProtocolError(f"chunk has unknown kind {m.kind}")
     if m.encoding not in _ENCODING_BACK:
         raise ProtocolError(f"chunk has unknown encoding {m.encoding}")
-    if not m.tensor or len(m.tensor) > MAX_NAME_LEN:
-        raise ProtocolError("chunk names no tensor (or an overlong name)")
+    if not m.tensor or len(m.tensor) > MAX_NAME_LEN or not m.tensor.isprintable():
+        raise ProtocolError("chunk names no tensor (or an unprintable or overlong name)")
     if m.count == 0 or m.index >= m.count:
         raise ProtocolError(f"chunk index {m.index} is out of range for a sequence of {m.count}")
+    if m.length == 0:
+        raise ProtocolError(f"chunk {m.index} of tensor {m.tensor!r} holds no elements")
     if zlib.crc32(m.payload, zlib.crc32(m.scales)) != m.crc32:
         raise ProtocolError(f"chunk {m.index} of tensor {m.tensor!r} fails its CRC check")
     data = Encoded(_ENCODING_BACK[m.encoding], m.length, m.quant_block, m.scales, m.payload)
@@ -102,33 +147,47 @@ def chunk_from_proto(m: pb.Chunk) -> TensorChunk:
     return TensorChunk(_KIND_BACK[m.kind], m.round, m.index, m.count, ChunkSpec(m.tensor, m.offset, m.length), data)
 
 
+def _metrics(m: pb.RoundMetrics) -> RoundMetrics:
+    fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(RoundMetrics)}
+    for k, v in fields.items():
+        if isinstance(v, float):
+            limit = math.inf if k.endswith("loss") else MAX_SECONDS
+            if not (math.isfinite(v) and (v >= 0 or k.endswith("loss")) and abs(v) <= limit):
+                raise ProtocolError(f"round metrics field {k} is {v}: not a finite, non-negative number "
+                                    f"of at most {limit:g}")
+    return RoundMetrics(**fields)
+
+
 def site_message_from_proto(m: pb.SiteMessage) -> Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe:
     which = m.WhichOneof("body")
     if which == "join":
         j = m.join
-        if not j.site or len(j.site) > MAX_NAME_LEN or not j.site.isprintable():
-            raise ProtocolError("join names no site (or an unprintable or overlong name)")
-        if len(j.token) > 4096:
-            raise ProtocolError("join token is too long")
-        return Join(j.site, j.protocol_version, j.resume_round, j.resume_hash, j.device, j.token)
+        why = check_site_name(j.site)
+        if why:
+            raise ProtocolError(f"join names no valid site: {why}")
+        if len(j.token) > MAX_TOKEN_LEN:
+            raise ProtocolError(f"join token is longer than {MAX_TOKEN_LEN} characters")
+        if len(j.device) > MAX_DEVICE_LEN or not j.device.isprintable():
+            raise ProtocolError(f"join device must be at most {MAX_DEVICE_LEN} printable characters, "
+                                f"got {safe_text(j.device, 60)!r}")
+        resume_hash = _hash(j.resume_hash, "join resume_hash", empty_ok=True)
+        return Join(j.site, j.protocol_version, j.resume_round, resume_hash, j.device, j.token)
     if which == "chunk":
         return chunk_from_proto(m.chunk)
     if which == "metrics":
-        fields = {f.name: getattr(m.metrics, f.name) for f in dataclasses.fields(RoundMetrics)}
-        for k, v in fields.items():
-            if isinstance(v, float) and not (math.isfinite(v) and (v >= 0 or k.endswith("loss"))):
-                raise ProtocolError(f"round metrics field {k} is {v}: not a finite, non-negative number")
-        return RoundMetrics(**fields)
+        return _metrics(m.metrics)
     if which == "hash_report":
-        return HashReport(m.hash_report.round, m.hash_report.model_hash)
+        return HashReport(m.hash_report.round, _hash(m.hash_report.model_hash, "hash report model_hash"))
     if which == "ready":
-        return Ready(m.ready.round, m.ready.model_hash)
+        return Ready(m.ready.round, _hash(m.ready.model_hash, "ready model_hash"))
     if which == "link_probe":
         p = m.link_probe
-        if len(p.t) != len(p.rtt_ms) or len(p.t) > 1000:
-            raise ProtocolError("link probe needs one time per RTT (at most 1000)")
-        if not all(math.isfinite(x) and 0 <= x < 1e7 for x in p.rtt_ms):
-            raise ProtocolError("link probe RTTs must be finite and non-negative")
+        if len(p.t) != len(p.rtt_ms) or len(p.t) > MAX_PROBE_SAMPLES:
+            raise ProtocolError(f"link probe needs one time per RTT (at most {MAX_PROBE_SAMPLES})")
+        if not all(math.isfinite(x) and 0 <= x < MAX_SECONDS * 1000 for x in p.rtt_ms):
+            raise ProtocolError("link probe RTTs must be finite, non-negative milliseconds")
+        if not all(math.isfinite(x) and 0 < x < 1e10 for x in p.t):
+            raise ProtocolError("link probe times must be Unix times (finite seconds after 1970)")
         return LinkProbe(tuple(p.t), tuple(p.rtt_ms))
     raise ProtocolError("empty site message")
 
@@ -141,17 +200,24 @@ def server_message_from_proto(m: pb.ServerMessage) -> Welcome | TensorChunk | Ro
             cfg = RunConfig.from_json(w.config_json)
         except ConfigError as e:
             raise ProtocolError(f"welcome carries a bad run config: {e}") from None
-        return Welcome(w.run_id, w.site_index, cfg, w.round, w.model_hash, w.model_chunks, w.data_position)
+        if not w.run_id.isprintable() or len(w.run_id) > MAX_NAME_LEN:
+            raise ProtocolError(f"welcome names an unprintable or overlong run {safe_text(w.run_id, 60)!r}")
+        return Welcome(w.run_id, w.site_index, cfg, w.round, _hash(w.model_hash, "welcome model_hash"),
+                       w.model_chunks, w.data_position)
     if which == "chunk":
         return chunk_from_proto(m.chunk)
     if which == "round_start":
         rs = m.round_start
-        if not (math.isfinite(rs.train_s) and rs.train_s >= 0):
+        if not (math.isfinite(rs.train_s) and 0 <= rs.train_s <= MAX_SECONDS):
             raise ProtocolError(f"round start asks for {rs.train_s} s of training")
-        return RoundStart(rs.round, rs.model_hash, rs.train_s)
+        return RoundStart(rs.round, _hash(rs.model_hash, "round start model_hash"), rs.train_s)
     if which == "round_result":
         r = m.round_result
-        return RoundResult(r.round, r.model_hash, tuple(r.sites), r.val_loss, tuple(r.late_sites))
+        for name in (*r.sites, *r.late_sites):
+            if check_site_name(name):
+                raise ProtocolError(f"round result names an invalid site {safe_text(name, 60)!r}")
+        return RoundResult(r.round, _hash(r.model_hash, "round result model_hash"), tuple(r.sites), r.val_loss,
+                           tuple(r.late_sites))
     if which == "error":
-        return ErrorMessage(m.error.code, m.error.message)
+        return ErrorMessage(safe_text(m.error.code, 64), safe_text(m.error.message, 2000))
     raise ProtocolError("empty server message")

@@ -28,11 +28,13 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from . import wire
+from . import net, wire
+from .auth import bearer
 from .codec import Codec, EncodeStats, ErrorFeedback, check_coverage, check_fits, encode_arrays, join_chunks
 from .config import RunConfig
 from .data import BatchSampler, load_run_data
-from .errors import CodecError, ConnectionLostError, ProtocolError, RejectedError, ReplicaMismatchError
+from .errors import (CodecError, ConfigError, ConnectionLostError, CorruptModelError, DivergedError, ProtocolError, RejectedError,
+                     ReplicaMismatchError)
 from .messages import (DELTA, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundMetrics,
                        RoundResult, RoundStart, TensorChunk, Welcome)
 from .models import build_model
@@ -40,7 +42,7 @@ from .replica import apply_update, flat_copy, load_flat, named_params, param_has
 from .rounds import MAX_STALENESS
 from .tls import TLSClient
 
-__all__ = ["Site", "SiteOptions", "channel_options", "default_device"]
+__all__ = ["Site", "SiteOptions", "default_device"]
 
 log = logging.getLogger("wantrain.site")
 
@@ -51,32 +53,6 @@ _RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCod
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def channel_options(link_rtt_ms: float = 0.0, link_mbps: float = 0.0) -> list[tuple[str, int]]:
-    """Client channel options: message caps, keepalive the PS permits, quick reconnects.
-
-    The HTTP/2 ping that detects a dead connection waits behind queued data, so its timeout
-    must exceed the time the largest message takes on the slowest link (plus a few RTTs), or
-    healthy transfers are killed. Unknown links get generous defaults.
-    """
-    transfer_s = wire.MAX_MESSAGE_BYTES * 8 / (link_mbps * 1e6) if link_mbps > 0 else 0.0
-    ping_timeout_ms = int(max(120_000, 1000 * (4 * transfer_s) + 8 * link_rtt_ms))
-    keepalive_ms = int(max(30_000, 20 * link_rtt_ms))
-    return [
-        ("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
-        ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
-        ("grpc.keepalive_time_ms", keepalive_ms),
-        ("grpc.keepalive_timeout_ms", ping_timeout_ms),
-        ("grpc.http2.ping_timeout_ms", ping_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.initial_reconnect_backoff_ms", 200),
-        # gRPC also uses this as the time a connection attempt may take (TCP + TLS handshake +
-        # HTTP/2 settings, several RTTs): too small and every attempt over a long link fails.
-        ("grpc.min_reconnect_backoff_ms", int(max(5_000, 12 * link_rtt_ms))),
-        ("grpc.max_reconnect_backoff_ms", 2_000),
-        ("grpc.use_local_subchannel_pool", 1),
-    ]
 
 
 class DownloadProgress:
@@ -127,6 +103,8 @@ class Site:
     """One site of a run (usually its own OS process: `wantrain worker`)."""
 
     def __init__(self, opts: SiteOptions) -> None:
+        if opts.probe_interval_s and not opts.probe_interval_s >= 0.05:
+            raise ConfigError(f"probe interval must be 0 (no probes) or at least 0.05 s, got {opts.probe_interval_s}")
         self.opts = opts
         self.device = torch.device(default_device() if opts.device == "auto" else opts.device)
         if opts.threads:
@@ -152,11 +130,11 @@ class Site:
 
     async def run(self) -> None:
         """Join and follow the PS until the run is finished, reconnecting through failures."""
-        backoff, first_failure = 0.5, None
+        backoff, first_failure, cause = 0.5, None, ""
         while not self.finished:
             try:
                 await self._session()
-                backoff, first_failure = 0.5, None
+                backoff, first_failure, cause = 0.5, None, ""
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, ConnectionLostError, RejectedError) as e:
                 # A write on a call that broke raises InvalidStateError; a read returns EOF. After
                 # a reset the PS may not have noticed our old stream yet and still holds our name.
@@ -165,29 +143,32 @@ class Site:
                     log.info("site %s: the run has finished (%s); nothing left to do", self.opts.name, e)
                     self.finished = True
                     return
-                if isinstance(e, RejectedError) and not (e.code == "duplicate_site" and self.cfg is not None):
+                transient = e.code == "rate_limited" or (e.code == "duplicate_site" and self.cfg is not None) \
+                    if isinstance(e, RejectedError) else True
+                if not transient:
                     raise
                 if isinstance(e, grpc.aio.AioRpcError) and e.code() not in _RETRY:
                     raise ConnectionLostError(f"parameter server at {self.opts.ps} refused {self.opts.name!r}: "
                                               f"{e.code().name}: {e.details()}") from None
                 why = (e.details() or e.code().name) if isinstance(e, grpc.aio.AioRpcError) else str(e) or type(e).__name__
                 now = time.time()
+                if first_failure is None and isinstance(e, grpc.aio.AioRpcError) and \
+                        e.code() == grpc.StatusCode.UNAVAILABLE:   # say why, once per streak of failures
+                    cause = await asyncio.to_thread(net.explain_unreachable, self.opts.ps, self.opts.tls,
+                                                    self.opts.tls_server_name)
                 first_failure = first_failure or now
+                because = f": {cause}" if cause else ""
                 if now - first_failure > self.opts.connect_timeout_s:
                     raise ConnectionLostError(f"parameter server at {self.opts.ps} not reachable for "
-                                              f"{self.opts.connect_timeout_s:.0f} s; giving up") from None
-                log.warning("parameter server at %s not reachable (%s); retrying in %.1f s", self.opts.ps, why, backoff)
+                                              f"{self.opts.connect_timeout_s:.0f} s{because}; giving up") from None
+                log.warning("parameter server at %s not reachable (%s)%s; retrying in %.1f s", self.opts.ps, why,
+                            because, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
     async def _session(self) -> None:
-        options = channel_options(self.opts.link_rtt_ms, self.opts.link_mbps)
-        if self.opts.tls is not None:
-            if self.opts.tls_server_name:
-                options.append(("grpc.ssl_target_name_override", self.opts.tls_server_name))
-            channel = grpc.aio.secure_channel(self.opts.ps, self.opts.tls.credentials(), options=options)
-        else:
-            channel = grpc.aio.insecure_channel(self.opts.ps, options=options)
+        channel = net.site_channel(self.opts.ps, self.opts.tls, self.opts.tls_server_name, self.opts.link_rtt_ms,
+                                   self.opts.link_mbps)
         async with channel:
             stub = wire.pb_grpc.ParameterServerStub(channel)
             call = stub.Session(wait_for_ready=False)
@@ -204,7 +185,8 @@ class Site:
             await asyncio.sleep(self.opts.probe_interval_s)
             t0 = time.perf_counter()
             try:
-                await stub.Ping(wire.pb.PingRequest(site=self.opts.name), timeout=max(30.0, 10 * self.opts.probe_interval_s))
+                await stub.Ping(wire.pb.PingRequest(site=self.opts.name), metadata=bearer(self.opts.token),
+                                timeout=max(30.0, 10 * self.opts.probe_interval_s))
             except grpc.aio.AioRpcError:
                 continue
             self.probes.append((time.time(), (time.perf_counter() - t0) * 1000))
@@ -303,6 +285,9 @@ class Site:
             check_fits(c.spec, values, self.sizes)
         except CodecError as e:
             raise ProtocolError(f"model chunk from the PS: {e}") from None
+        if not np.all(np.isfinite(values)):
+            raise CorruptModelError(f"the model the parameter server sent (round {self.round}) holds NaN or Inf in "
+                                    f"{c.spec.tensor!r}: the global model is corrupt; this site will not train on it")
         p = self.params[c.spec.tensor]
         with torch.no_grad():
             p.view(-1)[c.spec.offset: c.spec.offset + c.spec.length].copy_(torch.from_numpy(values))
@@ -361,6 +346,10 @@ class Site:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
             self.inner_opt.step()
             losses.append(loss.item())
+            if not math.isfinite(losses[-1]):
+                raise DivergedError(f"site {self.opts.name}: the training loss became {losses[-1]} at inner step {i} "
+                                    f"of round {round_} (learning rate {lr:.3g}), starting from the global model "
+                                    f"{self.hash}; this site stops rather than send a broken delta")
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             if self.opts.speed_factor > 1:   # act like a machine speed_factor times slower
@@ -373,6 +362,10 @@ class Site:
         compute_s = time.perf_counter() - t0
         end = flat_copy(self.model)
         delta = {k: start[k] - end[k] for k in start}
+        bad = next((k for k, v in delta.items() if not np.all(np.isfinite(v))), None)
+        if bad is not None:
+            raise DivergedError(f"site {self.opts.name}: the delta of round {round_} holds NaN or Inf in {bad!r} "
+                                f"after {i} inner steps from the global model {self.hash}; not sending it")
         # The replica goes back to the global parameters; the PS's update moves it on.
         load_flat(self.model, start)
         tokens = i * t.batch_size * self.cfg.model.block_size
@@ -437,7 +430,12 @@ class Site:
         if not parts or len(parts) != parts[0].count or any(c.round != result.round for c in parts):
             raise ProtocolError(f"round {result.round}: got {len(parts)} update chunks, "
                                 f"expected {parts[0].count if parts else 'some'}")
-        apply_update(self.model, self._join(parts))
+        update = self._join(parts)
+        for name, u in update.items():
+            if not np.all(np.isfinite(u)):
+                raise CorruptModelError(f"the update of round {result.round} from the parameter server holds NaN "
+                                        f"or Inf in {name!r}: the global model is corrupt; this site stops here")
+        apply_update(self.model, update)
         self.last_decode_s = time.perf_counter() - t0
         self.round = result.round + 1
         self.hash = param_hash(self.model)

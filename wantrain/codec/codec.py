@@ -52,6 +52,9 @@ class Encoded:
             raise CodecError(f"int8 chunk of {self.length} elements has {len(self.scales)} bytes of scales")
         if self.encoding == "int8" and len(self.payload) != self.length:
             raise CodecError(f"int8 chunk of {self.length} elements has {len(self.payload)} payload bytes")
+        if self.encoding == "int8-huffman" and huffman.payload_symbols(self.payload) != self.length:
+            raise CodecError(f"Huffman chunk of {self.length} elements announces "
+                             f"{huffman.payload_symbols(self.payload)} symbols")
 
 
 @dataclass

@@ -228,6 +228,16 @@ def _unpack_nibbles(raw: bytes) -> np.ndarray:
 
 # ---------------------------------------------------------------- decoding
 
+def payload_symbols(payload: bytes) -> int:
+    """The number of symbols a payload's header announces (CodecError if there is no header).
+
+    A receiver checks it against the chunk's length before decoding anything, so a header
+    cannot make it allocate more than the chunk's own size."""
+    if len(payload) < _HEADER.size:
+        raise CodecError(f"Huffman payload too short ({len(payload)} bytes)")
+    return _HEADER.unpack_from(payload, 0)[3]
+
+
 class _Parsed:
     __slots__ = ("n", "block", "tables", "lengths", "block_table", "block_bits", "words")
 

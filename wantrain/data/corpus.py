@@ -3,6 +3,10 @@
 A corpus is a list of documents (one play, one file). It is tokenized once into a single
 token array with document boundaries, split into a training part and a held-out validation
 tail, and the training part is cut into one shard per site.
+
+A folder is read recursively: every file that is text (UTF-8, no NUL bytes) is a document,
+whatever its suffix (code, logs, markdown, WikiText's .tokens), in sorted order; hidden files
+and folders are left out, and so are files that are not text, which the summary counts.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ import numpy as np
 from ..errors import DataError
 from .tokenizers import Tokenizer, package_data_dir
 
-__all__ = ["Document", "load_documents", "TokenizedCorpus", "tokenize_corpus"]
+__all__ = ["Document", "load_documents", "TokenizedCorpus", "tokenize_corpus", "scan_folder"]
 
-TEXT_SUFFIXES = {".txt", ".md", ".text", ".raw", ".tokens"}
+SNIFF_BYTES = 8192
 
 
 @dataclass(frozen=True)
@@ -27,20 +31,49 @@ class Document:
     text: str
 
 
-def load_documents(corpus: str) -> list[Document]:
-    """'shakespeare', or a path to a text file or a folder of text files (searched recursively)."""
+class Documents(list):
+    """The documents of a corpus (a list), plus the files of its folder that were not text."""
+
+    skipped: tuple[str, ...] = ()
+
+
+def _is_text(head: bytes) -> bool:
+    if b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:      # a multi-byte character cut by the sniff is fine
+        return e.start >= len(head) - 3
+    return True
+
+
+def scan_folder(path: Path) -> tuple[list[Path], list[Path]]:
+    """(text files, other files) under a folder, recursively, sorted; hidden files and folders left out."""
+    text, other = [], []
+    for p in sorted(path.rglob("*")):
+        rel = p.relative_to(path)
+        if any(part.startswith(".") for part in rel.parts) or not p.is_file():
+            continue
+        with open(p, "rb") as f:
+            (text if _is_text(f.read(SNIFF_BYTES)) else other).append(p)
+    return text, other
+
+
+def load_documents(corpus: str) -> Documents:
+    """'shakespeare', or a path to a text file or a folder (every text file under it, recursively)."""
     if corpus == "shakespeare":
-        return _shakespeare()
+        return Documents(_shakespeare())
     path = Path(corpus).expanduser()
     if not path.exists():
         raise DataError(f"corpus path {str(path)!r} does not exist (use 'shakespeare' or a text file or folder)")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    files, other = ([path], []) if path.is_file() else scan_folder(path)
     if not files:
-        raise DataError(f"corpus folder {str(path)!r} holds no text files ({', '.join(sorted(TEXT_SUFFIXES))})")
-    docs = [Document(str(f.relative_to(path) if path.is_dir() else f.name), f.read_text(errors="replace")) for f in files]
-    docs = [d for d in docs if d.text.strip()]
+        raise DataError(f"corpus folder {str(path)!r} holds no text files ({len(other)} other files)")
+    docs = Documents(d for d in (Document(str(f.relative_to(path) if path.is_dir() else f.name),
+                                          f.read_text(errors="replace")) for f in files) if d.text.strip())
     if not docs:
         raise DataError(f"corpus {str(path)!r} contains only empty files")
+    docs.skipped = tuple(str(f.relative_to(path)) for f in other)
     return docs
 
 
@@ -71,6 +104,14 @@ class TokenizedCorpus:
     tokens: np.ndarray          # (N,) int32, all documents back to back
     doc_starts: np.ndarray      # (D + 1,) offsets of each document, last = N
     val_start: int              # tokens[val_start:] are held out
+    names: tuple[str, ...] = ()     # the documents, in order
+    skipped: tuple[str, ...] = ()   # files of the corpus folder that are not text
+
+    def summary(self, listed: int = 20) -> dict:
+        """What a run trains on, for its log and its run_start event: counts, and the first file names."""
+        return {"documents": len(self.names), "tokens": int(self.tokens.size), "train_tokens": int(self.val_start),
+                "val_tokens": int(self.tokens.size - self.val_start), "files": list(self.names[:listed]),
+                "skipped_files": len(self.skipped), "skipped": list(self.skipped[:listed])}
 
     def shard(self, index: int, num_shards: int, by: str = "contiguous") -> np.ndarray:
         """The training tokens of shard `index` of `num_shards`."""
@@ -98,4 +139,5 @@ def tokenize_corpus(docs: list[Document], tokenizer: Tokenizer, val_fraction: fl
     tokens = np.concatenate(pieces).astype(np.int32)
     doc_starts = np.concatenate([[0], np.cumsum(lengths)])
     val_start = int(tokens.size * (1 - val_fraction))
-    return TokenizedCorpus(tokens, doc_starts, val_start)
+    return TokenizedCorpus(tokens, doc_starts, val_start, tuple(d.name for d in docs),
+                           tuple(getattr(docs, "skipped", ())))

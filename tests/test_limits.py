@@ -1,0 +1,229 @@
+"""Findings 3, 4 and 7: what one peer can make the PS do is bounded.
+
+A second PS cannot take over the port; model downloads are not amplified by hash reports; a
+flood of idle connections, with the PS at a common open-file limit, does not lock real sites
+out; a Session that never joins is timed out, and streams per peer address are capped.
+"""
+
+import asyncio
+import resource
+import socket
+import time
+
+import grpc
+import pytest
+
+from wantrain import wire
+from wantrain.errors import ProtocolError, RejectedError
+from wantrain.limits import Limits, TokenBucket, Throttle, safe_text
+from wantrain.messages import HashReport, Join
+from wantrain.server import ParameterServer
+from wantrain.telemetry import read_events, rows
+
+from .helpers import Proc, free_port, small_config, wantrain
+from .test_server import delta_chunks, drain, enter, rows_of
+
+
+@pytest.fixture(scope="module")
+def ps(tmp_path_factory):
+    """A plaintext PS that waits for two sites that never come (so nothing commits)."""
+    tmp = tmp_path_factory.mktemp("limits")
+    (tmp / "c.json").write_text(small_config(num_sites=2, sites=["a", "b"]).to_json())
+    port = free_port()
+    proc = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
+                "--join-timeout", "2", "--max-streams-per-peer", "8", log=tmp / "ps.log")
+    proc.wait_for("listening on")
+    yield port, proc, tmp
+    proc.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_second_ps_cannot_bind_the_same_port(ps, tmp_path):
+    """Finding 3: gRPC's default SO_REUSEPORT let two PS processes split the sites between them."""
+    port, proc, tmp = ps
+    r = wantrain("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run2"),
+                 timeout=90)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("wantrain ps: cannot listen on 127.0.0.1:") and "in use" in last, r.stderr
+    assert "Traceback" not in r.stderr
+    assert proc.p.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_a_port_held_by_another_program_is_one_clear_line(tmp_path):
+    """Finding 10: a port held by another program gave a 29-line traceback."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        (tmp_path / "c.json").write_text(small_config().to_json())
+        r = wantrain("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir",
+                     str(tmp_path / "run"), timeout=90)
+    assert r.returncode == 2 and "in use" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def raw_session(port: int, messages: list[bytes], timeout: float = 30) -> grpc.RpcError | None:
+    """A Session carrying the given bytes; its final status (None if it ended OK)."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        call = ch.stream_stream("/wantrain.v1.ParameterServer/Session", request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+        try:
+            for _ in call(iter(messages) if messages else _never(timeout), timeout=timeout):
+                pass
+        except grpc.RpcError as e:
+            return e
+    return None
+
+
+def _never(seconds: float):
+    """A request stream that stays open and sends nothing."""
+    time.sleep(seconds)
+    return
+    yield
+
+
+@pytest.mark.timeout(60)
+def test_a_session_that_never_joins_is_timed_out(ps):
+    """Finding 7: Session streams that never send a Join were never timed out."""
+    port, proc, _ = ps
+    t0 = time.time()
+    err = raw_session(port, [], timeout=30)
+    assert err is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err
+    assert "no Join within 2 s" in err.details() and time.time() - t0 < 25
+
+
+@pytest.mark.timeout(60)
+def test_streams_per_peer_address_are_capped(ps):
+    port, proc, _ = ps
+    results: list = [None] * 12
+    chans = [grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(3)]
+    try:
+        calls = []
+        for i in range(12):                      # 12 silent Sessions from one address; the PS allows 8
+            session = chans[i % 3].stream_stream("/wantrain.v1.ParameterServer/Session",
+                                                 request_serializer=lambda b: b, response_deserializer=lambda b: b)
+            calls.append(session(_never(8), timeout=20))
+            time.sleep(0.05)
+        for i, call in enumerate(calls):
+            try:
+                list(call)
+            except grpc.RpcError as e:
+                results[i] = e.code()
+    finally:
+        for ch in chans:
+            ch.close()
+    assert results.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 4, results
+    assert results.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 8, results
+    assert proc.p.poll() is None
+
+
+@pytest.mark.timeout(60)
+def test_hash_reports_do_not_amplify_into_downloads(ps):
+    """Finding 4: 200 hash reports with a wrong hash queued 201 full model downloads and 2,000 events."""
+    port, proc, tmp = ps
+    join = wire.site_message(Join("a")).SerializeToString()
+    report = wire.site_message(HashReport(0, "0" * 16)).SerializeToString()
+    before = len(read_events(tmp / "run"))
+    err = raw_session(port, [join] + [report] * 200)
+    assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT and "not been committed" in err.details()
+    time.sleep(0.5)
+    new = read_events(tmp / "run")[before:]
+    assert len([e for e in new if e["kind"] == "join"]) == 1 and len(new) < 20, [e["kind"] for e in new]
+
+
+@pytest.mark.timeout(120)
+def test_a_resync_is_one_download_however_many_reports_ask_for_it(tmp_path):
+    async def scenario():
+        ps = ParameterServer(small_config(num_sites=1, **{"train.rounds": 4}), run_dir=tmp_path)
+        a = enter(ps, Join("a"))
+        for r in range(2):
+            drain(a)
+            msgs, m = delta_chunks(ps, r, seed=r)
+            for c in msgs:
+                ps.on_chunk(a, c)
+            await ps.on_metrics(a, m)
+            await ps.round_task
+        drain(a)
+        ps.on_hash_report(a, HashReport(0, "0" * 16))      # wrong: the PS resyncs the site ...
+        ps.on_hash_report(a, HashReport(1, "0" * 16))      # ... once, whatever reports follow
+        with pytest.raises(ProtocolError, match="after one for round 1"):
+            ps.on_hash_report(a, HashReport(1, "0" * 16))
+        with pytest.raises(ProtocolError, match="not been committed"):
+            ps.on_hash_report(a, HashReport(5, "0" * 16))
+        return ps, drain(a)
+    ps, sent = asyncio.run(scenario())
+    assert sum(type(m).__name__ == "Welcome" for m in sent) == 1
+    assert len(rows_of(ps, "hash_check")) == 1
+
+
+@pytest.mark.timeout(60)
+def test_each_site_gets_a_bounded_number_of_downloads(tmp_path):
+    ps = ParameterServer(small_config(num_sites=1), run_dir=tmp_path,
+                         limits=Limits(downloads_per_site=2, download_bytes_per_site=1))
+    for _ in range(2):
+        ps.leave(ps.join(Join("a")), "gone")
+    with pytest.raises(RejectedError, match="downloaded the model 2 times") as info:
+        ps.join(Join("a"))
+    assert info.value.code == "rate_limited"
+
+
+def test_rate_limits_and_safe_text():
+    now = [0.0]
+    bucket = TokenBucket(3, 1.0, clock=lambda: now[0])
+    assert [bucket.take() for _ in range(4)] == [True, True, True, False]
+    now[0] = 2.0
+    assert [bucket.take() for _ in range(3)] == [True, True, False]
+    throttle = Throttle(1, 0.5, keys=2, clock=lambda: now[0])
+    assert throttle.allow("x") and not throttle.allow("x") and not throttle.allow("x")
+    assert throttle.take_suppressed("x") == 2 and throttle.take_suppressed("x") == 0
+    throttle.allow("y"), throttle.allow("z")
+    assert "x" not in throttle.buckets                     # at most `keys` peers are remembered
+    assert safe_text("cpu\n2026 INFO forged") == "cpu\\n2026 INFO forged"
+    assert safe_text("x" * 500, 20).startswith("x" * 20 + "... (500")
+
+
+def _raise_own_open_file_limit(n: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < n:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, max(hard, n)))      # root may raise the hard limit
+
+
+@pytest.mark.timeout(240)
+def test_a_flood_of_idle_connections_does_not_lock_sites_out(tmp_path):
+    """Finding 7: with the PS at a common open-file limit (1024), 1,100 idle TCP connections (no
+    TLS, no secret needed) locked every real site out for about two minutes. Now the PS accepts at
+    most 80 % of its open files and drops a connection that has not finished its handshake within
+    --handshake-timeout: the real site is admitted while the flood still holds its sockets."""
+    _raise_own_open_file_limit(4096)
+    cfg = small_config(num_sites=1, sites=["real"], **{"train.rounds": 2, "train.inner_steps": 4})
+    (tmp_path / "c.json").write_text(cfg.to_json())
+    port = free_port()
+    ps = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
+              "--handshake-timeout", "5", log=tmp_path / "ps.log", open_files=1024)
+    flood: list[socket.socket] = []
+    site = None
+    try:
+        ps.wait_for("listening on")
+        assert "open-file limit 1024" in ps.text()
+        for _ in range(1100):                   # from another loopback address, as another host would
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", port))
+            flood.append(s)
+        time.sleep(1.0)
+        site = Proc("worker", "--ps", f"127.0.0.1:{port}", "--site", "real", "--threads", "1",
+                    "--connect-timeout", "120", log=tmp_path / "site.log")
+        site.wait_for("model at round 0 loaded", timeout=60)       # today: about two minutes
+        assert site.p.wait(120) == 0, site.text()[-2000:]
+        assert ps.p.wait(60) == 0, ps.text()[-2000:]
+    finally:
+        for s in flood:
+            s.close()
+        if site is not None:
+            site.kill()
+        ps.kill()
+    events = read_events(tmp_path / "run")
+    assert [e["round"] for e in rows(events, "round_end")] == [0, 1]

@@ -1,0 +1,99 @@
+"""Finding 8: Watch and Ping need a token, as Join does.
+
+The run's telemetry names its sites and devices and carries its config, losses, hashes and
+error messages: only an observer (the observer token, or the run's shared secret) may read it.
+`Run` (the notebook, `wantrain demo`) and `wantrain watch` pass the token.
+"""
+
+import json
+
+import grpc
+import pytest
+
+from wantrain import wire
+from wantrain.auth import bearer
+
+from .helpers import Proc, free_port, small_config, wantrain
+
+SECRET = "shared-secret-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def ps(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("watch")
+    (tmp / "c.json").write_text(small_config(num_sites=2, sites=["a", "b"]).to_json())
+    (tmp / "secret").write_text(SECRET)
+    port = free_port()
+    proc = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
+                "--shared-secret-file", str(tmp / "secret"), log=tmp / "ps.log")
+    proc.wait_for("listening on")
+    yield f"127.0.0.1:{port}", proc, tmp
+    proc.kill()
+
+
+def first_event(address: str, metadata=(), raw: bytes | None = None):
+    with grpc.insecure_channel(address) as ch:
+        if raw is not None:
+            watch = ch.unary_stream("/wantrain.v1.ParameterServer/Watch", request_serializer=lambda b: b,
+                                    response_deserializer=wire.pb.TelemetryEvent.FromString)
+            stream = watch(raw, metadata=metadata, timeout=20)
+        else:
+            stream = wire.pb_grpc.ParameterServerStub(ch).Watch(wire.pb.WatchRequest(), metadata=metadata, timeout=20)
+        try:
+            return json.loads(next(stream).json)
+        finally:
+            stream.cancel()
+
+
+def ping(address: str, site: str, metadata=()):
+    with grpc.insecure_channel(address) as ch:
+        return wire.pb_grpc.ParameterServerStub(ch).Ping(wire.pb.PingRequest(site=site), metadata=metadata, timeout=20)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("metadata", [(), bearer("wrong"), (("authorization", SECRET),)])
+def test_watch_without_the_observer_token_is_refused(ps, metadata):
+    address, proc, _ = ps
+    with pytest.raises(grpc.RpcError) as info:
+        first_event(address, metadata)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "observer token" in info.value.details()
+    assert proc.p.poll() is None
+
+
+@pytest.mark.timeout(60)
+def test_observers_with_a_token_see_the_run(ps):
+    address, _, tmp = ps
+    observer = (tmp / "run" / "observer-token").read_text().strip()      # made by the PS, 0600
+    assert (tmp / "run" / "observer-token").stat().st_mode & 0o077 == 0
+    assert first_event(address, bearer(observer))["kind"] == "run_start"
+    assert first_event(address, bearer(SECRET))["kind"] == "run_start"     # the run's owner may too
+
+
+@pytest.mark.timeout(60)
+def test_a_watch_request_protobuf_cannot_parse_is_invalid(ps):
+    address, _, tmp = ps
+    observer = (tmp / "run" / "observer-token").read_text().strip()
+    with pytest.raises(grpc.RpcError) as info:
+        first_event(address, bearer(observer), raw=b"\xff\xff\xff")
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+@pytest.mark.timeout(60)
+def test_ping_needs_a_site_or_observer_token(ps):
+    address, _, _ = ps
+    with pytest.raises(grpc.RpcError) as info:
+        ping(address, "a")
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert ping(address, "a", bearer(SECRET)).server_time > 0
+
+
+@pytest.mark.timeout(120)
+def test_wantrain_watch_passes_the_token(ps):
+    address, _, tmp = ps
+    refused = wantrain("watch", "--ps", address, "--timeout", "10")
+    assert refused.returncode == 1 and "refused to show its telemetry" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+    seen = wantrain("watch", "--ps", address, "--observer-token-file", str(tmp / "run" / "observer-token"),
+                    "--timeout", "5")
+    assert seen.returncode == 0, seen.stderr
+    assert json.loads(seen.stdout.splitlines()[0])["kind"] == "run_start"

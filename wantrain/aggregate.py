@@ -1,0 +1,71 @@
+"""One round's aggregation at the parameter server: average, outer step, encode, apply.
+
+`aggregate_round` runs in a worker thread while the event loop keeps serving. It works one chunk
+of the plan at a time, so the PS's memory stays at the model, the outer momentum, the downlink
+residual and each site's int8 delta, with no whole-model temporaries, and every element sees
+the same float32 operations as a whole-tensor computation would (tests/test_server.py checks).
+
+The average is the token-weighted mean, sites in name order, or (robust.aggregate =
+"trimmed_mean") a coordinate-wise trimmed mean. Inputs were screened before (screening.py):
+finite, bounded by the model's norm, so no float32 below can overflow.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codec import ChunkSpec, Codec, EncodeStats, ErrorFeedback, Extracted
+from .errors import WantrainError
+from .messages import UPDATE, TensorChunk
+from .outer import OuterNesterov
+from .screening import trim_count, trimmed_mean
+
+__all__ = ["Contribution", "aggregate_round"]
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One delta in a round's aggregate: its chunks (as kept by the PS) and its weight."""
+
+    parts: list[Extracted]
+    weight: float
+
+
+def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], params: dict[str, np.ndarray],
+                    contributions: dict[str, Contribution], outer: OuterNesterov, feedback: ErrorFeedback | None,
+                    codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0
+                    ) -> tuple[list[TensorChunk], EncodeStats]:
+    """Apply one round to `params` (flat float32 views of the global model); returns the update chunks
+    every replica adds, and their encoding statistics."""
+    keys = sorted(contributions)
+    if not keys:
+        raise WantrainError(f"round {round_} has no deltas to aggregate")
+    total = sum(contributions[k].weight for k in keys)
+    if not total > 0:
+        raise WantrainError(f"round {round_}: the deltas carry no weight")
+    coef = {k: np.float32(contributions[k].weight / total) for k in keys}
+    trim = trim_count(len(keys), trim_fraction) if aggregate == "trimmed_mean" else 0
+    stats = EncodeStats()
+    msgs = []
+    for i, spec in enumerate(plan):
+        part = slice(spec.offset, spec.offset + spec.length)
+        if aggregate == "trimmed_mean":
+            avg = trimmed_mean([contributions[k].parts[i].values() for k in keys], trim)
+        else:
+            avg = np.zeros(spec.length, np.float32)
+            for k in keys:                      # sum_k w_k d_k / sum w, sites in name order
+                avg += coef[k] * contributions[k].parts[i].values()
+        update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg)
+        if feedback is not None:
+            update = feedback.compensate_part(spec.tensor, part, update)
+        t0 = time.perf_counter()
+        enc, sent = codec.encode(update, stats)
+        stats.seconds += time.perf_counter() - t0
+        if feedback is not None:
+            feedback.record_part(spec.tensor, shapes[spec.tensor], part, update, sent)
+        params[spec.tensor][part] += sent   # one float32 add per element, as every site does
+        msgs.append(TensorChunk(UPDATE, round_, i, len(plan), spec, enc))
+    return msgs, stats
