@@ -20,12 +20,12 @@ from wantrain.messages import DELTA, Join, TensorChunk
 from wantrain.outer import OuterNesterov
 from wantrain.replica import apply_update, flat_copy, load_flat, param_hash
 from wantrain.server import ParameterServer
-from wantrain.telemetry import read_events, rows
+from wantrain.telemetry import rows
 
 from .cluster import Cluster, check_run
 from .helpers import small_config
 from .test_hostile import HandSite
-from .test_server import delta_chunks, drain, enter, metrics_for, one_site_round, rows_of
+from .test_server import drain, enter, metrics_for, one_site_round, rows_of
 
 
 def encoded_delta(ps, round_, scale, seed):
