@@ -26,3 +26,10 @@ def test_only_wire_imports_the_generated_code():
 def test_public_surface_resolves():
     for name in wantrain.__all__:
         assert getattr(wantrain, name) is not None
+
+
+def test_the_conformance_site_needs_nothing_of_wantrain_but_the_generated_stubs():
+    """tests/conformance implements a site from docs/protocol.md alone (issue 10)."""
+    for p in (Path(__file__).parent / "conformance").glob("*.py"):
+        for m in re.finditer(r"^\s*(?:from|import)\s+(wantrain[\w.]*)", p.read_text(), re.M):
+            assert m.group(1).startswith("wantrain.proto"), (p.name, m.group(1))
