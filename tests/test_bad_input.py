@@ -125,3 +125,13 @@ def test_corrupt_chunk_after_join_gets_invalid_argument(ps):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "CRC" in info.value.details()
     assert proc.p.poll() is None
     proc.wait_for("site mallory left: rejected")
+
+
+@pytest.mark.timeout(120)
+def test_a_broken_scenario_is_bad_input(tmp_path):
+    """Finding 10: broken scenarios exited 1 where the CLI promises 2 for bad input."""
+    (tmp_path / "s.toml").write_text('name = "x"\nps_region = "East US"\n\n[[site]]\nname = "a"\nregion = "Atlantis"\n')
+    r = wantrain("demo", "--scenario", str(tmp_path / "s.toml"), "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "s.toml:6: field site[0].region" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

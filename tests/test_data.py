@@ -29,7 +29,7 @@ def test_local_files_and_folders(tmp_path):
     (tmp_path / "a.txt").write_text("first document " * 50)
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.md").write_text("second document " * 50)
-    (tmp_path / "ignored.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "ignored.bin").write_bytes(b"\x00\x01")        # not text
     docs = load_documents(str(tmp_path))
     assert [d.name for d in docs] == ["a.txt", "sub/b.md"]
     assert load_documents(str(tmp_path / "a.txt"))[0].text.startswith("first")
@@ -66,3 +66,24 @@ def test_batch_sampler_resumes_exactly():
     b.load_state(state)
     x2, y2 = b.next()
     assert (x1 == x2).all() and (y1 == y2).all() and (y1[:, :-1] == x1[:, 1:]).all()
+
+
+def test_a_folder_of_code_is_a_corpus_and_the_run_says_what_it_read(tmp_path):
+    """Finding 10: --corpus on a folder of .py files trained on 3 stray .txt files and said nothing."""
+    from wantrain.data import load_run_data
+    from wantrain.config import DataConfig
+
+    for i in range(5):
+        (tmp_path / f"mod{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 40)
+    (tmp_path / "notes.txt").write_text("a note " * 30)
+    (tmp_path / "weights.bin").write_bytes(bytes(range(256)) * 4)          # not text: NUL bytes
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 ".encode("latin-1") * 50)  # not UTF-8
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "config").write_text("[core]\n")                   # hidden: left out
+    docs = load_documents(str(tmp_path))
+    assert [d.name for d in docs] == ["mod0.py", "mod1.py", "mod2.py", "mod3.py", "mod4.py", "notes.txt"]
+    assert docs.skipped == ("latin1.txt", "weights.bin")
+    _, corpus = load_run_data(DataConfig(corpus=str(tmp_path)))
+    s = corpus.summary()
+    assert s["documents"] == 6 and s["files"][0] == "mod0.py" and s["skipped_files"] == 2
+    assert s["tokens"] == sum(len(d.text.encode()) for d in docs) and s["train_tokens"] + s["val_tokens"] == s["tokens"]

@@ -217,3 +217,38 @@ def test_a_hostile_site_cannot_poison_a_real_run(tmp_path):
     checks = [e for e in rows(events, "hash_check") if e["site"] == "honest"]
     assert len(checks) == 4 and all(e["ok"] for e in checks)
     check_run([e for e in events if e.get("site") != "mallory"], 4)
+
+
+@pytest.mark.timeout(120)
+def test_a_site_given_a_broken_model_says_so(tmp_path):
+    """Finding 1, the other side: the honest site exited with "cannot quantize non-finite values",
+    which does not point at the cause. Now a NaN in a downloaded model or an update, or a NaN loss,
+    is named for what it is."""
+    from wantrain.errors import CorruptModelError, DivergedError
+    from wantrain.messages import MODEL, UPDATE, RoundResult, Welcome
+    from wantrain.worker import Site, SiteOptions
+
+    cfg = small_config(num_sites=1)
+    site = Site(SiteOptions(ps="127.0.0.1:1", name="a", device="cpu", threads=1))
+    site._on_welcome(Welcome("run", 0, cfg, 0, "0" * 16, 1))
+    first = next(iter(site.sizes))
+    bad = np.zeros(site.sizes[first], np.float32)
+    bad[5] = np.nan
+    enc, _ = Codec(type(cfg.codec)(mode="fp32")).encode(bad)
+    from wantrain.codec import ChunkSpec
+    with pytest.raises(CorruptModelError, match="model the parameter server sent .* NaN or Inf in"):
+        site._place_model_chunk(TensorChunk(MODEL, 0, 0, 1, ChunkSpec(first, 0, bad.size), enc))
+    update = [TensorChunk(UPDATE, 0, i, 1, ChunkSpec(k, 0, n), Codec(type(cfg.codec)(mode="fp32")).encode(
+        np.full(n, np.inf if k == first else 0, np.float32))[0]) for i, (k, n) in enumerate(site.sizes.items())]
+    update = [TensorChunk(UPDATE, 0, i, len(update), c.spec, c.data) for i, c in enumerate(update)]
+    with pytest.raises(CorruptModelError, match="update of round 0 .* global model is corrupt"):
+        site._apply_update(update, RoundResult(0, "0" * 16))
+    with torch_no_grad():
+        site.params[first].view(-1)[0] = float("nan")                 # a replica that is already broken
+    with pytest.raises(DivergedError, match="training loss became nan at inner step 0 of round 0"):
+        site._train(0, 0.0)
+
+
+def torch_no_grad():
+    import torch
+    return torch.no_grad()

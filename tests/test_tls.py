@@ -50,3 +50,30 @@ def test_tls_dev_cli_and_bad_files(tmp_path):
     assert r.returncode == 2 and "junk.pem is not PEM" in r.stderr, r.stderr
     r = wantrain("worker", "--ps", "127.0.0.1:1", "--site", "x", "--tls-ca", str(tmp_path / "nope.pem"))
     assert r.returncode == 2 and "nope.pem does not exist" in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_site_says_why_tls_fails(tmp_path):
+    """Finding 10: a TLS or CA mismatch was reported as 'not reachable ... giving up', the real cause
+    only in gRPC's own log lines. The site now looks for itself and says it."""
+    certs = make_dev_certs(tmp_path / "tls", clients=("a",))
+    other = make_dev_certs(tmp_path / "other")
+    (tmp_path / "c.json").write_text(small_config(num_sites=1).to_json())
+    port = free_port()
+    ps = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
+              "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
+              "--tls-client-ca", str(certs.ca), log=tmp_path / "ps.log")
+    try:
+        ps.wait_for("client certificates required")
+        base = ("worker", "--ps", f"127.0.0.1:{port}", "--site", "a", "--connect-timeout", "2")
+        for extra, cause in [((), "the PS speaks TLS on this port: pass --tls-ca"),
+                             (("--tls-ca", str(other.ca)), "the PS's certificate is not trusted"),
+                             (("--tls-ca", str(certs.ca)), "the PS requires a client certificate"),
+                             (("--tls-ca", str(certs.ca), "--tls-server-name", "elsewhere"), "'elsewhere'")]:
+            r = wantrain(*base, *extra, timeout=90)
+            last = r.stderr.strip().splitlines()[-1]
+            assert r.returncode == 1 and "giving up" in last and cause in last, r.stderr[-2000:]
+            assert "Traceback" not in r.stderr
+        assert ps.p.poll() is None
+    finally:
+        ps.kill()

@@ -141,19 +141,19 @@ def explain_unreachable(address: str, tls: TLSClient | None, server_name: str = 
         return f"no answer from {address} within {timeout_s:g} s (a firewall, or the link is down)"
     except OSError as e:
         return f"cannot connect to {address}: {e.strerror or e}"
+    import ssl
+
     preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")   # + empty SETTINGS
     with raw:
         raw.settimeout(timeout_s)
-        if tls is None:
+        if tls is None:                  # does the port answer a TLS handshake (trusting anything)?
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
             try:
-                raw.sendall(preface)
-                first = raw.recv(16)
-            except OSError:
-                first = b""
-            if first[:1] == b"\x15" or first[:2] == b"\x16\x03":
-                return "the PS speaks TLS on this port: pass --tls-ca (the CA that signed its certificate)"
-            return ""
-        import ssl
+                with ctx.wrap_socket(raw, server_hostname=host):
+                    return "the PS speaks TLS on this port: pass --tls-ca (the CA that signed its certificate)"
+            except (ssl.SSLError, OSError):
+                return ""
         try:
             ctx = ssl.create_default_context(cafile=tls.ca)
             if tls.cert and tls.key:
@@ -165,7 +165,9 @@ def explain_unreachable(address: str, tls: TLSClient | None, server_name: str = 
         try:
             with ctx.wrap_socket(raw, server_hostname=name) as s:
                 s.sendall(preface)
-                s.recv(16)          # TLS 1.3 reports a missing client certificate only here
+                if not s.recv(16):  # with TLS 1.3 a refused client shows only now: the PS hangs up
+                    return ("the PS refused this site's client certificate: is it signed by the PS's --tls-client-ca?"
+                            if tls.cert else "the PS requires a client certificate: pass --tls-cert and --tls-key")
         except ssl.SSLCertVerificationError as e:
             return (f"the PS's certificate is not trusted: {e.verify_message} (is --tls-ca the CA that signed it, "
                     f"and is {name!r} one of its names? --tls-server-name checks another name)")

@@ -2,27 +2,9 @@
 
 Every event is one JSON object on one line of runs/<run-id>/events.jsonl with the common
 fields `v` (schema version), `seq` (0, 1, 2, ...), `kind`, `t` (Unix time) and `elapsed_s`
-(seconds since the run started), plus the fields of its kind:
-
-    run_start   run_id, config, num_params
-    join        site, site_index, device, resumed (bool)
-    leave       site, reason
-    download    site, chunks, of, mb: the PS has handed this much of the model to the site's stream
-                (once per tenth of its chunks)
-    ready       site, round, since_join_s (the site downloaded and loaded the model: it can train)
-    round_start round
-    site_round  round, site, train_loss, last_train_loss, tokens, steps, raw_bytes, wire_bytes,
-                ratio, huffman_bits_per_symbol, encode_s, decode_s, compute_s (emulated_s of it),
-                comm_s, chunks,
-                received_wire_bytes (what the PS counted on its side of the stream)
-    round_end   round, val_loss, model_hash, sites, raw_bytes, wire_bytes, ratio,
-                huffman_bits_per_symbol, encode_s, aggregate_s, round_s   (the downlink update)
-    hash_check  round, site, ok, site_hash, ps_hash
-    link_rtt    site, t (list of Unix times), rtt_ms (list): Ping RTTs the site measured
-    checkpoint  round (committed rounds it holds), seconds, bytes
-    restart     round (the PS resumed from a checkpoint holding this many committed rounds)
-    error       code, message, site (optional)
-    run_end     rounds, val_loss
+(seconds since the run started), plus the fields of its kind. The kinds and their fields are
+listed once, in docs/protocol.md (section 10: Watch streams these events to observers);
+tests/test_protocol_doc.py checks that every kind of EVENT_KINDS is there.
 """
 
 from __future__ import annotations
@@ -32,7 +14,7 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 __all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS", "utilization"]
 
@@ -132,11 +114,6 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 def rows(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """The events of one kind, in order."""
     return [e for e in events if e["kind"] == kind]
-
-
-def iter_lines(path: str | Path) -> Iterator[str]:
-    with open(path) as f:
-        yield from (ln for ln in f if ln.strip())
 
 
 def utilization(events: list[dict]) -> dict[str, dict[str, float]]:

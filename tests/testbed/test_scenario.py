@@ -56,3 +56,18 @@ def test_good_file_and_unknown_name(tmp_path):
     assert [s.name for s in sc.sites] == ["a", "b"] and sc.sites[1].speed_factor == 2.0
     with pytest.raises(ScenarioError, match="not one of"):
         load_scenario("no-such-scenario")
+
+
+def test_outages_happen_on_top_of_a_replayed_trace(tmp_path):
+    """Finding 10: a site with both `trace` and `outages` silently lost its outages."""
+    (tmp_path / "t.csv").write_text("t_s,delay_ms,bandwidth_mbps,loss\n0,40,100,0\n5,60,50,0\n10,40,100,0\n")
+    p = tmp_path / "s.toml"
+    p.write_text(GOOD.replace('bandwidth_mbps = 100', 'trace = "t.csv"\noutages = [{ start_s = 3, duration_s = 4 },'
+                                                    ' { start_s = 31, duration_s = 2 }]'))
+    sc = load_scenario(p)
+    up, down = sc.traces(sc.sites[0])
+    scale = sc.time_scale                                   # 0.5: trace seconds -> real seconds
+    assert up.at(2 * scale).bandwidth_mbps == 100 and up.at(3.5 * scale).bandwidth_mbps == 0
+    assert up.at(6.9 * scale).down and up.at(7 * scale).bandwidth_mbps == 50 and up.at(8 * scale).delay_ms == 60
+    assert up.at(32 * scale).down and not up.at(33.5 * scale).down      # the trace repeats until the last outage
+    assert sum(isinstance(e, Outage) for e in up.events) == 2 and down.at(4 * scale).down
