@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -67,7 +68,7 @@ class Dashboard:
         self.max_points, self.min_interval_s = max_points, min_interval_s
         self.events: list[dict] = []
         self.redraws = 0
-        self._last = 0.0
+        self._last = -math.inf                 # never drawn: the first event draws (monotonic() starts at boot)
         self._cost = 0.0                       # CPU seconds the last redraw took (the kernel's GIL)
         self._lock = threading.Lock()          # guards self.events
         self._draw_lock = threading.Lock()     # one redraw at a time (the follow thread, fault buttons)
