@@ -10,33 +10,40 @@ from .helpers import Proc, free_port, small_config, wantrain
 from .test_hostile import HandSite
 
 
-@pytest.mark.timeout(90)
-def test_mutual_tls_admits_only_sites_with_a_client_certificate(tmp_path):
-    certs = make_dev_certs(tmp_path / "tls", clients=("a",))
-    assert (tmp_path / "tls" / "server.key").stat().st_mode & 0o777 == 0o600
-    (tmp_path / "c.json").write_text(small_config(num_sites=1).to_json())
+@pytest.fixture(scope="module")
+def mutual(tmp_path_factory):
+    """A PS that requires client certificates from its development CA."""
+    tmp = tmp_path_factory.mktemp("mtls")
+    certs = make_dev_certs(tmp / "tls", clients=("a",))
+    (tmp / "c.json").write_text(small_config(num_sites=1).to_json())
     port = free_port()
-    ps = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
+    ps = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
               "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
-              "--tls-client-ca", str(certs.ca), log=tmp_path / "ps.log")
+              "--tls-client-ca", str(certs.ca), log=tmp / "ps.log")
     try:
         ps.wait_for("client certificates required")
-        address = f"127.0.0.1:{port}"
-        anonymous = HandSite(address, certs.client().credentials(), "a", "")
-        assert anonymous.status().code() == grpc.StatusCode.UNAVAILABLE
-        anonymous.close()
-        other_ca = make_dev_certs(tmp_path / "other", clients=("a",))      # a certificate from another CA
-        forged = HandSite(address, grpc.ssl_channel_credentials(
-            certs.ca.read_bytes(), other_ca.clients["a"][1].read_bytes(), other_ca.clients["a"][0].read_bytes()),
-            "a", "")
-        assert forged.status().code() == grpc.StatusCode.UNAVAILABLE
-        forged.close()
-        good = HandSite(address, certs.client("a").credentials(), "a", "")
-        assert isinstance(good.recv(), Welcome)
-        good.close()
-        assert ps.p.poll() is None
+        yield f"127.0.0.1:{port}", certs, ps
     finally:
         ps.kill()
+
+
+@pytest.mark.timeout(90)
+def test_mutual_tls_admits_only_sites_with_a_client_certificate(mutual, tmp_path):
+    address, certs, ps = mutual
+    assert certs.server_key.stat().st_mode & 0o777 == 0o600
+    anonymous = HandSite(address, certs.client().credentials(), "a", "")
+    assert anonymous.status().code() == grpc.StatusCode.UNAVAILABLE
+    anonymous.close()
+    other_ca = make_dev_certs(tmp_path / "other", clients=("a",))      # a certificate from another CA
+    forged = HandSite(address, grpc.ssl_channel_credentials(
+        certs.ca.read_bytes(), other_ca.clients["a"][1].read_bytes(), other_ca.clients["a"][0].read_bytes()),
+        "a", "")
+    assert forged.status().code() == grpc.StatusCode.UNAVAILABLE
+    forged.close()
+    good = HandSite(address, certs.client("a").credentials(), "a", "")
+    assert isinstance(good.recv(), Welcome)
+    good.close()
+    assert ps.p.poll() is None
 
 
 @pytest.mark.timeout(60)
@@ -53,27 +60,18 @@ def test_tls_dev_cli_and_bad_files(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_site_says_why_tls_fails(tmp_path):
+def test_a_site_says_why_tls_fails(mutual, tmp_path):
     """Finding 10: a TLS or CA mismatch was reported as 'not reachable ... giving up', the real cause
     only in gRPC's own log lines. The site now looks for itself and says it."""
-    certs = make_dev_certs(tmp_path / "tls", clients=("a",))
+    address, certs, ps = mutual
     other = make_dev_certs(tmp_path / "other")
-    (tmp_path / "c.json").write_text(small_config(num_sites=1).to_json())
-    port = free_port()
-    ps = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
-              "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
-              "--tls-client-ca", str(certs.ca), log=tmp_path / "ps.log")
-    try:
-        ps.wait_for("client certificates required")
-        base = ("worker", "--ps", f"127.0.0.1:{port}", "--site", "a", "--connect-timeout", "2")
-        for extra, cause in [((), "the PS speaks TLS on this port: pass --tls-ca"),
-                             (("--tls-ca", str(other.ca)), "the PS's certificate is not trusted"),
-                             (("--tls-ca", str(certs.ca)), "the PS requires a client certificate"),
-                             (("--tls-ca", str(certs.ca), "--tls-server-name", "elsewhere"), "'elsewhere'")]:
-            r = wantrain(*base, *extra, timeout=90)
-            last = r.stderr.strip().splitlines()[-1]
-            assert r.returncode == 1 and "giving up" in last and cause in last, r.stderr[-2000:]
-            assert "Traceback" not in r.stderr
-        assert ps.p.poll() is None
-    finally:
-        ps.kill()
+    base = ("worker", "--ps", address, "--site", "a", "--connect-timeout", "2")
+    for extra, cause in [((), "the PS speaks TLS on this port: pass --tls-ca"),
+                         (("--tls-ca", str(other.ca)), "the PS's certificate is not trusted"),
+                         (("--tls-ca", str(certs.ca)), "the PS requires a client certificate"),
+                         (("--tls-ca", str(certs.ca), "--tls-server-name", "elsewhere"), "'elsewhere'")]:
+        r = wantrain(*base, *extra, timeout=90)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 1 and "giving up" in last and cause in last, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+    assert ps.p.poll() is None
