@@ -136,6 +136,11 @@ class Servicer:
                 return
             except StopAsyncIteration:
                 return                          # closed before joining: nobody to answer
+            except Exception as e:  # a bug in the PS: this stream ends with INTERNAL, the PS goes on
+                log.exception("bug while admitting a site from %s", host)
+                self._end(context, Reject.INTERNAL, f"the parameter server failed on this Join "
+                                                    f"({type(e).__name__}); see its log")
+                return
             ended: list[_Ended] = []
             reader = asyncio.create_task(self._read(requests, link, ended))
             try:

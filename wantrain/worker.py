@@ -160,7 +160,8 @@ class Site:
                 because = f": {cause}" if cause else ""
                 if now - first_failure > self.opts.connect_timeout_s:
                     raise ConnectionLostError(f"parameter server at {self.opts.ps} not reachable for "
-                                              f"{self.opts.connect_timeout_s:.0f} s{because}; giving up") from None
+                                              f"{self.opts.connect_timeout_s:.0f} s{because or f' ({why})'}; "
+                                              "giving up") from None
                 log.warning("parameter server at %s not reachable (%s)%s; retrying in %.1f s", self.opts.ps, why,
                             because, backoff)
                 await asyncio.sleep(backoff)
