@@ -180,7 +180,7 @@ def chunk_proto(c: TensorChunk, **override) -> wire.pb.SiteMessage:
     ("hash_of_future_round", grpc.StatusCode.INVALID_ARGUMENT, "not been committed"),
     ("ready_twice", grpc.StatusCode.INVALID_ARGUMENT, "no model download is waiting"),
     ("probe_flood", grpc.StatusCode.RESOURCE_EXHAUSTED, "RTT samples faster"),
-    ("control_flood", grpc.StatusCode.RESOURCE_EXHAUSTED, "control messages faster"),
+    ("control_flood", grpc.StatusCode.RESOURCE_EXHAUSTED, "link probes faster"),
     ("wrong_hash_reports", grpc.StatusCode.INVALID_ARGUMENT, "not been committed"),
     ("oversized_message", grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
     ("metrics_before_chunks", grpc.StatusCode.INVALID_ARGUMENT, "metrics after"),

@@ -60,7 +60,7 @@ def test_version_limits_and_status_codes_are_as_documented():
     for number in (limits.handshake_timeout_s, limits.join_timeout_s, limits.idle_connection_s):
         assert f"{number:g} s" in DOC
     assert f"default {limits.max_streams_per_peer}" in DOC
-    assert f"{limits.control_burst} at once, then {limits.control_per_s:g} per second" in DOC
+    assert f"{limits.probe_messages_burst} at once, then {limits.probe_messages_per_s:g} per second" in DOC
     assert f"{limits.probe_samples_burst} at once, then {limits.probe_samples_per_s:g} per second" in DOC
     assert f"{limits.downloads_per_site} per {limits.download_window_s:g} s" in DOC
     for code in Reject:

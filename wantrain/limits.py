@@ -30,10 +30,10 @@ class Limits:
     join_timeout_s: float = 10.0          # a Session must send its Join within this
     max_connections: int = 0              # TCP connections at once; 0: 80 % of the open-file limit
     max_streams_per_peer: int = 32        # Session + Watch calls open at once from one IP address
-    control_burst: int = 64               # a site's messages other than delta chunks: burst ...
-    control_per_s: float = 2.0            # ... and sustained rate (an honest site sends about 4 a round)
+    probe_messages_burst: int = 64        # LinkProbe messages per site: burst ... (every other message is
+    probe_messages_per_s: float = 2.0     # ... bounded by the protocol: once a round or once a download)
     probe_samples_burst: int = 2000       # RTT samples in LinkProbes: burst ...
-    probe_samples_per_s: float = 20.0     # ... and sustained rate (an honest site probes once a second)
+    probe_samples_per_s: float = 50.0     # ... and sustained rate (a site probes at most every 0.05 s)
     downloads_per_site: int = 10          # model downloads (joins and resyncs) per site within the window,
     download_bytes_per_site: int = 1 << 30  # or more while they add up to at most this (small models) ...
     download_window_s: float = 600.0      # ... the window, in seconds
@@ -41,12 +41,12 @@ class Limits:
     rejected_events_burst: int = 20
 
     def __post_init__(self) -> None:
-        for name in ("handshake_timeout_s", "idle_connection_s", "join_timeout_s", "control_per_s",
+        for name in ("handshake_timeout_s", "idle_connection_s", "join_timeout_s", "probe_messages_per_s",
                      "probe_samples_per_s", "download_window_s", "rejected_events_per_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ConfigError(f"limits.{name} must be a positive number, got {v!r}")
-        for name in ("max_message_bytes", "max_streams_per_peer", "control_burst", "probe_samples_burst",
+        for name in ("max_message_bytes", "max_streams_per_peer", "probe_messages_burst", "probe_samples_burst",
                      "downloads_per_site", "download_bytes_per_site", "rejected_events_burst"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limits.{name} must be >= 1, got {getattr(self, name)!r}")

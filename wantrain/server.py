@@ -72,7 +72,7 @@ class SiteLink:
     joined_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
-        self.control = TokenBucket(self.limits.control_burst, self.limits.control_per_s)
+        self.probe_messages = TokenBucket(self.limits.probe_messages_burst, self.limits.probe_messages_per_s)
         self.probe_samples = TokenBucket(self.limits.probe_samples_burst, self.limits.probe_samples_per_s)
 
 
@@ -269,10 +269,9 @@ class ParameterServer:
 
     async def handle(self, link: SiteLink, msg) -> None:
         """One message from a joined site, after wire.py has checked its form; raises ProtocolError or
-        RejectedError for this site alone."""
-        if not isinstance(msg, TensorChunk) and not link.control.take():
-            raise RejectedError(Reject.RATE_LIMITED, f"site {link.name!r} sends control messages faster than "
-                                f"{self.limits.control_per_s:g} a second")
+        RejectedError for this site alone. Each kind is bounded by the protocol (metrics once per
+        upload, Ready once per download, a hash report once per committed round) or by a rate
+        (link probes), so a site can cause only a bounded number of events."""
         if isinstance(msg, TensorChunk):
             self.on_chunk(link, msg)
         elif isinstance(msg, RoundMetrics):
@@ -499,6 +498,10 @@ class ParameterServer:
             self.round_task = asyncio.create_task(self._finish_round())
 
     def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
+        """RTTs the site measured: the one message the protocol does not bound per round, so rate-limited."""
+        if not link.probe_messages.take():
+            raise RejectedError(Reject.RATE_LIMITED, f"site {link.name!r} sends link probes faster than "
+                                f"{self.limits.probe_messages_per_s:g} a second")
         if not link.probe_samples.take(len(p.rtt_ms)):
             raise RejectedError(Reject.RATE_LIMITED, f"site {link.name!r} reports RTT samples faster than "
                                 f"{self.limits.probe_samples_per_s:g} a second")

@@ -120,6 +120,7 @@ class Site:
         self.finished = False
         self.last_decode_s = 0.0
         self.probes: list[tuple[float, float]] = []   # (Unix time, RTT ms) not yet reported
+        self._probes_sent_at = -math.inf
         self.pushed_at: float | None = None           # when the last push ended (idle accounting)
         self.local_steps = 0                          # inner steps of this process's optimizer
         # Deltas pushed and not yet known to be applied: round -> values as decoded. One the PS
@@ -193,7 +194,9 @@ class Site:
             self.probes.append((time.time(), (time.perf_counter() - t0) * 1000))
 
     async def _flush_probes(self, call) -> None:
-        if self.probes:
+        """Report RTT samples, at most once a second (the PS limits probe messages, not rounds)."""
+        if self.probes and time.monotonic() - self._probes_sent_at >= 1.0:
+            self._probes_sent_at = time.monotonic()
             batch, self.probes = self.probes[:1000], self.probes[1000:]
             await call.write(wire.site_message(LinkProbe(tuple(t for t, _ in batch), tuple(r for _, r in batch))))
 
