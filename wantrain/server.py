@@ -85,7 +85,6 @@ class _Upload:
     count: int = -1
     chunks: dict[int, TensorChunk] = field(default_factory=dict)
     wire_bytes: int = 0
-    elements: int = 0
     metrics: RoundMetrics | None = None
     delta: list[Extracted] | None = None   # checked; int8 symbols + scales: a quarter of fp32
     norm: float = 0.0
@@ -438,7 +437,6 @@ class ParameterServer:
         up.count = c.count
         up.chunks[c.index] = c
         up.wire_bytes += c.data.wire_bytes
-        up.elements += c.spec.length
 
     async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
         up = self._upload_for(link, m.round)
