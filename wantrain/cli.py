@@ -87,34 +87,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    """Print a PS's telemetry, one JSON event per line, from the start of the run until its end."""
-    import json
-
-    import grpc
-
-    from . import net, wire
-    from .auth import bearer, read_secret
-    from .errors import ConnectionLostError, RejectedError
+    from .auth import read_secret
     from .tls import TLSClient
+    from .watch import print_events
 
-    token = read_secret(args.observer_token_file) if args.observer_token_file else ""
-    tls = TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None
-    seq = args.from_seq
-    with net.observer_channel(args.ps, tls, args.tls_server_name) as channel:
-        watch = wire.pb_grpc.ParameterServerStub(channel).Watch
-        try:
-            for ev in watch(wire.pb.WatchRequest(from_seq=seq), metadata=bearer(token), wait_for_ready=True,
-                            timeout=args.timeout or None):
-                print(ev.json, flush=True)
-                if json.loads(ev.json).get("kind") == "run_end" and not args.follow:
-                    return 0
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                raise RejectedError("unauthenticated", f"{args.ps} refused to show its telemetry: {e.details()}") \
-                    from None
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return 0
-            raise ConnectionLostError(f"watching {args.ps} failed: {e.code().name}: {e.details()}") from None
+    print_events(args.ps, read_secret(args.observer_token_file) if args.observer_token_file else "",
+                 TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None, args.tls_server_name,
+                 args.from_seq, args.follow, args.timeout)
     return 0
 
 

@@ -22,12 +22,13 @@ from typing import Iterator
 
 import grpc
 
-from . import net, wire
-from .auth import bearer, new_secret_file, read_secret
+from . import net
+from .auth import new_secret_file, read_secret
 from .config import RunConfig
 from .errors import ConfigError, ProcessError
 from .launch import LocalLauncher, ProcessSpec
 from .launch.local import LocalProcess
+from .watch import watch_events
 
 __all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario", "write_scenario"]
 
@@ -304,10 +305,9 @@ class Run:
                 if channel is None:
                     break
                 try:
-                    watch = wire.pb_grpc.ParameterServerStub(channel).Watch
-                    for ev in watch(wire.pb.WatchRequest(from_seq=seq), metadata=bearer(self.observer_token)):
-                        self._events.put(json.loads(ev.json))
-                        seq = ev.seq + 1
+                    for n, line in watch_events(channel, self.observer_token, seq):
+                        self._events.put(json.loads(line))
+                        seq = n + 1
                 except grpc.RpcError as e:
                     if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT):
                         self._watch_error = f"the parameter server refused to show its telemetry: {e.details()}"

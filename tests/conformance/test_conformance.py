@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
