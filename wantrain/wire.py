@@ -20,7 +20,7 @@ from google.protobuf.message import DecodeError
 from .codec import ChunkSpec, Encoded
 from .config import RunConfig, check_site_name
 from .errors import CodecError, ConfigError, ProtocolError
-from .limits import safe_text
+from .limits import Limits, safe_text
 from .messages import (DELTA, HASH_HEX_DIGITS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .proto.v1 import ps_pb2 as pb
@@ -30,7 +30,7 @@ __all__ = ["pb", "pb_grpc", "site_message", "server_message", "parse_site_messag
            "site_message_from_proto", "server_message_from_proto", "event_to_proto",
            "MAX_MESSAGE_BYTES", "MAX_NAME_LEN", "MAX_DEVICE_LEN", "MAX_TOKEN_LEN", "MAX_PROBE_SAMPLES"]
 
-MAX_MESSAGE_BYTES = 4 << 20      # a chunk carries at most ~1 MiB of payload; leave headroom
+MAX_MESSAGE_BYTES = Limits.max_message_bytes   # a chunk carries at most ~1 MiB of payload; leave headroom
 MAX_NAME_LEN = 256               # tensor names
 MAX_DEVICE_LEN = 128
 MAX_TOKEN_LEN = 4096

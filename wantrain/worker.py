@@ -144,9 +144,9 @@ class Site:
                     log.info("site %s: the run has finished (%s); nothing left to do", self.opts.name, e)
                     self.finished = True
                     return
-                transient = e.code == "rate_limited" or (e.code == "duplicate_site" and self.cfg is not None) \
-                    if isinstance(e, RejectedError) else True
-                if not transient:
+                # Retry a refusal only when waiting helps: a rate limit, or our old stream still open.
+                if isinstance(e, RejectedError) and not (
+                        e.code == "rate_limited" or (e.code == "duplicate_site" and self.cfg is not None)):
                     raise
                 if isinstance(e, grpc.aio.AioRpcError) and e.code() not in _RETRY:
                     raise ConnectionLostError(f"parameter server at {self.opts.ps} refused {self.opts.name!r}: "
