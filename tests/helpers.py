@@ -48,14 +48,14 @@ class Proc:
     def __init__(self, *args: str, log: Path, open_files: int | None = None) -> None:
         self.log = log
         self.f = open(log, "wb")
-
-        def limit() -> None:            # the child's open-file limit, soft and hard (a common 1024)
-            if open_files is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
-
+        # No preexec_fn: it makes Python fork() holding the GIL, which can hang in gRPC's fork
+        # handlers (see wantrain/launch/local.py).
         self.p = subprocess.Popen([sys.executable, "-m", "wantrain", *args], stdout=self.f, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=limit,
+                                  stdin=subprocess.DEVNULL, start_new_session=True,
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        if open_files is not None:      # the child's open-file limit, soft and hard (a common 1024), set
+            # long before it listens (importing torch alone takes seconds)
+            resource.prlimit(self.p.pid, resource.RLIMIT_NOFILE, (open_files, open_files))
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")

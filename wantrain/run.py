@@ -128,6 +128,8 @@ class Run:
         self._events: "queue.Queue[dict | None]" = queue.Queue()
         self._watch_thread: threading.Thread | None = None
         self._watch_error = ""
+        self._stopping = threading.Event()
+        self._channel_lock = threading.Lock()    # stop() and the pump's reconnect never interleave
         self._channel: grpc.Channel | None = None
         self.events: list[dict] = []
         self._killed: set[int] = set()        # processes killed on purpose (kill_site, restart_ps)
@@ -277,11 +279,15 @@ class Run:
 
     def stop(self) -> None:
         """Stop every process of the run (idempotent): sites first, then their links, then the PS."""
+        self._stopping.set()              # the Watch pump opens no new channel from now on
         for p in reversed(self.processes()):
             p.stop(grace_s=3.0)
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
+        with self._channel_lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+        if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
+            self._watch_thread.join(5)
         _LIVE_RUNS.discard(self)
 
     def __enter__(self) -> "Run":
@@ -302,7 +308,7 @@ class Run:
             seq = 0
             while True:
                 channel = self._channel
-                if channel is None:
+                if channel is None or self._stopping.is_set():
                     break
                 try:
                     for n, line in watch_events(channel, self.observer_token, seq):
@@ -314,9 +320,11 @@ class Run:
                         break
                     # A PS that went away (restart_ps): a fresh channel reconnects at once, where the
                     # old one would wait out gRPC's growing reconnect backoff.
-                    if self._channel is channel and (self._restarting or self.ps.poll() is None):
-                        self._channel = self._open_channel()
-                        channel.close()
+                    with self._channel_lock:
+                        if self._channel is channel and not self._stopping.is_set() and \
+                                (self._restarting or self.ps.poll() is None):
+                            self._channel = self._open_channel()
+                            channel.close()
                 except ValueError:   # channel closed by stop()
                     break
                 if self._channel is None or (self.ps is not None and self.ps.poll() is not None

@@ -2,15 +2,21 @@
 
 A process group lets us stop a process together with anything it started; on Linux the child
 also asks the kernel to send it SIGTERM if its parent dies, so no orphan outlives a killed CLI
-or notebook kernel. The kernel counts the *thread* that forked as the parent, so every fork
-happens on one long-lived spawner thread: a process started from a short-lived thread (a
+or notebook kernel. The kernel counts the *thread* that started the child as the parent, so every
+start happens on one long-lived spawner thread: a process started from a short-lived thread (a
 notebook button's) would otherwise be sent SIGTERM as soon as that thread finished.
+
+The child arms that signal with util-linux's `setpriv --pdeathsig` before it execs the command,
+not with a `preexec_fn`: a preexec_fn makes Python fork() while holding the GIL, and gRPC's fork
+handlers in this process then wait for gRPC threads that need the GIL (a run's Watch, a test's
+channels): the whole process hung in fork() once in a test run. Without one, Python starts the
+child with vfork, which runs no fork handlers.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,16 +29,13 @@ from .base import ProcessSpec
 
 __all__ = ["LocalLauncher", "LocalProcess"]
 
-_PR_SET_PDEATHSIG = 1
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wantrain-spawner")   # lives as long as we do
+_SETPRIV = shutil.which("setpriv") if sys.platform.startswith("linux") else None
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
+def _dying_with_parent(argv: list[str]) -> list[str]:
+    """argv that runs with SIGTERM as its parent-death signal (Linux, util-linux), else as it is."""
+    return [_SETPRIV, "--pdeathsig", "TERM", "--", *argv] if _SETPRIV else argv
 
 
 class LocalProcess:
@@ -89,13 +92,15 @@ class LocalLauncher:
     """Starts processes on this machine."""
 
     def start(self, spec: ProcessSpec) -> LocalProcess:
-        log_file = open(spec.log_path, "ab", buffering=0) if spec.log_path else None
         env = {**os.environ, **spec.env}
+        if shutil.which(spec.argv[0], path=env.get("PATH")) is None:   # setpriv would only exit 127
+            raise ProcessError(f"cannot start {spec.name}: no program {spec.argv[0]!r}")
+        log_file = open(spec.log_path, "ab", buffering=0) if spec.log_path else None
         try:
             popen = _SPAWNER.submit(
-                subprocess.Popen, list(spec.argv), cwd=spec.cwd, env=env, stdin=subprocess.DEVNULL,
-                stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent).result()
+                subprocess.Popen, _dying_with_parent(list(spec.argv)), cwd=spec.cwd, env=env,
+                stdin=subprocess.DEVNULL, stdout=log_file or subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                start_new_session=True).result()
         except OSError as e:
             if log_file:
                 log_file.close()
