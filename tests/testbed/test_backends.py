@@ -96,7 +96,10 @@ def test_rate(backend):
     measured = asyncio.run(measure(backend, Trace.constant(1, mbps), "rate", str(int(mbps * 1e6 / 8 * 2))))
     # The kernel counts headers too; TCP payload is about 95% of the line rate.
     expected = mbps * (0.95 if backend == "kernel" else 1.0)
-    assert abs(measured - expected) <= 0.1 * expected, measured
+    # The shaper caps the rate; a busy machine (CI's, or make test beside a busy core) can only
+    # make the sender or the receiver late, so it lowers what is measured (16 of 19 Mbit/s seen
+    # once) but never raises it. Tight above, loose below: still far from an unshaped loopback.
+    assert 0.7 * expected <= measured <= 1.1 * expected, measured
 
 
 @pytest.mark.timeout(90)
