@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from wantrain.plan import PlanError
 
 from .scenario import ScenarioError, load_scenario
 from .trace import TraceError
@@ -15,10 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("describe", help="print a scenario's plan (sites, regions, RTTs, speed factors) as JSON")
     d.add_argument("--scenario", required=True)
-    ln = sub.add_parser("links", help="run a scenario's site links as proxies to TARGET")
-    ln.add_argument("--scenario", required=True)
+    ln = sub.add_parser("links", help="run the site links of a run plan (or a scenario) to TARGET")
+    what = ln.add_mutually_exclusive_group(required=True)
+    what.add_argument("--plan", help="a run plan (JSON, wantrain.plan.RunPlan), as `describe` prints it")
+    what.add_argument("--scenario", help="a built-in scenario's name or a scenario file")
     ln.add_argument("--target", required=True, help="HOST:PORT of the parameter server")
-    ln.add_argument("--plan-file", required=True, help="written once every proxy listens")
+    ln.add_argument("--listening", required=True, help="the plan, with where each site dials, written once every "
+                                                       "link listens")
     ln.add_argument("--log", default=None, help="JSONL file of link telemetry")
     ln.add_argument("--control", default=None, help="file of JSON commands, one per line (outage now)")
     sub.add_parser("cleanup", help="remove namespaces, links and nftables tables left by a killed kernel backend")
@@ -30,11 +34,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "describe":
             from .links import plan_of
-            print(json.dumps(plan_of(load_scenario(args.scenario)), indent=2))
+            print(plan_of(load_scenario(args.scenario)).to_json())
             return 0
         from .links import main_links
         return main_links(args)
-    except (ScenarioError, TraceError) as e:
+    except (ScenarioError, TraceError, PlanError) as e:
         print(f"testbed {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -97,15 +97,17 @@ class KernelBackend:
         return handle
 
     async def _follow(self, h: LinkHandle) -> None:
+        assert h.kernel is not None          # a kernel link's handle always has one
+        kernel = h.kernel
         loop = asyncio.get_running_loop()
         t0 = h.proxy.t0
         current = None
         while True:
             st = h.state(loop.time() - t0)
-            want = (st.bandwidth_mbps if not st.down else h.kernel.rate_mbps, st.loss,
-                    h.kernel.delay_ms if h.kernel.needs_proxy_delay else st.delay_ms, st.down)
+            want = (st.bandwidth_mbps if not st.down else kernel.rate_mbps, st.loss,
+                    kernel.delay_ms if kernel.needs_proxy_delay else st.delay_ms, st.down)
             if want != current:
-                await asyncio.to_thread(h.kernel.apply, *want)
+                await asyncio.to_thread(kernel.apply, *want)
                 current = want
             await asyncio.sleep(self.step_s)
 

@@ -136,7 +136,7 @@ class KernelLink:
         return ["ip", "netns", "exec", self.ns]
 
     # ---------------------------------------------------------------- lifecycle
-    def create(self) -> "KernelLink":
+    def create(self) -> KernelLink:
         check_support()
         self.k = _free_index()
         try:
@@ -171,7 +171,7 @@ class KernelLink:
         _run(["ip", "netns", "del", self.ns], check=False)
         self.k = None
 
-    def __enter__(self) -> "KernelLink":
+    def __enter__(self) -> KernelLink:
         return self.create()
 
     def __exit__(self, *exc) -> None:

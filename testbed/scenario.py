@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wantrain.plan import RunPlan
+
 from .regions import regions, rtt_ms
 from .trace import Outage, Trace, TraceError, synthetic
 
@@ -29,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["Scenario", "SiteLink", "ScenarioError", "load_scenario", "BUILTIN"]
+__all__ = ["Scenario", "SiteLink", "ScenarioError", "load_scenario", "scenario_from_plan", "BUILTIN"]
 
 BUILTIN_DIR = Path(__file__).parent / "scenarios"
 BUILTIN = sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
@@ -76,7 +78,7 @@ class Scenario:
             return t.scaled(self.time_scale), t.scaled(self.time_scale)
         i = [s.name for s in self.sites].index(site.name)
         one_way = self.rtt_ms(site) / 2
-        make = lambda k: synthetic(  # noqa: E731
+        make = lambda k: synthetic(
             one_way, site.bandwidth_mbps, TRACE_SECONDS, jitter_ms=site.jitter_ms, loss=site.loss,
             spikes_per_min=site.spikes_per_min, spike_min_ms=site.spike_min_ms, outages=site.outages,
             seed=self.seed * 1000 + 2 * i + k, name=f"{site.name}-{'up' if k == 0 else 'down'}")
@@ -96,6 +98,24 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{p}: {e}") from None
     return _build(d, p, text)
+
+
+def scenario_from_plan(plan: RunPlan, where: str | Path = "run plan") -> Scenario:
+    """The scenario a run plan describes, checked like a scenario file (the message names the field)."""
+    def site(s) -> dict:
+        d = {"name": s.name, "region": s.region, "jitter_ms": s.jitter_ms, "loss": s.loss,
+             "spikes_per_min": s.spikes_per_min, "spike_min_ms": s.spike_min_ms, "speed_factor": s.speed_factor,
+             "outages": [{"start_s": o.start_s, "duration_s": o.duration_s} for o in s.outages],
+             "resets": list(s.resets)}
+        if s.bandwidth_mbps is not None:
+            d["bandwidth_mbps"] = s.bandwidth_mbps
+        if s.trace:
+            d["trace"] = s.trace
+        return d
+
+    d = {"name": plan.scenario, "ps_region": plan.ps_region, "time_scale": plan.time_scale, "seed": plan.seed,
+         "backend": plan.backend, "site": [site(s) for s in plan.sites]}
+    return _build(d, Path(where), "")
 
 
 def _line_of(text: str, key: str, occurrence: int = 0) -> int | None:
@@ -134,7 +154,7 @@ def _build(d: dict, path: Path, text: str) -> Scenario:
     sites = []
     counts: dict[str, int] = {}
     for i, s in enumerate(raw_sites):
-        def err(key: str, message: str) -> ScenarioError:
+        def err(key: str, message: str, i: int = i) -> ScenarioError:
             occ = counts.get(key, 0)
             return _err(path, text, f"site[{i}].{key}", message, occ)
         for k in s:

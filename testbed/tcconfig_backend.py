@@ -14,8 +14,8 @@ import math
 import shlex
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .trace import LinkState, Trace
 

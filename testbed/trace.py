@@ -79,18 +79,18 @@ class Trace:
     # ---------------------------------------------------------------- construction
 
     @classmethod
-    def constant(cls, delay_ms: float = 0.0, bandwidth_mbps: float = 0.0, loss: float = 0.0, name: str = "") -> "Trace":
+    def constant(cls, delay_ms: float = 0.0, bandwidth_mbps: float = 0.0, loss: float = 0.0, name: str = "") -> Trace:
         """One state forever. bandwidth 0 here means 'unlimited' is NOT implied: use math.inf."""
-        a = lambda v: np.array([float(v)])  # noqa: E731
+        a = lambda v: np.array([float(v)])
         return cls(a(0.0), a(delay_ms), a(bandwidth_mbps), a(loss), name=name)
 
     @classmethod
-    def from_rows(cls, rows: list[tuple[float, float, float, float]], **kw) -> "Trace":
+    def from_rows(cls, rows: list[tuple[float, float, float, float]], **kw) -> Trace:
         arr = np.array(rows, dtype=np.float64).reshape(-1, 4)
         return cls(arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].copy(), arr[:, 3].copy(), **kw)
 
     @classmethod
-    def load_csv(cls, path: str | Path, loop: bool = False) -> "Trace":
+    def load_csv(cls, path: str | Path, loop: bool = False) -> Trace:
         """CSV with the header t_s,delay_ms,bandwidth_mbps,loss (bandwidth 'inf' = unshaped)."""
         path = Path(path)
         if not path.is_file():
@@ -100,7 +100,7 @@ class Trace:
             header = next(reader, None)
             if header is None or [h.strip() for h in header] != list(COLUMNS):
                 raise TraceError(f"{path}:1: header must be {','.join(COLUMNS)}, got {','.join(header or [])}")
-            rows = []
+            rows: list[tuple[float, float, float, float]] = []
             for line_no, row in enumerate(reader, start=2):
                 if not row or not "".join(row).strip():
                     continue
@@ -123,14 +123,14 @@ class Trace:
                                     ("loss", values[3], 0 <= values[3] < 1)):
                     if not ok:
                         raise TraceError(f"{path}:{line_no}: field {name} out of range: {v}")
-                rows.append(values)
+                rows.append((values[0], values[1], values[2], values[3]))
         if not rows:
             raise TraceError(f"{path}: no samples")
         return cls.from_rows(rows, loop=loop, name=path.stem)
 
     @classmethod
     def from_rtt_samples(cls, samples: list[tuple[float, float]], bandwidth_mbps: float = math.inf,
-                         step_s: float = 1.0, name: str = "recorded") -> "Trace":
+                         step_s: float = 1.0, name: str = "recorded") -> Trace:
         """Replay measured RTTs: (Unix time, RTT ms) pairs -> one-way delay RTT / 2 per step_s
         bin (median of the bin; empty bins hold the previous value)."""
         if not samples:
@@ -149,7 +149,7 @@ class Trace:
         return cls(np.arange(n) * step_s, np.array(delay), np.full(n, float(bandwidth_mbps)), np.zeros(n), name=name)
 
     @classmethod
-    def from_telemetry(cls, events: list[dict], site: str, **kw) -> "Trace":
+    def from_telemetry(cls, events: list[dict], site: str, **kw) -> Trace:
         """The RTTs a site measured in a run (its `link_rtt` telemetry events), as a trace."""
         samples = [(t, r) for e in events if e.get("kind") == "link_rtt" and e.get("site") == site
                    for t, r in zip(e["t"], e["rtt_ms"])]
@@ -182,7 +182,7 @@ class Trace:
 
     # ---------------------------------------------------------------- transforms
 
-    def scaled(self, factor: float) -> "Trace":
+    def scaled(self, factor: float) -> Trace:
         """Time stretched by `factor` (0.01 plays 100x faster); values unchanged."""
         if not factor > 0:
             raise TraceError(f"time scale must be positive, got {factor}")
@@ -190,14 +190,14 @@ class Trace:
         return Trace(self.t_s * factor, self.delay_ms, self.bandwidth_mbps, self.loss, self.loop,
                      self.time_scale * factor, self.name, events)
 
-    def resampled(self, step_s: float) -> "Trace":
+    def resampled(self, step_s: float) -> Trace:
         """Sampled every step_s seconds over one pass (values held, as `at` sees them)."""
         t = np.arange(0.0, self.duration_s, step_s)
         states = [self.at(x) for x in t]
         return Trace(t, np.array([s.delay_ms for s in states]), np.array([s.bandwidth_mbps for s in states]),
                      np.array([s.loss for s in states]), self.loop, self.time_scale, self.name, self.events)
 
-    def with_outages(self, outages: tuple[Outage, ...]) -> "Trace":
+    def with_outages(self, outages: tuple[Outage, ...]) -> Trace:
         """This trace with the bandwidth at 0 during each outage (trace seconds). A looped trace is first
         repeated until one pass covers every outage; the result loops over that longer pass."""
         if not outages:
@@ -221,7 +221,7 @@ class Trace:
         return Trace(t, np.array([st.delay_ms for st in states]), bw, np.array([st.loss for st in states]), self.loop,
                      self.time_scale, self.name, self.events + tuple(outages))
 
-    def looped(self, loop: bool = True) -> "Trace":
+    def looped(self, loop: bool = True) -> Trace:
         return Trace(self.t_s, self.delay_ms, self.bandwidth_mbps, self.loss, loop, self.time_scale, self.name,
                      self.events)
 

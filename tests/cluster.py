@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from wantrain.config import RunConfig
+from wantrain.launch.argv import site_args
 from wantrain.telemetry import read_events, rows
 
 from .helpers import Proc, free_port
@@ -39,11 +40,11 @@ class Cluster:
         return self.ps
 
     def start_site(self, name: str, *extra: str) -> Proc:
-        self.sites[name] = self._proc(name, "worker", "--ps", f"127.0.0.1:{self.port}", "--site", name,
-                                      "--threads", "1", *self.site_args, *extra)
+        self.sites[name] = self._proc(name, *site_args(f"127.0.0.1:{self.port}", name, threads=1,
+                                                       extra=(*self.site_args, *extra)))
         return self.sites[name]
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         self.start_ps().wait_for("listening on")
         for name in self.cfg.sites:
             self.start_site(name)

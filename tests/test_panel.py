@@ -6,7 +6,7 @@ import time
 import pytest
 
 from wantrain.errors import ConfigError
-from wantrain.run import describe_scenario, write_scenario
+from wantrain.telemetry import read_run
 from wantrain.ui import ControlPanel, site_states
 
 from .helpers import small_config
@@ -20,12 +20,6 @@ def _wait(cond, timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_scenario_round_trips_through_write_scenario(tmp_path):
-    plan = describe_scenario("three-sites")
-    again = describe_scenario(str(write_scenario(plan, tmp_path / "s.toml")))
-    assert {k: v for k, v in again.items() if k != "scenario"} == {k: v for k, v in plan.items() if k != "scenario"}
-
-
 def test_panel_settings_become_the_config_and_bad_ones_name_the_problem(tmp_path):
     panel = ControlPanel("three-sites", config=small_config(), run_root=tmp_path, rounds=3, inner_steps=7)
     cfg = panel.config()
@@ -35,9 +29,14 @@ def test_panel_settings_become_the_config_and_bad_ones_name_the_problem(tmp_path
     panel.budget.value = 4.5
     assert panel.config().train.round_budget_s == 4.5
     panel.rows[2]["speed"].value = 3.0
-    assert panel.site_plan()["sites"][2]["speed_factor"] == 3.0
+    panel.rows[0]["bandwidth"].value = 40.0
+    plan = panel.site_plan()
+    assert plan.sites[2].speed_factor == 3.0 and plan.sites[0].bandwidth_mbps == 40.0
+    assert plan.sites[1] == panel.plan.sites[1]          # rows left alone are the scenario's
+    panel.rows[0]["bandwidth"].value = 0.0
+    assert panel.site_plan().sites[0].bandwidth_mbps is None     # 0: unlimited
     panel.rows[1]["trace"].value = str(tmp_path / "missing.csv")
-    with pytest.raises(ValueError, match="missing.csv"):
+    with pytest.raises(ConfigError, match="missing.csv"):
         panel.start()
     assert panel.state == "failed" and "missing.csv" in panel.message.value
     assert not list(tmp_path.iterdir())                 # a bad setting leaves no run folder behind
@@ -64,9 +63,8 @@ def test_buttons_drive_a_real_run(tmp_path):
     panel = ControlPanel("three-sites", config=cfg, run_root=tmp_path, rounds=6, inner_steps=20,
                          restart_after_s=0.5)
     assert panel.kill_button.disabled and not panel.start_button.disabled
-    t0 = time.time()
     panel.start_button.click()
-    assert time.time() - t0 < 1.0                       # the click returns at once: the kernel stays free
+    assert panel._thread.is_alive()                     # the click returned while the run goes on: the kernel is free
     _wait(lambda: panel.state == "running", 60, "the run to start")
     assert panel.start_button.disabled and not panel.kill_button.disabled
     dash = panel.dashboard
@@ -82,12 +80,17 @@ def test_buttons_drive_a_real_run(tmp_path):
     assert panel.wait(180) == "finished", panel.message.value
 
     run_dir = panel.run.run_dir
-    faults = [json.loads(ln) for ln in (run_dir / "faults.jsonl").read_text().splitlines()]
+    # Faults and link events reached the PS's one log (and the dashboard, through Watch).
+    logged = read_run(run_dir)
+    faults = [e for e in logged if e["kind"] == "fault"]
     assert [(f["action"], f["site"]) for f in faults] == [("kill site", "eu-west"), ("link outage", "us-west")]
+    assert [(f["action"], f["site"]) for f in dash.events if f["kind"] == "fault"] == \
+        [(f["action"], f["site"]) for f in faults]
+    assert any(e["kind"] == "outage_start" and e["site"] == "us-west" and e.get("forced") for e in logged)
     links = [json.loads(ln) for ln in (run_dir / "links.jsonl").read_text().splitlines()]
     forced = [ln for ln in links if ln["kind"] in ("outage_start", "outage_end") and ln["site"] == "us-west"]
     assert [ln["kind"] for ln in forced] == ["outage_start", "outage_end"] and forced[0]["forced"]
-    assert 1.2 < forced[1]["t"] - forced[0]["t"] < 2.5
+    assert forced[1]["t"] - forced[0]["t"] >= 1.4        # the link stayed down for the outage asked for
     ends = [e["round"] for e in dash.events if e["kind"] == "round_end"]
     assert ends == list(range(6))
     assert any(e["kind"] == "leave" and e["site"] == "eu-west" for e in dash.events)

@@ -1,76 +1,57 @@
 """A run: the PS and its sites as processes, started, watched and stopped together.
 
-Used by the CLI (`wantrain demo`) and, later, the notebook widgets. `Run` starts the PS, waits
-for the port it bound, optionally starts the WAN emulator of a scenario (`python -m testbed
-links`, its own process: wantrain never imports testbed), starts one worker per site (through
-its emulated link when there is one), follows the PS's telemetry over the `Watch` RPC, and
+Used by the CLI (`wantrain demo`) and the notebook widgets. `Run` starts the PS, waits for the
+port it bound, optionally starts the WAN emulator of a run plan (plan.py; `python -m testbed
+links`, its own process: wantrain imports nothing of testbed), starts one worker per site
+(through its emulated link when there is one), relays the link emulator's events and the faults
+it injects into the PS's telemetry (relay.py), follows that telemetry over the `Watch` RPC, and
 stops every process it started when the run ends, fails, or is interrupted.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import queue
 import subprocess
 import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 import grpc
 
 from . import net
 from .auth import new_secret_file, read_secret
 from .config import RunConfig
-from .errors import ConfigError, ProcessError
+from .errors import ConfigError, ProcessError, WantrainError
 from .launch import LocalLauncher, ProcessSpec
+from .launch.argv import links_command, site_command
 from .launch.local import LocalProcess
-from .watch import watch_events
+from .plan import RunPlan, outage_command
+from .relay import EventRelay
+from .watch import follow_events
 
-__all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario", "write_scenario"]
+if TYPE_CHECKING:
+    from .tls import DevCerts
+
+__all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
 
 SITE_NAMES = ("us-east", "eu-west", "ap-southeast", "us-west", "sa-east", "eu-north", "ap-northeast", "af-south")
-_LIVE_RUNS: "weakref.WeakSet[Run]" = weakref.WeakSet()
+_LIVE_RUNS: weakref.WeakSet[Run] = weakref.WeakSet()
 
 
-def describe_scenario(scenario: str, python: str = sys.executable) -> dict:
-    """The plan of a testbed scenario (sites, regions, RTTs, speed factors), without starting it."""
-    r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", scenario], capture_output=True, text=True,
-                       timeout=60)
+def describe_scenario(scenario: str | Path, python: str = sys.executable) -> RunPlan:
+    """The run plan of a testbed scenario (sites, regions, RTTs, speed factors), without starting it."""
+    r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", str(scenario)], capture_output=True,
+                       text=True, timeout=60)
     if r.returncode == 2:      # the scenario is malformed: testbed's message names the file, line and field
         raise ConfigError(r.stderr.strip().removeprefix("testbed describe: "))
     if r.returncode != 0:
         raise ProcessError(r.stderr.strip() or f"cannot describe scenario {scenario!r}")
-    return json.loads(r.stdout)
-
-
-_SCENARIO_SITE_KEYS = ("name", "region", "bandwidth_mbps", "jitter_ms", "loss", "spikes_per_min", "spike_min_ms",
-                       "speed_factor", "trace", "resets", "outages")
-
-
-def write_scenario(plan: dict, path: str | Path) -> Path:
-    """Write a scenario file from a plan (`describe_scenario`'s output, perhaps edited): how the
-    notebook panel hands edited site rows to the link emulator."""
-    def value(v) -> str:
-        if isinstance(v, str):
-            return json.dumps(v)            # a JSON string is a valid TOML basic string
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        return repr(float(v)) if isinstance(v, float) else str(v)
-
-    lines = [f"{k} = {value(plan[k])}" for k in ("ps_region", "time_scale", "seed", "backend") if k in plan]
-    lines.insert(0, f"name = {value(plan.get('scenario', 'custom'))}")
-    for site in plan["sites"]:
-        lines += ["", "[[site]]"] + [f"{k} = {value(site[k])}" for k in _SCENARIO_SITE_KEYS
-                                     if site.get(k) is not None and site.get(k) != []]
-    path = Path(path)
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return RunPlan.from_json(r.stdout)
 
 
 def default_site_names(n: int) -> list[str]:
@@ -100,40 +81,41 @@ class Run:
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
                  host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
                  python: str = sys.executable, scenario: str | Path | None = None, tls: bool = True,
-                 devices: dict[str, str] | None = None) -> None:
+                 devices: dict[str, str] | None = None, plan: RunPlan | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.scenario = str(scenario) if scenario is not None else None
-        self.plan: dict | None = None
-        self.links = None
-        if scenario is not None and sites is None:
-            sites = [s["name"] for s in describe_scenario(scenario, python)["sites"]]
+        if plan is None and scenario is not None:
+            plan = describe_scenario(scenario, python)
+        self.run_plan = plan           # what the link emulator runs (None: sites dial the PS directly)
+        self.plan: RunPlan | None = None   # the same, once the links listen: where each site dials
+        self.links: LocalProcess | None = None
+        if plan is not None and sites is None:
+            sites = plan.names
         self.sites = list(sites or cfg.sites or default_site_names(cfg.num_sites))
         if len(self.sites) != cfg.num_sites or len(set(self.sites)) != len(self.sites):
-            raise ValueError(f"need {cfg.num_sites} distinct site names, got {self.sites}")
+            raise ConfigError(f"need {cfg.num_sites} distinct site names, got {self.sites}")
         if not cfg.sites:   # name the sites in the config, so each keeps its data shard
             self.cfg = cfg = cfg.replace(sites=list(self.sites))
         self.host, self.site_threads, self.python = host, site_threads, python
         self.devices = dict(devices or {})   # site -> torch device ("auto" where absent)
         unknown = set(self.devices) - set(self.sites)
         if unknown:
-            raise ValueError(f"devices given for sites not in the run: {sorted(unknown)}")
+            raise ConfigError(f"devices given for sites not in the run: {sorted(unknown)}")
         self.tls = tls            # a development CA per run: sites verify the PS, traffic is encrypted
-        self.certs = None
+        self.certs: DevCerts | None = None
         self.launcher = launcher or LocalLauncher()
         self.ps: LocalProcess | None = None
         self.workers: dict[str, LocalProcess] = {}
         self.port: int | None = None
-        self._events: "queue.Queue[dict | None]" = queue.Queue()
+        self._events: queue.Queue[dict | None] = queue.Queue()
         self._watch_thread: threading.Thread | None = None
         self._watch_error = ""
         self._stopping = threading.Event()
-        self._channel_lock = threading.Lock()    # stop() and the pump's reconnect never interleave
-        self._channel: grpc.Channel | None = None
         self.events: list[dict] = []
         self._killed: set[int] = set()        # processes killed on purpose (kill_site, restart_ps)
-        self.faults: list[dict] = []          # faults injected on purpose, also in faults.jsonl
+        self.faults: list[dict] = []          # faults injected on purpose (also relayed into the PS's log)
+        self.relay: EventRelay | None = None
         self.links_control = self.run_dir / "links.control"   # commands to the link emulator (outages)
         self._restarting = False
         self._ps_restarts = 0
@@ -144,7 +126,7 @@ class Run:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def start(self, timeout_s: float = 120.0) -> "Run":
+    def start(self, timeout_s: float = 120.0) -> Run:
         _LIVE_RUNS.add(self)
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(self.cfg.to_json())
@@ -155,16 +137,18 @@ class Run:
         self.observer_token = read_secret(self.observer_token_file)
         tls_args: tuple[str, ...] = ()
         if self.tls:
-            from .tls import make_dev_certs
-            self.certs = make_dev_certs(self.run_dir / "tls", hosts=(self.host, "localhost"))
-            tls_args = ("--tls-cert", str(self.certs.server_cert), "--tls-key", str(self.certs.server_key))
+            from .tls import make_dev_certs  # cryptography: only for runs that use TLS
+            self.certs = certs = make_dev_certs(self.run_dir / "tls", hosts=(self.host, "localhost"))
+            tls_args = ("--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
         self._ps_args = ("--config", str(cfg_path), "--run-dir", str(self.run_dir), "--host", self.host,
                          "--shared-secret-file", str(self.secret_file),
                          "--observer-token-file", str(self.observer_token_file), *tls_args)
         deadline = time.time() + timeout_s
         self._start_ps(0, "ps.log", deadline)
-        if self.scenario is not None:
-            self._start_links(deadline)
+        self.relay = EventRelay(self._open_channel, self.observer_token,
+                                self.run_dir / "links.jsonl" if self.run_plan is not None else None).start()
+        if self.run_plan is not None:
+            self._start_links(self.run_plan, deadline)
         for name in self.sites:
             self.start_site(name)
         self._start_watch()
@@ -193,13 +177,13 @@ class Run:
     def _fault(self, action: str, site: str | None = None, **extra) -> None:
         row = {"kind": "fault", "t": time.time(), "action": action, **({"site": site} if site else {}), **extra}
         self.faults.append(row)
-        with open(self.run_dir / "faults.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
+        if self.relay is not None:
+            self.relay.add(row)
 
     def kill_site(self, name: str) -> None:
         """SIGKILL a site's process, as a crash would; `start_site(name)` brings it back."""
         if name not in self.workers:
-            raise ValueError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
+            raise ConfigError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
         p = self.workers[name]
         self._killed.add(id(p))
         self._fault("kill site", name)
@@ -209,18 +193,20 @@ class Run:
     def outage(self, name: str, seconds: float) -> None:
         """Take a site's emulated link down now for `seconds` (needs a scenario)."""
         if self.links is None or self.links.poll() is not None:
-            raise ProcessError("no link emulator is running: outages need a run with a scenario")
+            raise ProcessError("no link emulator is running: outages need a run with a scenario or plan")
         if name not in self.sites:
-            raise ValueError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
+            raise ConfigError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
         if not 0 < seconds <= 200:
-            raise ValueError(f"an outage lasts (0, 200] s, got {seconds}")
+            raise ConfigError(f"an outage lasts (0, 200] s, got {seconds}")
         self._fault("link outage", name, seconds=seconds)
         with open(self.links_control, "a") as f:
-            f.write(json.dumps({"site": name, "outage_s": seconds}) + "\n")
+            f.write(outage_command(name, seconds))
 
     def restart_ps(self, timeout_s: float = 120.0) -> None:
         """SIGKILL the PS and start it again on the same port: it resumes from its checkpoint
         and the sites reconnect by themselves."""
+        if self.ps is None or self.port is None:
+            raise ProcessError("the run has not started: there is no parameter server to restart")
         self._restarting = True
         try:
             old = self.ps
@@ -233,43 +219,35 @@ class Run:
         finally:
             self._restarting = False
 
-    def _start_links(self, deadline: float) -> None:
-        plan_file = self.run_dir / "links.json"
-        plan_file.unlink(missing_ok=True)
-        self.links = self.launcher.start(ProcessSpec(
-            "link emulator",
-            (self.python, "-m", "testbed", "links", "--scenario", self.scenario, "--target", self.address,
-             "--plan-file", str(plan_file), "--log", str(self.run_dir / "links.jsonl"),
-             "--control", str(self.links_control)),
-            env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / "links.log"))
-        while not plan_file.exists():
+    def _start_links(self, plan: RunPlan, deadline: float) -> None:
+        if sorted(plan.names) != sorted(self.sites):
+            raise ConfigError(f"the run plan has sites {plan.names}, the run expects {self.sites}")
+        listening = self.run_dir / "links.json"
+        listening.unlink(missing_ok=True)
+        self.links = self.launcher.start(ProcessSpec("link emulator", links_command(
+            self.python, plan.write(self.run_dir / "plan.json"), self.address, listening,
+            self.run_dir / "links.jsonl", self.links_control), env={"PYTHONUNBUFFERED": "1"},
+            log_path=self.run_dir / "links.log"))
+        while not listening.exists():
             if self.links.poll() is not None:
                 raise ProcessError(f"the link emulator exited with code {self.links.poll()}:\n{self.links.log_tail()}")
             if time.time() > deadline:
                 raise ProcessError("the link emulator did not start in time")
             time.sleep(0.05)
-        self.plan = json.loads(plan_file.read_text())
-        names = [s["name"] for s in self.plan["sites"]]
-        if names != self.sites:
-            raise ProcessError(f"scenario {self.scenario} has sites {names}, the run expects {self.sites}")
+        self.plan = RunPlan.read(listening)
 
     def start_site(self, name: str) -> LocalProcess:
-        """Start (or restart) the worker process of one site."""
+        """Start (or restart) the worker process of one site (through its emulated link, in its
+        namespace if it has one)."""
         old = self.workers.get(name)
         if old is not None and old.poll() is None:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
-        argv = (self.python, "-m", "wantrain", "worker", "--ps", self.address, "--site", name,
-                "--threads", str(self.site_threads), "--token-file", str(self.secret_file))
-        device = ("--device", self.devices.get(name, "auto"))
-        if self.plan is not None:   # through the site's emulated link (in its namespace, if it has one)
-            link = next(s for s in self.plan["sites"] if s["name"] == name)
-            argv = (*link["exec_prefix"], self.python, "-m", "wantrain", "worker", "--ps",
-                    f"{link['host']}:{link['port']}", "--site", name, "--threads", str(self.site_threads),
-                    "--speed-factor", str(link["speed_factor"]), "--link-rtt-ms", str(link["rtt_ms"]),
-                    "--link-mbps", str(link["bandwidth_mbps"] or 0), "--token-file", str(self.secret_file))
-        argv = (*argv, *device)
-        if self.certs is not None:   # through a link the address differs: check the PS's name instead
-            argv = (*argv, "--tls-ca", str(self.certs.ca), "--tls-server-name", "localhost")
+        link = self.plan.site(name) if self.plan is not None else None
+        argv = site_command(self.python, self.address, name, link, threads=self.site_threads,
+                            device=self.devices.get(name, "auto"), token_file=self.secret_file,
+                            # through a link the address differs: check the PS's name instead
+                            tls_ca=self.certs.ca if self.certs is not None else None,
+                            tls_server_name="localhost" if self.certs is not None else "")
         self.workers[name] = self.launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
         return self.workers[name]
@@ -278,19 +256,21 @@ class Run:
         return [p for p in [self.ps, self.links, *self.workers.values()] if p is not None]
 
     def stop(self) -> None:
-        """Stop every process of the run (idempotent): sites first, then their links, then the PS."""
+        """Stop every process of the run (idempotent): sites first, then their links, then the PS
+        (once the relay has handed it what the links and faults said)."""
         self._stopping.set()              # the Watch pump opens no new channel from now on
         for p in reversed(self.processes()):
-            p.stop(grace_s=3.0)
-        with self._channel_lock:
-            if self._channel is not None:
-                self._channel.close()
-                self._channel = None
+            if p is not self.ps:
+                p.stop(grace_s=3.0)
+        if self.relay is not None:
+            self.relay.close()
+        if self.ps is not None:
+            self.ps.stop(grace_s=3.0)
         if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
             self._watch_thread.join(5)
         _LIVE_RUNS.discard(self)
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         return self.start() if self.ps is None else self
 
     def __exit__(self, *exc) -> None:
@@ -298,40 +278,23 @@ class Run:
 
     # ------------------------------------------------------------ telemetry
 
+    def _tls_client(self):
+        return self.certs.client() if self.certs is not None else None
+
     def _open_channel(self) -> grpc.Channel:
-        return net.observer_channel(self.address, self.certs.client() if self.certs is not None else None)
+        return net.observer_channel(self.address, self._tls_client())
 
     def _start_watch(self) -> None:
-        self._channel = self._open_channel()
-
         def pump() -> None:
-            seq = 0
-            while True:
-                channel = self._channel
-                if channel is None or self._stopping.is_set():
-                    break
-                try:
-                    for n, line in watch_events(channel, self.observer_token, seq):
-                        self._events.put(json.loads(line))
-                        seq = n + 1
-                except grpc.RpcError as e:
-                    if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT):
-                        self._watch_error = f"the parameter server refused to show its telemetry: {e.details()}"
-                        break
-                    # A PS that went away (restart_ps): a fresh channel reconnects at once, where the
-                    # old one would wait out gRPC's growing reconnect backoff.
-                    with self._channel_lock:
-                        if self._channel is channel and not self._stopping.is_set() and \
-                                (self._restarting or self.ps.poll() is None):
-                            self._channel = self._open_channel()
-                            channel.close()
-                except ValueError:   # channel closed by stop()
-                    break
-                if self._channel is None or (self.ps is not None and self.ps.poll() is not None
-                                             and not self._restarting and id(self.ps) not in self._killed):
-                    break
-                time.sleep(0.2)
-            self._events.put(None)
+            try:     # across restart_ps(); ends at run_end, on stop(), or when the PS died by itself
+                for ev in follow_events(self.address, self.observer_token, self._tls_client(), stop=self._stopping,
+                                        keep_trying=lambda: self._restarting or id(self.ps) in self._killed
+                                        or (self.ps is not None and self.ps.poll() is None)):
+                    self._events.put(ev)
+            except WantrainError as e:
+                self._watch_error = str(e)
+            finally:
+                self._events.put(None)
 
         self._watch_thread = threading.Thread(target=pump, name="wantrain-watch", daemon=True)
         self._watch_thread.start()
@@ -341,15 +304,17 @@ class Run:
         deadline = time.time() + timeout_s if timeout_s else None
         while True:
             try:
-                ev = self._events.get(timeout=0.2)
+                ev: dict | None = self._events.get(timeout=0.2)
+                idle = False
             except queue.Empty:
-                ev = "idle"
-            if ev is None:
+                ev, idle = None, True
+            if ev is None and not idle:
                 if self._watch_error:
-                    raise ProcessError(self._watch_error)
+                    raise ProcessError(f"following the run's telemetry failed: {self._watch_error}")
                 self._check_processes(final=True)
-                raise ProcessError("the parameter server stopped before the run finished:\n" + self.ps.log_tail())
-            if ev != "idle":
+                tail = self.ps.log_tail() if self.ps is not None else ""
+                raise ProcessError("the parameter server stopped before the run finished:\n" + tail)
+            if ev is not None:
                 self.events.append(ev)
                 yield ev
                 if ev["kind"] == "run_end":

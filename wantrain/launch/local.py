@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import ProcessError
+from ..errors import ProcessError, WaitTimeoutError
 from .base import ProcessSpec
 
 __all__ = ["LocalLauncher", "LocalProcess"]
@@ -50,7 +50,7 @@ class LocalProcess:
         try:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise TimeoutError(f"{self.name} (pid {self.pid}) still running after {timeout} s") from None
+            raise WaitTimeoutError(f"{self.name} (pid {self.pid}) still running after {timeout} s") from None
 
     def _signal_group(self, sig: int) -> None:
         try:

@@ -14,20 +14,22 @@ threads, and the live `Dashboard` below it is fed by the PS's Watch stream.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import sys
 import threading
 import time
 from pathlib import Path
 
-from ..config import RunConfig
-from ..report import JsonlFollower, write_report
-from ..run import Run, describe_scenario, new_run_dir, write_scenario
+from ..config import CODEC_MODES, RunConfig
+from ..errors import ConfigError, ProcessError, StateError, WaitTimeoutError
+from ..plan import RunPlan
+from ..report import write_report
+from ..run import Run, describe_scenario, new_run_dir
 from .dashboard import Dashboard
 
 __all__ = ["ControlPanel"]
 
-CODECS = ("int8-huffman", "int8", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -41,7 +43,7 @@ class ControlPanel:
                  restart_after_s: float = 2.0, python: str = sys.executable) -> None:
         import ipywidgets as W
 
-        from ..models import PRESETS
+        from ..presets import PRESETS
 
         self.base = config or RunConfig()
         self.scenario, self.run_root, self.site_threads, self.python = scenario, Path(run_root), site_threads, python
@@ -56,23 +58,21 @@ class ControlPanel:
 
         # ---- one row per site
         self.rows = []
-        for s in self.plan["sites"]:
-            bw = f"{s['bandwidth_mbps']:g} Mbit/s" if s["bandwidth_mbps"] else "unlimited"
+        for s in self.plan.sites:
             row = dict(
-                name=W.Text(s["name"], layout=W.Layout(width="130px")),
-                where=W.Dropdown(options=["this machine"], layout=W.Layout(width="130px"),
-                                 tooltip="remote hosts come with the SSH launcher"),
+                name=W.Text(s.name, layout=W.Layout(width="130px")),
                 device=W.Dropdown(options=DEVICES, value="auto", layout=W.Layout(width="80px")),
-                link=W.HTML(f"{html.escape(s['region'])}, {s['rtt_ms']:.0f} ms RTT, {bw}",
-                            layout=W.Layout(width="260px")),
-                trace=W.Text(s["trace"] or "", placeholder="scenario trace (or a CSV path)",
+                link=W.HTML(f"{html.escape(s.region)}, {s.rtt_ms:.0f} ms RTT", layout=W.Layout(width="200px")),
+                bandwidth=W.BoundedFloatText(s.bandwidth_mbps or 0.0, min=0.0, max=100_000.0, step=1.0,
+                                             tooltip="Mbit/s each way; 0: unlimited", layout=W.Layout(width="90px")),
+                trace=W.Text(s.trace or "", placeholder="scenario trace (or a CSV path)",
                              layout=W.Layout(width="220px")),
-                speed=W.BoundedFloatText(s["speed_factor"], min=1.0, max=100.0, step=0.25,
+                speed=W.BoundedFloatText(s.speed_factor, min=1.0, max=100.0, step=0.25,
                                          layout=W.Layout(width="80px")),
             )
             self.rows.append(row)
         head = W.HBox([W.HTML(f"<b>{t}</b>", layout=W.Layout(width=w)) for t, w in (
-            ("site", "130px"), ("runs on", "130px"), ("device", "80px"), ("link (scenario)", "260px"),
+            ("site", "130px"), ("device", "80px"), ("link (scenario)", "200px"), ("Mbit/s", "90px"),
             ("link trace", "220px"), ("speed x", "80px"))])
         site_table = W.VBox([head] + [W.HBox(list(r.values())) for r in self.rows])
 
@@ -83,14 +83,14 @@ class ControlPanel:
                                     value="time budget" if round_budget_s else "inner steps")
         self.inner_steps = W.BoundedIntText(inner_steps, min=1, max=1_000_000, description="steps")
         self.budget = W.BoundedFloatText(round_budget_s or 10.0, min=0.5, max=86_400.0, description="seconds")
-        self.codec = W.Dropdown(options=CODECS, value=codec, description="codec")
+        self.codec = W.Dropdown(options=CODEC_MODES, value=codec, description="codec")
         self.work.observe(lambda _: self._show_work(), "value")
         self._show_work()
 
         # ---- buttons
         self.start_button = W.Button(description="Start", button_style="success", icon="play")
         self.stop_button = W.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
-        self.fault_site = W.Dropdown(options=[s["name"] for s in self.plan["sites"]], description="site")
+        self.fault_site = W.Dropdown(options=self.plan.names, description="site")
         self.kill_button = W.Button(description="Kill site", button_style="warning", disabled=True,
                                     tooltip=f"SIGKILL the site's process; it is started again after {restart_after_s:g} s")
         self.outage_s = W.BoundedFloatText(5.0, min=0.5, max=200.0, description="outage s")
@@ -136,43 +136,39 @@ class ControlPanel:
             changes["train.round_budget_s"] = 0.0
         return self.base.replace(**changes)
 
-    def site_plan(self) -> dict:
-        """The scenario with the rows' edits (names, traces, speed factors) applied."""
-        plan = {k: v for k, v in self.plan.items() if k != "sites"}
-        plan["scenario"] = f"{self.plan['scenario']} (edited)"
-        plan["sites"] = []
-        for s, r in zip(self.plan["sites"], self.rows):
+    def site_plan(self) -> RunPlan:
+        """The scenario's run plan with the rows' edits (names, bandwidths, traces, speed factors) applied."""
+        sites = []
+        for s, r in zip(self.plan.sites, self.rows):
             trace = r["trace"].value.strip() or None
             if trace and not Path(trace).is_file():
-                raise ValueError(f"site {r['name'].value}: trace file {trace!r} does not exist")
-            plan["sites"].append({**s, "name": r["name"].value.strip(), "speed_factor": float(r["speed"].value),
-                                  "trace": str(Path(trace).resolve()) if trace else None})
-        return plan
+                raise ConfigError(f"site {r['name'].value}: trace file {trace!r} does not exist")
+            sites.append(dataclasses.replace(
+                s, name=r["name"].value.strip(), speed_factor=float(r["speed"].value),
+                bandwidth_mbps=float(r["bandwidth"].value) or None, trace=str(Path(trace).resolve()) if trace else None))
+        return self.plan.replace(scenario=f"{self.plan.scenario} (edited)", sites=tuple(sites))
 
     # ------------------------------------------------------------ actions (what the buttons call)
 
     def start(self) -> Run:
         """Start a run with the panel's settings; returns at once, the run goes on in the background."""
         if self.state in ("starting", "running"):
-            raise RuntimeError("a run is already going; stop it first")
+            raise StateError("a run is already going; stop it first")
         self.error = None
         try:
             cfg, plan = self.config(), self.site_plan()        # bad settings fail before anything exists
-            run_dir = new_run_dir(self.run_root)
-            scenario = write_scenario(plan, run_dir / "scenario.toml")
             devices = {r["name"].value.strip(): r["device"].value for r in self.rows}
-            self.run = run = Run(cfg, run_dir=run_dir, scenario=scenario, site_threads=self.site_threads,
+            self.run = run = Run(cfg, run_dir=new_run_dir(self.run_root), plan=plan, site_threads=self.site_threads,
                                  python=self.python, devices=devices)
         except Exception as e:          # a bad setting: say which, start nothing
             self._fail(e)
             raise
-        self.dashboard = Dashboard(links=JsonlFollower(run.run_dir / "links.jsonl"), faults=lambda: list(run.faults),
-                                   rounds=cfg.train.rounds)
+        self.dashboard = Dashboard(rounds=cfg.train.rounds)
         self.dash_box.children = (self.dashboard.box,)
         self.fault_site.options = list(cfg.sites)                # the rows may have renamed sites
         self._set_state("starting")
         self._say(f"starting: PS, link emulator and {cfg.num_sites} sites; run folder {run.run_dir}")
-        self._thread = threading.Thread(target=self._drive, args=(run,), name="wantrain-panel", daemon=True)
+        self._thread = threading.Thread(target=self._drive, args=(run, self.dashboard), name="wantrain-panel", daemon=True)
         self._thread.start()
         return run
 
@@ -182,16 +178,16 @@ class ControlPanel:
         except Exception:       # already on the panel's message line; a click has no caller to raise to
             pass
 
-    def _drive(self, run: Run) -> None:
+    def _drive(self, run: Run, dashboard: Dashboard) -> None:
         try:
             run.start()
             self._set_state("running")
             self._say(f"running: PS on {run.address}, run folder {run.run_dir}")
-            self.dashboard.follow(run.follow()).join()
+            dashboard.follow(run.follow()).join()
             if self.state == "stopped":
                 return
-            if not any(e["kind"] == "run_end" for e in self.dashboard.events):
-                raise RuntimeError(self.dashboard.error or "the PS's event stream ended before the run did")
+            if not any(e["kind"] == "run_end" for e in dashboard.events):
+                raise ProcessError(dashboard.error or "the PS's event stream ended before the run did")
             run.wait_exit(30)
             self._set_state("finished")
             self._say(f"finished; report: {write_report(run.run_dir)}")
@@ -216,11 +212,11 @@ class ControlPanel:
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                raise TimeoutError(f"the run did not end within {timeout_s:.0f} s")
+                raise WaitTimeoutError(f"the run did not end within {timeout_s:.0f} s")
         for t in list(self._restarts):
             t.join(timeout_s)
         if self.state == "failed":
-            raise RuntimeError(self.error)
+            raise ProcessError(self.error)
         return self.state
 
     def kill_site(self, name: str, restart_after_s: float | None = None) -> None:
@@ -261,7 +257,7 @@ class ControlPanel:
 
     def _running(self) -> Run:
         if self.state != "running" or self.run is None:
-            raise RuntimeError(f"no run is going (state: {self.state})")
+            raise StateError(f"no run is going (state: {self.state})")
         return self.run
 
     def _background(self, fn, *args) -> None:

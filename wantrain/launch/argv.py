@@ -1,0 +1,39 @@
+"""The command lines of a run's processes, built in one place (`Run` and the tests use these)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..plan import SitePlan
+
+__all__ = ["site_args", "site_command", "links_command"]
+
+
+def site_args(ps: str, name: str, *, threads: int = 1, device: str = "auto", token_file: str | Path | None = None,
+              link: SitePlan | None = None, tls_ca: str | Path | None = None, tls_server_name: str = "",
+              extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """`wantrain worker` arguments for site `name`. With its `link` (from the run plan, once the
+    link listens) it dials through the link and knows the link's RTT, bandwidth and its speed factor."""
+    args: tuple[str, ...] = ("worker", "--ps", (link.dial if link is not None and link.dial else ps), "--site", name,
+                             "--threads", str(threads), "--device", device)
+    if token_file is not None:
+        args += ("--token-file", str(token_file))
+    if link is not None:
+        args += ("--speed-factor", repr(link.speed_factor), "--link-rtt-ms", repr(link.rtt_ms),
+                 "--link-mbps", repr(link.bandwidth_mbps or 0.0))
+    if tls_ca is not None:
+        args += ("--tls-ca", str(tls_ca)) + (("--tls-server-name", tls_server_name) if tls_server_name else ())
+    return args + tuple(extra)
+
+
+def site_command(python: str, ps: str, name: str, link: SitePlan | None = None, **kw) -> tuple[str, ...]:
+    """The whole command: under the link's prefix (a network namespace) when it has one."""
+    prefix = link.exec_prefix if link is not None else ()
+    return (*prefix, python, "-m", "wantrain", *site_args(ps, name, link=link, **kw))
+
+
+def links_command(python: str, plan_file: str | Path, target: str, listening: str | Path, log: str | Path,
+                  control: str | Path) -> tuple[str, ...]:
+    """The link emulator of a run plan (`python -m testbed links`), relaying to the PS at `target`."""
+    return (python, "-m", "testbed", "links", "--plan", str(plan_file), "--target", target,
+            "--listening", str(listening), "--log", str(log), "--control", str(control))
