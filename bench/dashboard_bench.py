@@ -16,20 +16,18 @@ line, progress bar and widget updates). Best of 3, one core.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save, single_core  # noqa: E402
+from common import save, single_core
 
 single_core()
 
 import numpy as np  # noqa: E402
 import plotly.io as pio  # noqa: E402
 
-from wantrain.report import JsonlFollower, figures, read_links  # noqa: E402
+from wantrain.report import figures  # noqa: E402
 from wantrain.study import best_of  # noqa: E402
 from wantrain.ui import Dashboard  # noqa: E402
 
@@ -37,8 +35,9 @@ SITES = ("us-west", "eu-west", "ap-southeast")
 ROUND_S = 30.0
 
 
-def synthetic_run(minutes: float, run_dir: Path, seed: int = 0) -> list[dict]:
-    """Write links.jsonl for a run of `minutes`; return its telemetry events (as Watch sends them)."""
+def synthetic_run(minutes: float, seed: int = 0) -> list[dict]:
+    """The telemetry events of a run of `minutes` as Watch sends them: the PS's, and the link
+    emulator's relayed into the same stream."""
     rng = np.random.default_rng(seed)
     t0, end = 1.7e9, 1.7e9 + 60 * minutes
     events: list[dict] = [{"kind": "run_start", "t": t0, "elapsed_s": 0.0, "val_loss": 5.5}]
@@ -52,7 +51,7 @@ def synthetic_run(minutes: float, run_dir: Path, seed: int = 0) -> list[dict]:
                           "bytes_up": sent[s][0], "bytes_down": sent[s][1]})
             if i % 5 == k:
                 probes = [float(t) + j for j in range(5)]
-                events.append({"kind": "link_rtt", "t": probes, "site": s,
+                events.append({"kind": "link_rtt", "t": probes[-1], "times": probes, "site": s,
                                "rtt_ms": list(70.0 + 80 * k + rng.exponential(5, 5))})
         if i % int(ROUND_S) == int(ROUND_S) - 1:
             r = i // int(ROUND_S)
@@ -66,13 +65,12 @@ def synthetic_run(minutes: float, run_dir: Path, seed: int = 0) -> list[dict]:
         if i % 600 == 300:
             links.append({"kind": "outage_start", "t": float(t), "site": SITES[2]})
             links.append({"kind": "outage_end", "t": float(t) + 5, "site": SITES[2]})
-    (run_dir / "links.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in links))
-    return events
+    return sorted(events + links, key=lambda e: e["t"])
 
 
-def previous_charts(events: list[dict], run_dir: Path, max_points: int = 400) -> None:
-    """The redraw's charts before: everything re-read and built whole, thinned afterwards."""
-    for fig in figures(events, read_links(run_dir)):
+def previous_charts(events: list[dict], max_points: int = 400) -> None:
+    """The redraw's charts before: built whole, thinned afterwards."""
+    for fig in figures(events):
         for tr in fig.data:
             if tr.x is not None and len(tr.x) > max_points:
                 keep = np.unique(np.linspace(0, len(tr.x) - 1, max_points).round().astype(int))
@@ -80,9 +78,9 @@ def previous_charts(events: list[dict], run_dir: Path, max_points: int = 400) ->
         pio.to_json(fig, validate=False)
 
 
-def current_charts(events: list[dict], links: JsonlFollower, max_points: int = 400) -> None:
-    """The redraw's charts now: the log's new lines read, every series thinned before plotly."""
-    for fig in figures(events, links(), max_points=max_points):
+def current_charts(events: list[dict], max_points: int = 400) -> None:
+    """The redraw's charts now: every series thinned before plotly."""
+    for fig in figures(events, max_points=max_points):
         pio.to_json(fig, validate=False)
 
 
@@ -92,26 +90,23 @@ def main() -> None:
     args = ap.parse_args()
     out = []
     for minutes in args.minutes:
-        with tempfile.TemporaryDirectory() as d:
-            run_dir = Path(d)
-            events = synthetic_run(minutes, run_dir)
-            links = read_links(run_dir)
-            dash = Dashboard(links=JsonlFollower(run_dir / "links.jsonl"), min_interval_s=1e9)
-            for e in events:
-                dash.add(e)
-            t_base = best_of(lambda: previous_charts(events, run_dir), repeats=3)
-            follower = JsonlFollower(run_dir / "links.jsonl")
-            t_new = best_of(lambda: current_charts(events, follower), repeats=3)
-            t_redraw = best_of(dash.redraw, repeats=3)
-            sent_kb = sum(len(s) for s in dash._sent.values()) / 1e3
-            row = {"minutes": minutes, "events": len(events), "link_rows": len(links),
-                   "previous_charts_s": round(t_base, 4), "current_charts_s": round(t_new, 4),
-                   "current_over_previous": round(t_new / t_base, 3), "whole_redraw_s": round(t_redraw, 4),
-                   "sent_kb": round(sent_kb, 1)}
-            out.append(row)
-            print(f"{minutes:5.0f} min: {len(events):5d} events, {len(links):5d} link rows | charts: previous "
-                  f"{t_base * 1e3:6.1f} ms, now {t_new * 1e3:6.1f} ms ({t_new / t_base:.2f}x) | whole redraw "
-                  f"{t_redraw * 1e3:6.1f} ms | {sent_kb:.0f} kB sent")
+        events = synthetic_run(minutes)
+        links = [e for e in events if e["kind"] in ("link", "links_start", "outage_start", "outage_end")]
+        dash = Dashboard(min_interval_s=1e9)
+        for e in events:
+            dash.add(e)
+        t_base = best_of(lambda ev=events: previous_charts(ev), repeats=3)
+        t_new = best_of(lambda ev=events: current_charts(ev), repeats=3)
+        t_redraw = best_of(dash.redraw, repeats=3)
+        sent_kb = sum(len(s) for s in dash._sent.values()) / 1e3
+        row = {"minutes": minutes, "events": len(events), "link_rows": len(links),
+               "previous_charts_s": round(t_base, 4), "current_charts_s": round(t_new, 4),
+               "current_over_previous": round(t_new / t_base, 3), "whole_redraw_s": round(t_redraw, 4),
+               "sent_kb": round(sent_kb, 1)}
+        out.append(row)
+        print(f"{minutes:5.0f} min: {len(events):5d} events, {len(links):5d} link rows | charts: previous "
+              f"{t_base * 1e3:6.1f} ms, now {t_new * 1e3:6.1f} ms ({t_new / t_base:.2f}x) | whole redraw "
+              f"{t_redraw * 1e3:6.1f} ms | {sent_kb:.0f} kB sent")
     print("saved", save("dashboard", {"rows": out}))
 
 

@@ -10,65 +10,25 @@ notebook dashboard (wantrain.ui) draws the same figures.
 from __future__ import annotations
 
 import html
-import json
-import threading
 from pathlib import Path
 
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .telemetry import read_events, rows
+from .telemetry import LINK_KINDS, read_run, rows
 
-__all__ = ["write_report", "summarize", "link_summary", "read_links", "read_faults", "figures", "timeline_figure",
-           "thin", "JsonlFollower"]
-
-
-def read_links(run_dir: str | Path) -> list[dict]:
-    """The link emulator's log (links.jsonl), if the run had one."""
-    return _read_jsonl(Path(run_dir) / "links.jsonl")
+__all__ = ["write_report", "summarize", "link_summary", "split", "figures", "timeline_figure", "thin"]
 
 
-def read_faults(run_dir: str | Path) -> list[dict]:
-    """Faults injected on purpose (`Run.kill_site`, `restart_ps`, `outage`): faults.jsonl."""
-    return _read_jsonl(Path(run_dir) / "faults.jsonl")
-
-
-def _read_jsonl(p: Path) -> list[dict]:
-    return JsonlFollower(p)()
-
-
-class JsonlFollower:
-    """The rows of a JSONL log another process is still appending to (links.jsonl during a run),
-    read incrementally: each call parses only the lines completed since the last call, so a live
-    dashboard redrawing every second does not re-read an hour of log each time."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.rows: list[dict] = []
-        self.malformed = 0                # complete lines that were not JSON (skipped)
-        self._offset = 0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> list[dict]:
-        with self._lock:
-            try:
-                with self.path.open("rb") as f:
-                    if f.seek(0, 2) < self._offset:      # the file was replaced: start over
-                        self.rows, self._offset = [], 0
-                    f.seek(self._offset)
-                    chunk = f.read()
-            except FileNotFoundError:
-                return list(self.rows)
-            end = chunk.rfind(b"\n") + 1               # a last line still being written waits
-            for ln in chunk[:end].splitlines():
-                if ln.strip():
-                    try:
-                        self.rows.append(json.loads(ln))
-                    except json.JSONDecodeError:
-                        self.malformed += 1
-            self._offset += end
-            return list(self.rows)
+def split(events: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """(the PS's events, the link emulator's, the faults injected on purpose) of one run's events."""
+    ps: list[dict] = []
+    links: list[dict] = []
+    faults: list[dict] = []
+    for e in events:
+        (links if e["kind"] in LINK_KINDS else faults if e["kind"] == "fault" else ps).append(e)
+    return ps, links, faults
 
 
 def thin(y, max_points: int | None) -> np.ndarray:
@@ -99,13 +59,13 @@ def _xy(x, y, max_points: int | None) -> tuple[list, list]:
 def _rtt_samples(events: list[dict]) -> dict[str, list[tuple[float, float]]]:
     out: dict[str, list[tuple[float, float]]] = {}
     for e in rows(events, "link_rtt"):
-        out.setdefault(e["site"], []).extend(zip(e["t"], e["rtt_ms"]))
+        out.setdefault(e["site"], []).extend(zip(e["times"], e["rtt_ms"]))
     return out
 
 
-def link_summary(run_dir: str | Path, events: list[dict]) -> list[str]:
+def link_summary(events: list[dict]) -> list[str]:
     """One line per site link: measured RTT against the published one, outages, stalls."""
-    links = read_links(run_dir)
+    events, links, _ = split(events)
     plan = next((ln for ln in links if ln["kind"] == "links_start"), None)
     samples = _rtt_samples(events)
     lines = []
@@ -170,8 +130,8 @@ def links_figure(events: list[dict], links: list[dict], max_points: int | None =
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(dash="dot", width=1),
                                      name=f"trace RTT in force {site}"))
     # Outages shaded as plain layout shapes (plotly's add_vrect costs ~20 ms each, and the dashboard
-    # redraws). link_rtt events carry a list of probe times in "t"; an outage still on ends "now".
-    now = max([ln["t"] for ln in links] + [e["t"] for e in events if not isinstance(e["t"], list)])
+    # redraws); an outage still on ends "now".
+    now = max([ln["t"] for ln in links] + [e["t"] for e in events])
     shapes, notes = [], []
     for ln in links:
         if ln["kind"] == "outage_start":
@@ -209,10 +169,12 @@ def throughput_figure(events: list[dict], links: list[dict], max_points: int | N
     return fig
 
 
-def figures(events: list[dict], links: list[dict] | None = None, faults: list[dict] | None = None,
-            max_points: int | None = None) -> list[go.Figure]:
-    """The report's charts. max_points thins every series to about that many points, keeping
-    each one's shape (`thin`): the live dashboard's bound on what one redraw builds and sends."""
+def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure]:
+    """The report's charts of one run's events. max_points thins every series to about that many
+    points, keeping each one's shape (`thin`): the live dashboard's bound on what one redraw
+    builds and sends."""
+    everything = events
+    events, links, _ = split(events)
     sites = rows(events, "site_round")
     ends = rows(events, "round_end")
     start = rows(events, "run_start")
@@ -253,8 +215,8 @@ def figures(events: list[dict], links: list[dict] | None = None, faults: list[di
                        xaxis_title="round")
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="ratio / bits", secondary_y=True)
-    extra = [links_figure(events, links or [], max_points), throughput_figure(events, links or [], max_points)]
-    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(events, links, faults, max_points)]
+    extra = [links_figure(events, links, max_points), throughput_figure(events, links, max_points)]
+    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(everything, max_points)]
 
 
 # Markers of the timeline: event kind -> (label, colour, symbol).
@@ -267,13 +229,11 @@ _MARKERS = {
 }
 
 
-def timeline_figure(events: list[dict], links: list[dict] | None = None, faults: list[dict] | None = None,
-                    max_points: int | None = None) -> go.Figure:
+def timeline_figure(events: list[dict], max_points: int | None = None) -> go.Figure:
     """Joins, leaves, deadlines missed, late deltas, restarts, outages and injected faults as
     markers, one row per site."""
-    t0 = events[0]["t"] if events else 0.0
-    marks = ([e for e in events if e["kind"] in _MARKERS] + [ln for ln in links or [] if ln["kind"] == "outage_start"]
-             + list(faults or []))
+    t0 = min((e["t"] for e in events), default=0.0)
+    marks = [e for e in events if e["kind"] in _MARKERS]
     fig = go.Figure()
     for kind, (label, colour, symbol) in _MARKERS.items():
         mine = [e for e in marks if e["kind"] == kind]
@@ -306,9 +266,9 @@ def _describe(e: dict) -> str:
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write report.html (self-contained: plotly.js inlined) into the run folder or `out`."""
     run_dir = Path(run_dir)
-    events = read_events(run_dir)
-    s = summarize(events)
-    figs = figures(events, read_links(run_dir), read_faults(run_dir))
+    everything = read_run(run_dir)
+    s = summarize(split(everything)[0])
+    figs = figures(everything)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{_fmt(v)}</td></tr>" for k, v in s.items())
     page = f"""<!doctype html>

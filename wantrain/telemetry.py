@@ -4,7 +4,13 @@ Every event is one JSON object on one line of runs/<run-id>/events.jsonl with th
 fields `v` (schema version), `seq` (0, 1, 2, ...), `kind`, `t` (Unix time) and `elapsed_s`
 (seconds since the run started), plus the fields of its kind. The kinds and their fields are
 listed once, in docs/protocol.md (section 10: Watch streams these events to observers);
-tests/test_protocol_doc.py checks that every kind of EVENT_KINDS is there.
+tests/test_telemetry_schema.py checks that every kind is there and that what is emitted and
+what is read are documented fields.
+
+The PS records its own events (`emit`) and, since schema 2, the events of the run that happen
+elsewhere (`record_reported`): the link emulator's samples and events and faults injected on
+purpose arrive over the Report RPC, so the run has one log and one stream. Version 1 logs (link
+events in links.jsonl, faults in faults.jsonl, `link_rtt` times in `t`) are still read.
 """
 
 from __future__ import annotations
@@ -13,17 +19,26 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS", "utilization"]
+from .errors import MissingTelemetryError, TelemetryError
 
-SCHEMA_VERSION = 1
-EVENT_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
-               "checkpoint", "restart", "error", "run_end",
-               # rounds that do not wait forever, and faults
-               "deadline", "late_delta", "quarantine", "stall", "downloads_frozen", "ready",
-               "download")
+__all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "read_run", "rows", "EVENT_KINDS", "PS_KINDS", "LINK_KINDS",
+           "REPORTED_KINDS", "utilization"]
+
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
+            "checkpoint", "restart", "error", "run_end",
+            # rounds that do not wait forever, and faults
+            "deadline", "late_delta", "quarantine", "stall", "downloads_frozen", "ready",
+            "download")
+# What the link emulator logs (testbed/links.py), and faults injected on purpose (Run): reported to the PS.
+LINK_KINDS = ("links_start", "link", "outage_start", "outage_end", "spike", "reset", "command_error")
+REPORTED_KINDS = (*LINK_KINDS, "fault")
+EVENT_KINDS = (*PS_KINDS, *REPORTED_KINDS)
 
 
 def _clean(v: Any) -> Any:
@@ -54,12 +69,23 @@ class Recorder:
             self._file = open(self.path, "a", buffering=1)
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
-        if kind not in EVENT_KINDS:
-            raise ValueError(f"unknown telemetry event kind {kind!r}")
-        now = time.time()
+        """Record one of the PS's own events, now."""
+        if kind not in PS_KINDS:
+            raise TelemetryError(f"unknown telemetry event kind {kind!r}")
+        return self._append(kind, time.time(), fields)
+
+    def record_reported(self, event: dict[str, Any]) -> int:
+        """Record an event that happened outside the PS (a REPORTED_KINDS kind, already checked by
+        the caller), at the time it says it happened; returns its sequence number."""
+        fields = {k: v for k, v in event.items() if k not in ("v", "seq", "kind", "t", "elapsed_s")}
+        t = event.get("t")
+        when = float(t) if isinstance(t, (int, float)) and math.isfinite(t) else time.time()
+        return self._append(event["kind"], when, {**fields, "source": "reported"})["seq"]
+
+    def _append(self, kind: str, t: float, fields: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            event = {"v": SCHEMA_VERSION, "seq": len(self.events), "kind": kind, "t": now,
-                     "elapsed_s": now - self.start, **_clean(fields)}
+            event = {"v": SCHEMA_VERSION, "seq": len(self.events), "kind": kind, "t": t,
+                     "elapsed_s": t - self.start, **_clean(fields)}
             line = json.dumps(event, separators=(",", ":"))
             self.events.append(line)
             if self._file:
@@ -96,7 +122,7 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
     if p.is_dir():
         p = p / "events.jsonl"
     if not p.is_file():
-        raise FileNotFoundError(f"no telemetry at {p}")
+        raise MissingTelemetryError(f"no telemetry at {p}")
     out = []
     for n, line in enumerate(p.read_text().splitlines(), 1):
         if not line.strip():
@@ -104,11 +130,39 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
         try:
             ev = json.loads(line)
         except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{n}: not a JSON event ({e})") from None
-        if ev.get("v") != SCHEMA_VERSION:
-            raise ValueError(f"{p}:{n}: telemetry schema version {ev.get('v')} (this wantrain reads {SCHEMA_VERSION})")
-        out.append(ev)
+            raise TelemetryError(f"{p}:{n}: not a JSON event ({e})") from None
+        if ev.get("v") not in READABLE_VERSIONS:
+            raise TelemetryError(f"{p}:{n}: telemetry schema version {ev.get('v')} (this wantrain reads "
+                             f"{', '.join(map(str, READABLE_VERSIONS))})")
+        out.append(_upgrade(ev))
     return out
+
+
+def _upgrade(ev: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 event in version 2's shape: `link_rtt` kept its list of times in `t`."""
+    if ev["v"] == 1 and ev["kind"] == "link_rtt" and isinstance(ev.get("t"), list):
+        ev = {**ev, "times": ev["t"], "t": ev["t"][-1] if ev["t"] else 0.0}
+    return ev
+
+
+def read_run(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every event of a run folder, in time order. A version 1 folder kept link events and faults
+    in files of their own (links.jsonl, faults.jsonl): they are merged in."""
+    events = read_events(run_dir)
+    if any(e["kind"] in REPORTED_KINDS for e in events) or (events and events[0]["v"] >= 2):
+        return events
+    extra = []
+    for name in ("links.jsonl", "faults.jsonl"):
+        p = Path(run_dir) / name
+        if p.is_file():
+            for line in p.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict) and row.get("kind") in REPORTED_KINDS:
+                    extra.append(row)
+    return sorted(events + extra, key=lambda e: e.get("t", 0.0)) if extra else events
 
 
 def rows(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

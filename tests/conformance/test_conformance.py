@@ -201,7 +201,7 @@ def test_two_rounds_from_the_spec_alone(ps):
         s.close()
     assert proc.wait(60) == 0, (tmp / "ps.log").read_text()[-2000:]
     events = [json.loads(line) for line in (tmp / "run" / "events.jsonl").read_text().splitlines()]   # 10
-    assert all(e["v"] == 1 and {"seq", "kind", "t", "elapsed_s"} <= set(e) for e in events)
+    assert all(e["v"] == 2 and {"seq", "kind", "t", "elapsed_s"} <= set(e) for e in events)
     checks = [e for e in events if e["kind"] == "hash_check"]
     assert [(e["round"], e["ok"]) for e in checks] == [(0, True), (1, True)]
     assert [e["round"] for e in events if e["kind"] == "round_end"] == [0, 1]

@@ -4,9 +4,9 @@ import statistics
 
 import pytest
 
-from wantrain.report import read_links
 from wantrain.run import Run
-from wantrain.telemetry import read_events, rows
+from wantrain.telemetry import LINK_KINDS, read_events, read_run, rows
+from wantrain.ui import Dashboard
 
 from ..helpers import pid_alive, small_config
 
@@ -41,13 +41,30 @@ def test_training_continues_through_an_emulated_wan(tmp_path):
     cfg = small_config(num_sites=2, **{"train.rounds": 8, "train.inner_steps": 10})
     run = Run(cfg, run_dir=tmp_path / "run", scenario=str(tmp_path / "s.toml"))
     with run:
-        list(run.follow(timeout_s=250))
+        # A dashboard given only the PS's address, the observer token and the CA: no run folder, no Run.
+        remote = Dashboard.attach(run.address, run.observer_token, tls=run.certs.client(), min_interval_s=1e9)
+        for ev in run.follow(timeout_s=250):
+            if ev["kind"] == "round_end" and ev["round"] == 1:
+                run.outage("near", 1.0)                      # a fault injected on purpose
         codes = run.wait_exit(60)
+        remote.thread.join(60)
     assert all(c == 0 for name, c in codes.items() if name != "link emulator"), codes
     assert not any(pid_alive(p.pid) for p in run.processes())
 
+    # The remote dashboard saw loss, links, faults and recovery: one stream from the PS.
+    seen = {e["kind"] for e in remote.events}
+    assert {"round_end", "run_end", "link", "links_start", "outage_start", "reset", "fault", "leave"} <= seen, seen
+    assert any(e["kind"] == "join" and e["site"] == "far" and e["resumed"] for e in remote.events)
+    titles = [f.layout.title.text for f in remote.static_figures()]
+    assert [t.split(":")[0] for t in titles] == ["Loss against wall time", "Bytes on the wire and compression per round",
+                                                 "Links", "Links", "Timeline"], titles
+    timeline = remote.static_figures()[-1]
+    marks = {tr.name: list(tr.y) for tr in timeline.data}
+    assert marks["fault injected"] == ["near"] and "far" in marks["outage"] and "far" in marks["leave"], marks
+
+    everything = read_run(tmp_path / "run")
     events = read_events(tmp_path / "run")
-    links = read_links(tmp_path / "run")
+    links = [e for e in everything if e["kind"] in LINK_KINDS]
     ends = rows(events, "round_end")
     assert len(ends) == 8 and ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"] - 0.5
     assert all(c["ok"] for c in rows(events, "hash_check"))
@@ -109,7 +126,8 @@ def test_training_through_the_kernel_backend(tmp_path):
         run.wait_exit(60)
     events = read_events(tmp_path / "run")
     assert len(rows(events, "round_end")) == 3 and all(c["ok"] for c in rows(events, "hash_check"))
-    plan = next(ln for ln in read_links(tmp_path / "run") if ln["kind"] == "links_start")
+    assert all(s.exec_prefix[:3] == ("ip", "netns", "exec") for s in run.plan.sites)
+    plan = next(e for e in read_run(tmp_path / "run") if e["kind"] == "links_start")    # relayed into the PS's log
     assert all(s["exec_prefix"][:3] == ["ip", "netns", "exec"] for s in plan["sites"])
     rtts = {}
     for e in rows(events, "link_rtt"):

@@ -1,7 +1,9 @@
 """A live dashboard: the report's figures, redrawn as telemetry events come.
 
-Events arrive from the PS's Watch stream (`Run.follow()`, or any iterable of event dicts), so
-the dashboard looks the same whether the PS runs next to the notebook or far away. Redraws are
+Events arrive from the PS's Watch stream (`Run.follow()`, `Dashboard.attach(address)`, or any
+iterable of event dicts): the PS's own events, the link emulator's and injected faults are one
+stream (telemetry schema 2), so the dashboard shows everything whether the PS runs next to the
+notebook or far away. Redraws are
 rate-capped (`min_interval_s`, stretched so that redrawing takes at most a tenth of the
 kernel's time however long the run) and every series is thinned to about `max_points`, keeping its
 spikes (`wantrain.report.thin`), before a figure is built: each redraw sends whole figures to
@@ -17,10 +19,11 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
+from ..errors import ProcessError, WaitTimeoutError
 from ..report import figures
 
 __all__ = ["Dashboard", "site_states", "CHART_ORDER"]
@@ -33,7 +36,7 @@ def site_states(events: list[dict]) -> dict[str, str]:
     """What each site is doing, as the PS's events tell it: downloading, ready, training, left."""
     states: dict[str, str] = {}
     for e in events:
-        k, site = e["kind"], e.get("site")
+        k, site = e["kind"], e.get("site") or ""
         if k == "join":
             states[site] = "downloading the model" + (" (rejoined)" if e.get("resumed") else "")
         elif k == "download" and site in states and states[site].startswith("downloading"):
@@ -58,13 +61,9 @@ def site_states(events: list[dict]) -> dict[str, str]:
 class Dashboard:
     """Live charts of one run: loss, wire and compression, links, timeline; rounds progress."""
 
-    def __init__(self, links: Callable[[], list[dict]] | None = None, max_points: int = 400,
-                 min_interval_s: float = 1.0, faults: Callable[[], list[dict]] | None = None,
-                 rounds: int | None = None) -> None:
-        import ipywidgets as widgets   # the notebook extra; imported here so `wantrain` does not need it
+    def __init__(self, max_points: int = 400, min_interval_s: float = 1.0, rounds: int | None = None) -> None:
+        import ipywidgets as widgets  # the notebook extra; imported here so `wantrain` does not need it
 
-        self.links = links or (lambda: [])
-        self.faults = faults or (lambda: [])
         self.max_points, self.min_interval_s = max_points, min_interval_s
         self.events: list[dict] = []
         self.redraws = 0
@@ -116,13 +115,23 @@ class Dashboard:
         self.thread.start()
         return self.thread
 
+    @classmethod
+    def attach(cls, address: str, token: str, tls=None, server_name: str = "", **kw) -> Dashboard:
+        """A dashboard of the run of the PS at `address` (HOST:PORT), from the start of its log: all
+        it needs is the address and the observer token (and the CA, for a PS that speaks TLS)."""
+        from ..watch import follow_events
+
+        dash = cls(**kw)
+        dash.follow(follow_events(address, token, tls, server_name))
+        return dash
+
     # ------------------------------------------------------------ drawing
 
     def static_figures(self, max_points: int | None = None) -> list[go.Figure]:
         """The charts of the current state, every point kept unless max_points is given."""
         with self._lock:
             events = list(self.events)
-        return figures(events, self.links(), self.faults(), max_points) if events else []
+        return figures(events, max_points) if events else []
 
     def show_static(self) -> None:
         """Display plain figures of the current state: what a saved or rendered notebook keeps."""
@@ -144,9 +153,9 @@ class Dashboard:
                         all(e.get(k) == v for k, v in fields.items()):
                     return e
             if self.thread is not None and not self.thread.is_alive() and seen == len(self.events):
-                raise RuntimeError(f"the run's events ended without a {kind!r} event ({self.error or 'run over'})")
+                raise ProcessError(f"the run's events ended without a {kind!r} event ({self.error or 'run over'})")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no {kind!r} event within {timeout_s:.0f} s")
+                raise WaitTimeoutError(f"no {kind!r} event within {timeout_s:.0f} s")
             time.sleep(0.1)
 
     def redraw(self) -> None:

@@ -230,6 +230,18 @@ class PingReply(_message.Message):
     server_time: float
     def __init__(self, server_time: _Optional[float] = ...) -> None: ...
 
+class ReportRequest(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, events: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReportReply(_message.Message):
+    __slots__ = ("first_seq",)
+    FIRST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    first_seq: int
+    def __init__(self, first_seq: _Optional[int] = ...) -> None: ...
+
 class TelemetryEvent(_message.Message):
     __slots__ = ("seq", "json")
     SEQ_FIELD_NUMBER: _ClassVar[int]

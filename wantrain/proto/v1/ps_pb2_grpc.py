@@ -49,6 +49,11 @@ class ParameterServerStub(object):
                 request_serializer=wantrain_dot_v1_dot_ps__pb2.PingRequest.SerializeToString,
                 response_deserializer=wantrain_dot_v1_dot_ps__pb2.PingReply.FromString,
                 _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/wantrain.v1.ParameterServer/Report',
+                request_serializer=wantrain_dot_v1_dot_ps__pb2.ReportRequest.SerializeToString,
+                response_deserializer=wantrain_dot_v1_dot_ps__pb2.ReportReply.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer(object):
@@ -77,6 +82,15 @@ class ParameterServerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Report(self, request, context):
+        """Events of the run that happen outside the PS (the link emulator's samples and
+        events, faults injected on purpose) join its telemetry, so that a watcher
+        anywhere sees one stream. Needs the observer token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -94,6 +108,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=wantrain_dot_v1_dot_ps__pb2.PingRequest.FromString,
                     response_serializer=wantrain_dot_v1_dot_ps__pb2.PingReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=wantrain_dot_v1_dot_ps__pb2.ReportRequest.FromString,
+                    response_serializer=wantrain_dot_v1_dot_ps__pb2.ReportReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +196,33 @@ class ParameterServer(object):
             '/wantrain.v1.ParameterServer/Ping',
             wantrain_dot_v1_dot_ps__pb2.PingRequest.SerializeToString,
             wantrain_dot_v1_dot_ps__pb2.PingReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/wantrain.v1.ParameterServer/Report',
+            wantrain_dot_v1_dot_ps__pb2.ReportRequest.SerializeToString,
+            wantrain_dot_v1_dot_ps__pb2.ReportReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,105 @@
+"""The telemetry schema is docs/protocol.md section 10: every kind documented, every field that is
+written documented, every field a reader reads documented; version 1 logs still read."""
+
+import ast
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
+
+from wantrain.messages import RoundMetrics
+from wantrain.telemetry import EVENT_KINDS, SCHEMA_VERSION, read_events, read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = (ROOT / "docs" / "protocol.md").read_text()
+COMMON = {"v", "seq", "kind", "t", "elapsed_s", "source"}
+
+
+def documented() -> dict[str, set[str]]:
+    section = DOC[DOC.index("## 10."):DOC.index("## 11.")]
+    out = {}
+    for m in re.finditer(r"^\| `(\w+)` \| (.*) \|$", section, re.M):
+        out[m.group(1)] = set(re.findall(r"`(\w+)`", m.group(2)))
+    out["site_round"] |= {f.name for f in fields(RoundMetrics)}          # "every RoundMetrics field"
+    return out
+
+
+def written(path: Path, call: str) -> list[tuple[str, set[str]]]:
+    """(kind, keyword names) of each `call("kind", name=...)` and each `{"kind": "...", ...}` literal."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == call \
+                and node.args and isinstance(node.args[0], ast.Constant):
+            out.append((node.args[0].value, {k.arg for k in node.keywords if k.arg}))
+        if isinstance(node, ast.Dict):
+            keys = [k.value for k in node.keys if isinstance(k, ast.Constant)]
+            if "kind" in keys:
+                kind = node.values[keys.index("kind")]
+                if isinstance(kind, ast.Constant):
+                    out.append((kind.value, set(keys) - {"kind"}))
+    return out
+
+
+def test_every_kind_and_every_written_field_is_documented():
+    doc = documented()
+    assert set(EVENT_KINDS) == set(doc), set(EVENT_KINDS) ^ set(doc)
+    sources = [(p, "emit") for p in (ROOT / "wantrain").rglob("*.py") if "proto" not in p.parts]
+    sources += [(ROOT / "testbed" / "links.py", "write")]
+    seen = set()
+    for path, call in sources:
+        for kind, names in written(path, call):
+            if kind in doc:
+                seen.add(kind)
+                assert names - COMMON <= doc[kind], (path.name, kind, names - COMMON - doc[kind])
+    # round_end's fields come from commit.round_end's dict(...): checked like an emit.
+    tree = ast.parse((ROOT / "wantrain" / "ps" / "commit.py").read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "round_end")
+    ret = next(n for n in ast.walk(fn) if isinstance(n, ast.Return))
+    assert {k.arg for k in ret.value.keywords} <= doc["round_end"]
+    assert {"run_start", "link", "spike", "reset", "fault", "link_rtt"} <= seen      # the checks above ran
+
+
+def test_readers_read_documented_fields_only():
+    doc = documented()
+    known = set().union(*doc.values()) | COMMON
+    readers = ["wantrain/report.py", "wantrain/ui/dashboard.py", "wantrain/cli.py", "wantrain/telemetry.py"]
+    for rel in readers:
+        tree = ast.parse((ROOT / rel).read_text())
+        for node in ast.walk(tree):
+            name = None
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
+                    node.value.id in ("e", "ev", "ln", "event", "m", "u", "c", "f") and \
+                    isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                name = node.slice.value
+            elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get" and \
+                    isinstance(node.func.value, ast.Name) and node.func.value.id in ("e", "ev", "ln", "event") and \
+                    node.args and isinstance(node.args[0], ast.Constant):
+                name = node.args[0].value
+            if name is not None:
+                assert name in known, (rel, node.lineno, name)
+
+
+def test_version_1_logs_still_read(tmp_path):
+    """A run folder of schema 1: link_rtt times in `t`, link events and faults in files of their own."""
+    v1 = [{"v": 1, "seq": 0, "kind": "run_start", "t": 100.0, "elapsed_s": 0.0, "val_loss": 5.0},
+          {"v": 1, "seq": 1, "kind": "link_rtt", "t": [101.0, 102.0], "elapsed_s": 1.0, "site": "a",
+           "rtt_ms": [30.0, 31.0]},
+          {"v": 1, "seq": 2, "kind": "run_end", "t": 110.0, "elapsed_s": 10.0, "rounds": 1, "val_loss": 4.0}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in v1))
+    (tmp_path / "links.jsonl").write_text(json.dumps({"kind": "outage_start", "t": 105.0, "site": "a"}) + "\n")
+    (tmp_path / "faults.jsonl").write_text(json.dumps({"kind": "fault", "t": 103.0, "action": "kill site",
+                                                       "site": "a"}) + "\n")
+    rtt = next(e for e in read_events(tmp_path) if e["kind"] == "link_rtt")
+    assert rtt["times"] == [101.0, 102.0] and rtt["t"] == 102.0
+    assert [e["kind"] for e in read_run(tmp_path)] == ["run_start", "link_rtt", "fault", "outage_start", "run_end"]
+    assert SCHEMA_VERSION == 2
+
+
+def test_reported_events_keep_their_time_and_say_where_they_came_from(tmp_path):
+    from wantrain.telemetry import Recorder
+    rec = Recorder(tmp_path / "events.jsonl", start_time=100.0)
+    rec.emit("join", site="a", site_index=0, device="cpu", resumed=False, data_position=0)
+    assert rec.record_reported({"kind": "outage_start", "t": 150.0, "site": "a", "seq": 99, "v": 7}) == 1
+    rec.close()
+    ev = read_events(tmp_path)[1]
+    assert (ev["seq"], ev["v"], ev["t"], ev["elapsed_s"], ev["source"]) == (1, SCHEMA_VERSION, 150.0, 50.0, "reported")

@@ -1,0 +1,134 @@
+"""A round's commit: which deltas count and how much, the new model, and who hears of it.
+
+`commit_round` runs when the round has closed (rounds.py). `judge` screens the round's deltas
+against each other and recent history (screening.Screen) and says what it rejected or clipped;
+`contributions` weighs what is left (tokens trained, discounted per round of staleness) for the
+pure aggregation in aggregate.py; `round_end` is what the telemetry hears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ..aggregate import Contribution
+from ..codec import EncodeStats
+from ..config import RunConfig
+from ..messages import RoundResult
+from ..screening import Screen, Verdict, clipped
+from ..telemetry import Recorder
+from .rounds import stale_weight
+from .uploads import Upload
+
+if TYPE_CHECKING:
+    from .server import ParameterServer
+
+__all__ = ["commit_round", "judge", "contributions", "round_end"]
+
+log = logging.getLogger("wantrain.ps")
+
+
+def judge(screen: Screen, cfg: RunConfig, round_: int, deltas: dict[str, Upload], recorder: Recorder
+          ) -> dict[str, Verdict]:
+    """A verdict per delta (keys "site" or "site@round" for a late one). Rejecting every delta would
+    stall the run, so then they are clipped instead."""
+    verdicts = screen.judge({k: up.norm for k, up in deltas.items()})
+    if verdicts and all(v.action == "reject" for v in verdicts.values()):
+        verdicts = {k: Verdict("clip", v.norm, v.reference, cfg.robust.norm_factor * v.reference / v.norm)
+                    for k, v in verdicts.items()}
+    for key, v in verdicts.items():
+        if v.action == "accept":
+            continue
+        site, _, late_round = key.partition("@")
+        action = "rejected" if v.action == "reject" else f"clipped to {v.factor:.3g}x"
+        recorder.emit("quarantine", round=round_, site=site, action=v.action, norm=v.norm, reference=v.reference,
+                      factor=v.factor, message=f"{v.reason}: {action}" + (f" (late delta of round {late_round})"
+                                                                          if late_round else ""))
+        log.warning("round %d: the delta of %s %s: %s", round_, key, action, v.reason)
+    return verdicts
+
+
+def contributions(uploads: dict[str, Upload], stale: dict[str, Upload], verdicts: dict[str, Verdict],
+                  round_: int, staleness_discount: float) -> dict[str, Contribution]:
+    """The accepted (or clipped) deltas with their weights: tokens trained, discounted when late."""
+    out = {}
+    for key, up in {**uploads, **stale}.items():
+        assert up.delta is not None and up.metrics is not None      # only complete, checked uploads commit
+        parts = up.delta if verdicts[key].action == "accept" else clipped(up.delta, verdicts[key].factor)
+        weight = float(up.metrics.tokens)
+        if key in stale:
+            weight = stale_weight(up.metrics.tokens, round_ - up.round, staleness_discount)
+        out[key] = Contribution(parts, weight)
+    return out
+
+
+def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: dict[str, Verdict],
+              accepted: dict[str, Upload], missed: list[str], round_s: float, aggregate_s: float) -> dict:
+    """The fields of a `round_end` event: who counted, what the update cost, where the time went."""
+    per_site = {s: {"steps": m.steps, "tokens": m.tokens, "compute_s": m.compute_s,
+                    "idle_s": max(0.0, round_s - m.compute_s)}
+                for s, m in ((s, up.metrics) for s, up in accepted.items()) if m is not None}
+    return dict(round=round_, val_loss=result.val_loss, model_hash=result.model_hash, sites=list(result.sites),
+                late_sites=list(result.late_sites), missed=missed,
+                rejected=sorted(k for k, v in verdicts.items() if v.action == "reject"), per_site=per_site,
+                raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, ratio=stats.ratio,
+                huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
+                aggregate_s=aggregate_s, round_s=round_s)
+
+
+async def commit_round(ps: ParameterServer) -> None:
+    """Screen and aggregate the closed round, apply it, checkpoint, tell every site; start the next."""
+    uploads = {s: ps.uploads[s] for s in sorted(ps.in_round)}
+    stale = ps.rounds.take_stale(ps.round)
+    verdicts = judge(ps.screen, ps.cfg, ps.round, {**uploads, **stale}, ps.recorder)
+    accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
+    accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
+    await ps.downloads.freeze(ps.round)
+    t0 = time.time()
+    result, stats, update_chunks = await asyncio.to_thread(_aggregate, ps, accepted, accepted_stale, verdicts)
+    ps.screen.remember(verdicts)
+    aggregate_s = time.time() - t0
+    r = ps.round
+    ps.round += 1
+    ps.hash = result.model_hash
+    ps.hashes[ps.round] = ps.hash
+    ps.val_loss = result.val_loss
+    every = ps.cfg.train.checkpoint_every
+    if ps.ckpt_path and every and (ps.round % every == 0 or ps.round >= ps.cfg.train.rounds):
+        await asyncio.to_thread(ps.save_checkpoint)   # commit before anyone hears of the round
+    round_s = time.time() - ps.rounds.started_at
+    ps.recorder.emit("round_end", **round_end(r, result, stats, verdicts, accepted, sorted(ps.late),
+                                                round_s, aggregate_s))
+    # Every site that holds the round's starting model applies the update, late ones included.
+    for name, link in ps.links.items():
+        if name in ps.awaiting_model:               # rejoined during aggregation: gets the model
+            continue
+        for c in update_chunks:
+            link.outbox.put_nowait(c)
+        link.outbox.put_nowait(result)
+    if ps.round >= ps.cfg.train.rounds:
+        ps.told_finished.update(ps.links)
+    ps.rounds.finish()
+    ps.last_commit_at = time.time()
+    for name in sorted(ps.awaiting_model):
+        if name in ps.links:
+            ps.send_model(ps.links[name])
+    ps.awaiting_model.clear()
+    if ps.round >= ps.cfg.train.rounds:
+        ps.recorder.emit("run_end", rounds=ps.round, val_loss=ps.val_loss)
+        log.info("run finished: %d rounds, validation loss %.4f", ps.round, ps.val_loss)
+        ps.done.set()
+    else:
+        ps.maybe_start_round()
+
+
+def _aggregate(ps: ParameterServer, uploads: dict[str, Upload], stale: dict[str, Upload],
+           verdicts: dict[str, Verdict]) -> tuple[RoundResult, EncodeStats, list]:
+    """The round's aggregate applied to the global model, in a worker thread."""
+    ps.stalls.sleep("aggregate", ps.round)
+    parts = contributions(uploads, stale, verdicts, ps.round, ps.cfg.train.staleness_discount)
+    msgs, stats, model_hash, val = ps.global_model.apply(ps.round, parts)
+    late_sites = tuple(k.partition("@")[0] for k in stale)
+    return RoundResult(ps.round, model_hash, tuple(uploads), val, late_sites), stats, msgs

@@ -1,0 +1,83 @@
+"""The global model at the parameter server: its parameters, outer optimizer and update codec.
+
+A round's commit changes it in one call, `apply` (in a worker thread): the pure aggregation of
+aggregate.py writes exactly the decoded update into the parameters, then the new hash, norm
+and validation loss are taken.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..aggregate import Contribution, aggregate_round
+from ..codec import Codec, EncodeStats, ErrorFeedback, plan_chunks
+from ..config import RunConfig
+from ..data import eval_batches
+from ..messages import TensorChunk
+from ..models import build_model, count_parameters
+from ..outer import OuterNesterov
+from ..replica import flat_copy, load_flat, named_params, param_hash
+from ..screening import l2_norm
+from .downloads import live_views
+
+__all__ = ["GlobalModel"]
+
+
+class GlobalModel:
+    """The parameters every site starts each round from, and what moves them."""
+
+    def __init__(self, cfg: RunConfig, vocab_size: int, val_tokens) -> None:
+        self.cfg = cfg
+        self.model = build_model(cfg.model.preset, vocab_size, cfg.model.seed)
+        self.val = eval_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size, cfg.train.eval_batches)
+        self.shapes = {k: p.numel() for k, p in named_params(self.model).items()}
+        self.num_params = sum(self.shapes.values())
+        self.plan = plan_chunks(self.shapes, cfg.codec.chunk_elements())   # every delta and update
+        self.codec = Codec(cfg.codec)
+        self.outer = OuterNesterov(cfg.train.outer_lr, cfg.train.outer_momentum)
+        self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
+        self.norm = self.l2_norm()
+
+    def parameters(self) -> int:
+        return count_parameters(self.model)
+
+    def hash(self) -> str:
+        return param_hash(self.model)
+
+    def l2_norm(self) -> float:
+        """L2 norm of the parameters (float64): the scale every delta is bounded against."""
+        return l2_norm(live_views(self.model).values())
+
+    def apply(self, round_: int, contributions: dict[str, Contribution]
+              ) -> tuple[list[TensorChunk], EncodeStats, str, float]:
+        """Aggregate, take the outer step, encode the update and apply exactly what was encoded;
+        returns the update's chunks, its encoding stats, the new hash and validation loss."""
+        robust = self.cfg.robust
+        msgs, stats = aggregate_round(round_, self.plan, self.shapes, live_views(self.model), contributions,
+                                      self.outer, self.feedback, self.codec, robust.aggregate, robust.trim_fraction)
+        self.norm = self.l2_norm()
+        return msgs, stats, self.hash(), self.evaluate()
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        if not self.val:
+            return math.nan
+        self.model.eval()
+        losses = [torch.nn.functional.cross_entropy(self.model(x).flatten(0, 1), y.flatten()).item()
+                  for x, y in self.val]
+        self.model.train()
+        return float(np.mean(losses))
+
+    def state_dict(self) -> dict:
+        return {"params_np": flat_copy(self.model), "outer_np": self.outer.state_dict(),
+                "feedback_np": self.feedback.state_dict() if self.feedback else {}}
+
+    def load_state_dict(self, saved: dict) -> None:
+        load_flat(self.model, saved["params_np"])
+        self.outer.load_state_dict(saved["outer_np"])
+        if self.feedback is not None:
+            self.feedback.load_state_dict(saved["feedback_np"])
+        self.norm = self.l2_norm()

@@ -1,0 +1,335 @@
+"""The parameter server as a domain object: ParameterServer holds the global model and runs the rounds.
+
+It knows nothing of gRPC: each connected site is a `SiteLink` with an outbound queue of domain
+messages, and tests drive it directly; servicer.py turns a site's gRPC stream into calls of
+`handle()` and the site's queue back into wire messages.
+
+A round: when every site is connected and has said it is Ready (its model loaded), the PS
+sends RoundStart; each site answers with its delta chunks and RoundMetrics. When every delta is
+in, or at the round's deadline those that are (rounds.py), the PS screens them (commit.py),
+averages them, takes the outer Nesterov step, encodes the update with its own error feedback,
+applies exactly the decoded update to its replica (aggregate.py), checkpoints, and sends the
+update chunks and a RoundResult (with the new parameter hash) to every site. Late deltas are
+dropped or applied in a later round; a site that (re)joins mid-round trains in it with what is
+left of the budget.
+
+Everything a site sends is checked before it touches any state: the message itself (wire.py),
+its place in the protocol (here and rounds.py), its chunks and its delta (uploads.py), its
+claims (screening.py), and the rate of what it makes the PS do (limits.py). A violation raises
+ProtocolError or RejectedError for that site alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from pathlib import Path
+
+from ..auth import Authenticator
+from ..checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from ..codec import Codec
+from ..config import CodecConfig, RunConfig
+from ..data import load_run_data
+from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError, Reject, RejectedError
+from ..faults import Stalls
+from ..limits import Limits, safe_text
+from ..messages import HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart, TensorChunk, Welcome
+from ..screening import Screen, check_claims
+from ..telemetry import Recorder
+from .commit import commit_round
+from .downloads import Downloads
+from .model import GlobalModel
+from .rounds import MAX_STALENESS, RoundClock, RoundState
+from .sites import SiteLink, check_join
+from .state import restore, snapshot
+from .uploads import Upload, assemble, check_chunk
+
+__all__ = ["ParameterServer", "SiteLink"]
+
+log = logging.getLogger("wantrain.ps")
+
+
+class ParameterServer:
+    """Holds the global model and runs DiLoCo rounds over the connected sites."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, run_id: str | None = None,
+                 exit_when_done: bool = True, resume: bool = True, auth: Authenticator | None = None,
+                 stalls: dict[str, float] | None = None, limits: Limits | None = None) -> None:
+        self.cfg = cfg
+        self.auth = auth or Authenticator()
+        self.limits = limits or Limits()
+        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.recorder = Recorder(self.run_dir / "events.jsonl" if self.run_dir else None)
+        self.stalls = Stalls(stalls, log, on_stall=lambda phase, r, s: self.recorder.emit(
+            "stall", phase=phase, round=r, seconds=s))
+        self.exit_when_done = exit_when_done
+
+        tok, corpus = load_run_data(cfg.data)
+        self.corpus_summary = corpus.summary()
+        self.global_model = g = GlobalModel(cfg, tok.vocab_size, corpus.val)
+        self.model, self.shapes, self.num_params, self.plan = g.model, g.shapes, g.num_params, g.plan
+        model_codec = Codec(CodecConfig(mode="fp32", chunk_bytes=cfg.codec.chunk_bytes,
+                                        quant_block=cfg.codec.quant_block))
+        self.downloads = Downloads(self.model, model_codec, self.limits, self.recorder, self.num_params)
+        self.clock = RoundClock(cfg.train)
+        self.screen = Screen(cfg)
+
+        self.round = 0                        # committed rounds
+        self.hash = g.hash()
+        self.hashes: dict[int, str] = {0: self.hash}
+        self.registry: dict[str, int] = {}    # every site ever seen -> index
+        self.data_positions: dict[str, int] = {}   # batches each site has drawn, as last reported
+        self.links: dict[str, SiteLink] = {}  # connected now
+        self.rounds = RoundState()
+        self.last_commit_at = time.time()
+        self._timers: list[asyncio.TimerHandle] = []
+        self.round_task: asyncio.Task | None = None
+        self.awaiting_model: set[str] = set()
+        self.told_finished: set[str] = set()  # sites that know the run is over
+        self.done = asyncio.Event()
+        self.closing = asyncio.Event()         # the server is about to stop: end Watch streams
+        self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
+        saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
+        if saved is not None:
+            restore(self, saved)
+            self.rounds.last_members = set(self.registry)   # after a restart, give every site time to return
+            self.recorder.emit("restart", round=self.round, run_id=self.run_id)
+            log.info("resumed run %s from its checkpoint at round %d (%s)", self.run_id, self.round, self.hash)
+            if self.round >= cfg.train.rounds:
+                self.done.set()
+        else:
+            self.val_loss = g.evaluate()
+            self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(), num_params=g.parameters(),
+                               val_loss=self.val_loss, corpus=self.corpus_summary)
+        c = self.corpus_summary
+        log.info("corpus %s: %d document(s), %d tokens (%d for training, %d held out)%s", cfg.data.corpus,
+                 c["documents"], c["tokens"], c["train_tokens"], c["val_tokens"],
+                 f"; skipped {c['skipped_files']} file(s) that are not text" if c.get("skipped_files") else "")
+
+    # The round's state, by the names tests and the servicer read.
+    in_round = property(lambda self: self.rounds.members)
+    uploads = property(lambda self: self.rounds.uploads)
+    late = property(lambda self: self.rounds.late)
+    aggregating = property(lambda self: self.rounds.aggregating)
+
+    def save_checkpoint(self) -> None:
+        assert self.ckpt_path is not None
+        t0 = time.time()
+        save_checkpoint(self.ckpt_path, snapshot(self),
+                        before_rename=lambda: self.stalls.sleep("checkpoint", self.round))
+        self.recorder.emit("checkpoint", round=self.round, seconds=time.time() - t0,
+                           bytes=self.ckpt_path.stat().st_size)
+
+    # ------------------------------------------------------------ site lifecycle
+
+    def join(self, msg: Join) -> SiteLink:
+        """Admit a site or raise RejectedError; queues the Welcome and the model download."""
+        try:
+            check_join(msg, self.cfg, self.auth, self.links, self.registry, self.round if self.done.is_set() else None)
+        except RejectedError as e:
+            if e.code == Reject.RUN_FINISHED:
+                self.told_finished.add(msg.site)
+            raise
+        self.downloads.charge(msg.site)
+        resumed = msg.site in self.registry
+        # Named sites keep their place (and data shard) whatever order they join in.
+        index = self.registry.setdefault(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
+                                         else len(self.registry))
+        link = SiteLink(msg.site, index, msg.device, self.limits)
+        self.links[msg.site] = link
+        self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed,
+                           data_position=self.data_positions.get(msg.site, 0))
+        log.info("site %s joined (index %d, %s)%s", msg.site, index, safe_text(msg.device, 64),
+                 " again" if resumed else "")
+        if self.aggregating:       # the model is about to change: send it after the round commits
+            self.awaiting_model.add(link.name)
+        else:
+            self.send_model(link)
+        return link
+
+    async def handle(self, link: SiteLink, msg) -> None:
+        """One message from a joined site, after wire.py has checked its form; raises ProtocolError or
+        RejectedError for this site alone. Each kind is bounded by the protocol (metrics once per
+        upload, Ready once per download, a hash report once per committed round) or by a rate
+        (link probes), so a site can cause only a bounded number of events."""
+        if isinstance(msg, TensorChunk):
+            self.on_chunk(link, msg)
+        elif isinstance(msg, RoundMetrics):
+            await self.on_metrics(link, msg)
+        elif isinstance(msg, HashReport):
+            self.on_hash_report(link, msg)
+        elif isinstance(msg, Ready):
+            self.on_ready(link, msg)
+        elif isinstance(msg, LinkProbe):
+            self.on_link_probe(link, msg)
+        else:
+            raise ProtocolError(f"unexpected {type(msg).__name__} after joining")
+
+    def on_ready(self, link: SiteLink, msg: Ready) -> None:
+        """The site loaded its model: from now on it counts for rounds (and joins a running one)."""
+        link.check_ready(msg, self.hashes)
+        link.ready = True
+        self.recorder.emit("ready", site=link.name, round=msg.round, since_join_s=time.time() - link.joined_at)
+        if msg.round == self.round:      # else an update is on its way to it, then the next RoundStart
+            self._admit_to_round(link)
+        self.maybe_start_round()
+
+    def _admit_to_round(self, link: SiteLink) -> None:
+        """A site that (re)joins while a round runs takes part in it, with what is left of the budget."""
+        train_s = self.rounds.admission(link.name, self.cfg.train.round_budget_s, time.time())
+        if train_s is not None:
+            self.rounds.admit(link.name, self.round, train_s)
+            link.outbox.put_nowait(RoundStart(self.round, self.hash, train_s))
+
+    def leave(self, link: SiteLink, reason: str) -> None:
+        if self.links.get(link.name) is not link:
+            return
+        link.closed = True
+        del self.links[link.name]
+        self.rounds.drop(link.name)
+        self.recorder.emit("leave", site=link.name, reason=reason)
+        log.info("site %s left: %s", link.name, reason)
+        self._maybe_finish_round()        # the others may all be done already
+
+    def send_model(self, link: SiteLink) -> None:
+        link.ready = False
+        link.base_round = self.round
+        welcome = Welcome(self.run_id, link.index, self.cfg, self.round, self.hash, 0,
+                          self.data_positions.get(link.name, 0))
+        link.outbox.put_nowait(self.downloads.start(link.name, welcome))
+
+    # ------------------------------------------------------------ rounds
+
+    def _later(self, delay_s: float, fn, *args) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:        # driven without an event loop (unit tests): no timers
+            return
+        self._timers = [t for t in self._timers if not t.cancelled()]
+        self._timers.append(loop.call_later(delay_s, fn, *args))
+
+    def maybe_start_round(self) -> None:
+        ready = {name for name, link in self.links.items() if link.ready}
+        if self.in_round or self.aggregating or self.done.is_set() or not ready:
+            return
+        wait = self.rounds.quorum_wait(ready, set(self.registry), self.cfg.num_sites, self.round,
+                                       self.cfg.train.quorum_wait_s - (time.time() - self.last_commit_at))
+        if wait is not None:
+            if wait < float("inf"):
+                self._later(wait + 0.01, self.maybe_start_round)
+            return
+        budget = self.cfg.train.round_budget_s
+        self.rounds.start(self.round, ready, budget, time.time())
+        deadline = self.clock.deadline_s()
+        self.recorder.emit("round_start", round=self.round, sites=sorted(ready), deadline_s=deadline, budget_s=budget)
+        for name in sorted(ready):
+            self.links[name].outbox.put_nowait(RoundStart(self.round, self.hash, budget))
+        self._later(deadline, self._on_deadline, self.round)
+
+    def _on_deadline(self, round_: int) -> None:
+        if round_ != self.round or self.aggregating or not self.in_round:
+            return
+        self.rounds.past_deadline = True
+        missing = self.rounds.missing()
+        self.recorder.emit("deadline", round=round_, deadline_s=time.time() - self.rounds.started_at,
+                           missing=missing, policy=self.cfg.train.late_policy)
+        log.warning("round %d: deadline passed, %d site(s) missing: %s", round_, len(missing), ", ".join(missing))
+        self._maybe_finish_round()
+
+    def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
+        """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
+        up = self.rounds.upload_for(link.name, c.round, self.round)
+        check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.mode)
+        up.add(c)
+
+    async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
+        up = self.rounds.upload_for(link.name, m.round, self.round)
+        if up.metrics is not None:
+            raise ProtocolError(f"round {m.round} metrics from {link.name!r} arrived twice")
+        if len(up.chunks) != up.count or m.chunks != up.count:
+            raise ProtocolError(f"metrics after {len(up.chunks)} of {max(up.count, m.chunks)} delta chunks")
+        check_claims(self.cfg, m, up.train_s, self.num_params, up.wire_bytes, self.round)
+        # Decode and check this site's delta now, while others still train: a bad delta is
+        # rejected here, for this site alone, and never reaches the aggregate.
+        try:
+            delta, norm = await asyncio.to_thread(assemble, self.cfg, link.name, up, m.steps, self.global_model.norm,
+                                                  self.num_params)
+        except (NonFiniteDeltaError, DeltaRejectedError) as e:
+            self.recorder.emit("quarantine", round=m.round, site=link.name, message=str(e), action="rejected")
+            raise
+        if self.uploads.get(link.name) is not up and self.late.get(link.name) is not up:
+            return                  # the site left (or its upload was dropped) while its delta was checked
+        self.data_positions[link.name] = max(self.data_positions.get(link.name, 0), m.data_position)
+        up.delta, up.metrics, up.norm = delta, m, norm
+        up.chunks = {}              # the decoded delta is kept, the wire bytes need not be
+        fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
+        late = self.late.get(link.name) is up
+        self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
+                           ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
+                           received_wire_bytes=up.wire_bytes, delta_norm=norm,
+                           delta_to_model=norm / self.global_model.norm if self.global_model.norm else 0.0, **fields)
+        if late:
+            del self.late[link.name]
+            self._on_late_delta(link.name, up)
+            return
+        self.clock.arrived(time.time() - self.rounds.started_at)
+        self._maybe_finish_round()
+
+    def _on_late_delta(self, site: str, up: Upload) -> None:
+        t = self.cfg.train
+        stale_by = self.round - up.round
+        keep = t.late_policy == "stale" and stale_by <= MAX_STALENESS
+        self.recorder.emit("late_delta", round=up.round, site=site, rounds_late=stale_by,
+                           action="deferred" if keep else "dropped", policy=t.late_policy)
+        if keep:
+            self.rounds.stale[site] = up
+
+    def _maybe_finish_round(self) -> None:
+        """Aggregate once every site in the round has sent its delta, or at the deadline those that did.
+
+        The aggregation runs as its own task: it must not belong to the stream of the site whose
+        delta happened to complete the round (if that site's connection drops, its stream's
+        tasks are cancelled, and the round with them)."""
+        if self.rounds.close():
+            self.round_task = asyncio.create_task(self._finish_round())
+
+    def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
+        """RTTs the site measured: the one message the protocol does not bound per round, so rate-limited."""
+        link.check_probe(p)
+        if p.rtt_ms:
+            self.recorder.emit("link_rtt", site=link.name, times=list(p.t), rtt_ms=list(p.rtt_ms))
+
+    def on_hash_report(self, link: SiteLink, h: HashReport) -> None:
+        """A site's hash after applying round h.round's update: each committed round at most once, in order."""
+        if not link.check_hash_report(h, self.round):
+            return
+        expected = self.hashes.get(h.round + 1)
+        ok = expected == h.model_hash
+        self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
+                           ps_hash=expected)
+        if ok and link.ready and h.round + 1 == self.round:
+            self._admit_to_round(link)    # a rejoined site that caught up with the rounds it missed
+        if not ok and link.ready:          # one resync at a time: reports during a download change nothing
+            self.recorder.emit("error", site=link.name, code="replica_mismatch",
+                               message=f"site {link.name} has hash {h.model_hash} after round {h.round}, "
+                                       f"the PS has {expected}; resyncing the site")
+            log.error("replica mismatch at %s after round %d; resyncing", link.name, h.round)
+            self.downloads.charge(link.name)
+            self.send_model(link)
+
+    # ------------------------------------------------------------ commit
+
+    async def _finish_round(self) -> None:
+        try:
+            await commit_round(self)
+        except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
+            log.exception("round %d failed to commit", self.round)
+            self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")
+            self.rounds.finish()
+            self.maybe_start_round()
+
+    def evaluate(self) -> float:
+        return self.global_model.evaluate()

@@ -1,0 +1,97 @@
+"""A site's delta for one round as it arrives, and the checks it passes before it counts.
+
+`check_chunk` runs on every delta chunk (does it belong to this run's chunk plan, is it sized
+like one); `assemble` runs once the site's metrics say the delta is complete (decodable, finite,
+not out of all proportion to the model). Both are pure: they raise ProtocolError or a
+quarantine error for the one site and change nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..codec import ChunkSpec, Codec, Extracted
+from ..config import RunConfig
+from ..errors import CodecError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError
+from ..messages import DELTA, RoundMetrics, TensorChunk
+from ..screening import delta_norm, max_delta_scale
+
+__all__ = ["Upload", "check_chunk", "assemble"]
+
+
+@dataclass
+class Upload:
+    """A site's delta for one round, as it arrives."""
+
+    round: int
+    train_s: float = 0.0           # the compute budget its RoundStart gave (0: fixed inner steps)
+    count: int = -1
+    chunks: dict[int, TensorChunk] = field(default_factory=dict)
+    wire_bytes: int = 0
+    metrics: RoundMetrics | None = None
+    delta: list[Extracted] | None = None   # checked; int8 symbols + scales: a quarter of fp32
+    norm: float = 0.0
+
+    def add(self, c: TensorChunk) -> None:
+        self.count = c.count
+        self.chunks[c.index] = c
+        self.wire_bytes += c.data.wire_bytes
+
+
+def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str) -> None:
+    """Does chunk `c` belong in `up`? Caps it so that one site holds at most one model's worth of
+    delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
+    each index once."""
+    if c.kind != DELTA:
+        raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
+    if up.metrics is not None:
+        raise ProtocolError(f"delta chunk {c.index} of round {c.round} after the round's metrics")
+    if c.count != len(plan):
+        raise ProtocolError(f"a delta comes in {len(plan)} chunks here, this one says {c.count}")
+    numel = shapes.get(c.spec.tensor)
+    if numel is None:
+        raise ProtocolError(f"delta chunk names unknown tensor {c.spec.tensor!r}")
+    if c.spec.offset + c.spec.length > numel:
+        raise ProtocolError(f"delta chunk [{c.spec.offset}, {c.spec.offset + c.spec.length}) is outside "
+                            f"tensor {c.spec.tensor!r} of {numel} elements")
+    spec = plan[c.index]
+    if c.spec != spec:
+        raise ProtocolError(f"delta chunk {c.index} covers {c.spec.tensor!r}[{c.spec.offset}:"
+                            f"{c.spec.offset + c.spec.length}], the plan says "
+                            f"{spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
+    if c.data.encoding != mode:
+        raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas are "
+                            f"{mode} (codec.mode)")
+    if c.index in up.chunks:
+        raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice")
+    if c.data.wire_bytes > 4 * c.spec.length + 65536:
+        raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
+
+
+def assemble(cfg: RunConfig, site: str, up: Upload, steps: int, param_norm: float,
+             num_params: int) -> tuple[list[Extracted], float]:
+    """Check a complete delta: decodable, finite, not out of all proportion. Keeps it as int8."""
+    ordered = [up.chunks[i] for i in range(up.count)]
+    for c in ordered:
+        if c.data.scales and not np.all(np.isfinite(np.frombuffer(c.data.scales, "<f4"))):
+            raise NonFiniteDeltaError(f"delta from {site} has non-finite scales in {c.spec.tensor!r}; "
+                                      f"the site is quarantined for round {up.round}")
+    try:
+        parts = Codec.extract_many([c.data for c in ordered])
+    except CodecError as e:
+        raise ProtocolError(f"delta from {site} cannot be decoded: {e}") from None
+    for c, x in zip(ordered, parts):
+        if not x.finite():
+            raise NonFiniteDeltaError(f"delta from {site} has non-finite values in {c.spec.tensor!r}; "
+                                      f"the site is quarantined for round {up.round}")
+    norm = delta_norm(parts)
+    scale = max_delta_scale(cfg, param_norm, steps, num_params)
+    bound = cfg.robust.max_delta_ratio * scale
+    if bound and not norm <= bound:
+        raise DeltaRejectedError(f"delta from {site} has norm {norm:.4g}, more than robust.max_delta_ratio "
+                                 f"({cfg.robust.max_delta_ratio:g}) x {scale:.4g} (the larger of the global "
+                                 f"model's norm and how far {steps} inner steps can move it); the site is "
+                                 f"quarantined for round {up.round}")
+    return parts, norm
