@@ -24,6 +24,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash tools/install_sysdeps.sh
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q --durations=15
 
 bench: $(STAMP)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save, single_core  # noqa: E402
+from common import save, single_core
 
 single_core()
 

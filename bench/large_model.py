@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save  # noqa: E402
+from common import save
 
 
 def vm(pid: int, key: str) -> float:
@@ -59,14 +59,12 @@ def main() -> None:
     p.add_argument("--push", action="store_true", help="also push one full delta and wait for the round")
     a = p.parse_args()
 
-    import grpc
     import numpy as np
 
-    from wantrain import wire
+    from wantrain import net, wire
     from wantrain.codec import Codec, EncodeStats, plan_chunks
     from wantrain.config import RunConfig
-    from wantrain.messages import (DELTA, MODEL, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
-                                   Welcome)
+    from wantrain.messages import DELTA, MODEL, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome
     from wantrain.models import build_model
     from wantrain.replica import named_params
 
@@ -94,11 +92,11 @@ def main() -> None:
               f"peak so far {out['ps_peak_after_start_gb']:.2f} GB (model fp32 {fp32_gb:.2f} GB)", flush=True)
         address = f"127.0.0.1:{int((tmp / 'port').read_text())}"
         sampler = RssSampler(ps.pid)
-        with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 8 << 20)]) as ch:
+        with net.channel(address) as ch:
             import queue
             q: queue.Queue = queue.Queue()
             q.put(wire.site_message(Join("big")))
-            stream = wire.pb_grpc.ParameterServerStub(ch).Session(iter(q.get, None))
+            stream = net.stub(ch).Session(iter(q.get, None))
             t0 = time.time()
             w = wire.server_message_from_proto(next(stream))
             assert isinstance(w, Welcome), w

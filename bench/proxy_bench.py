@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save  # noqa: E402
+from common import save
 
-from testbed import LinkProxy, Trace  # noqa: E402
+from testbed import LinkProxy, Trace
 
 
 def cpu_s() -> float:

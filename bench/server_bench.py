@@ -23,16 +23,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save  # noqa: E402
+from common import save
 
 SITES = ("us-east", "eu-west", "ap-southeast")
 
 
-def client(address: str, name: str, rounds: int, results: "mp.Queue") -> None:
-    import grpc
+def client(address: str, name: str, rounds: int, results: mp.Queue) -> None:
     import numpy as np
 
-    from wantrain import wire
+    from wantrain import net, wire
     from wantrain.codec import Codec, encode_arrays
     from wantrain.messages import (DELTA, MODEL, HashReport, Join, Ready, RoundMetrics, RoundResult, RoundStart,
                                    TensorChunk, Welcome)
@@ -40,18 +39,17 @@ def client(address: str, name: str, rounds: int, results: "mp.Queue") -> None:
     from wantrain.replica import named_params
 
     async def run() -> None:
-        async with grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 8 << 20),
-                                                               ("grpc.use_local_subchannel_pool", 1)]) as ch:
-            call = wire.pb_grpc.ParameterServerStub(ch).Session()
+        async with net.channel(address, aio=True) as ch:
+            call = net.stub(ch).Session()
             await call.write(wire.site_message(Join(name)))
             chunks = None
             stats = []
-            model_left = 0
+            model_left, welcome = 0, None
             while True:
                 msg = wire.server_message_from_proto(await call.read())
                 if isinstance(msg, TensorChunk) and msg.kind == MODEL:
                     model_left -= 1
-                    if model_left == 0:          # the model is "loaded": count this site for rounds
+                    if model_left == 0 and welcome is not None:   # the model is "loaded": count this site
                         await call.write(wire.site_message(Ready(welcome.round, welcome.model_hash)))
                 if isinstance(msg, Welcome):
                     welcome, model_left = msg, msg.model_chunks

@@ -14,3 +14,23 @@ def _seed():
     np.random.seed(0)
     torch.manual_seed(0)
     yield
+
+
+_LEAKED: list[str] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reap_leftover_processes():
+    """After each module: kill whatever processes its tests left running (see tests/reaper.py)."""
+    yield
+    from .reaper import reap
+    _LEAKED.extend(reap())
+
+
+def pytest_terminal_summary(terminalreporter):
+    from .reaper import reap
+    _LEAKED.extend(reap(grace_s=1.0))
+    if _LEAKED:
+        terminalreporter.section("processes left running by tests (killed)")
+        for line in _LEAKED:
+            terminalreporter.write_line(line)

@@ -16,7 +16,7 @@ from wantrain.config import RunConfig
 
 def drain(link) -> list:
     """What a ParameterServer queued for a site, model downloads expanded into their messages."""
-    from wantrain.download import ModelDownload
+    from wantrain.ps.downloads import ModelDownload
     out = []
     while not link.outbox.empty():
         m = link.outbox.get_nowait()

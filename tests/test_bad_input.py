@@ -6,8 +6,9 @@ import time
 import grpc
 import pytest
 
-from wantrain import wire
+from wantrain import net, wire
 from wantrain.messages import PROTOCOL_VERSION
+from wantrain.proto.v1 import ps_pb2 as pb
 
 from .helpers import Proc, free_port, pid_alive, small_config, wantrain
 
@@ -55,11 +56,11 @@ def ps(tmp_path):
 
 def raw_join(address: str, **join) -> tuple[list, grpc.RpcError | None]:
     """Open a Session by hand and send one Join; returns what came back and the final status."""
-    with grpc.insecure_channel(address) as ch:
-        stub = wire.pb_grpc.ParameterServerStub(ch)
+    with net.channel(address) as ch:
+        stub = net.stub(ch)
         got = []
         try:
-            for m in stub.Session(iter([wire.pb.SiteMessage(join=wire.pb.Join(**join))]), timeout=20):
+            for m in stub.Session(iter([pb.SiteMessage(join=pb.Join(**join))]), timeout=20):
                 got.append(wire.server_message_from_proto(m))
                 if len(got) > 1:
                     break
@@ -113,12 +114,12 @@ def test_garbage_on_the_port_does_not_kill_the_ps(ps):
 @pytest.mark.timeout(60)
 def test_corrupt_chunk_after_join_gets_invalid_argument(ps):
     address, proc = ps
-    chunk = wire.pb.Chunk(kind=wire.pb.CHUNK_KIND_DELTA, round=0, index=0, count=1, tensor="wte.weight", offset=0,
-                          length=4, encoding=wire.pb.ENCODING_FP32, payload=b"\x00" * 16, crc32=12345)
-    msgs = [wire.pb.SiteMessage(join=wire.pb.Join(site="mallory", protocol_version=PROTOCOL_VERSION)),
-            wire.pb.SiteMessage(chunk=chunk)]
-    with grpc.insecure_channel(address) as ch:
-        stub = wire.pb_grpc.ParameterServerStub(ch)
+    chunk = pb.Chunk(kind=pb.CHUNK_KIND_DELTA, round=0, index=0, count=1, tensor="wte.weight", offset=0,
+                          length=4, encoding=pb.ENCODING_FP32, payload=b"\x00" * 16, crc32=12345)
+    msgs = [pb.SiteMessage(join=pb.Join(site="mallory", protocol_version=PROTOCOL_VERSION)),
+            pb.SiteMessage(chunk=chunk)]
+    with net.channel(address) as ch:
+        stub = net.stub(ch)
         with pytest.raises(grpc.RpcError) as info:
             for _ in stub.Session(iter(msgs), timeout=20):
                 pass

@@ -23,3 +23,19 @@ def test_foreign_file_is_refused(tmp_path):
     torch.save({"version": 99}, p)
     with pytest.raises(ValueError, match="checkpoint version 99"):
         load_checkpoint(p)
+
+
+def test_the_ps_says_in_one_line_that_it_cannot_use_a_checkpoint(tmp_path):
+    """A checkpoint of another version used to end `wantrain ps` with a traceback."""
+    import torch
+
+    from .helpers import free_port, small_config, wantrain
+
+    (tmp_path / "run").mkdir()
+    torch.save({"version": 99}, tmp_path / "run" / "checkpoint.pt")
+    (tmp_path / "c.json").write_text(small_config().to_json())
+    r = wantrain("ps", "--config", str(tmp_path / "c.json"), "--port", str(free_port()), "--run-dir",
+                 str(tmp_path / "run"), timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("wantrain ps:") and "checkpoint version 99" in last, r.stderr

@@ -70,8 +70,8 @@ def test_batch_sampler_resumes_exactly():
 
 def test_a_folder_of_code_is_a_corpus_and_the_run_says_what_it_read(tmp_path):
     """Finding 10: --corpus on a folder of .py files trained on 3 stray .txt files and said nothing."""
-    from wantrain.data import load_run_data
     from wantrain.config import DataConfig
+    from wantrain.data import load_run_data
 
     for i in range(5):
         (tmp_path / f"mod{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 40)

@@ -19,9 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wantrain import wire
+from wantrain import net
 from wantrain.errors import Reject
-from wantrain.servicer import STATUS
+from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.ps import STATUS
 from wantrain.telemetry import read_events, rows
 
 from .helpers import Proc, free_port, small_config
@@ -42,7 +43,7 @@ hashes = st.one_of(st.just("0" * 16), st.text(alphabet="0123456789abcdef", min_s
 
 
 def join(site, token, version, device, resume_round, resume_hash) -> bytes:
-    return wire.pb.SiteMessage(join=wire.pb.Join(site=site, token=token, protocol_version=version, device=device,
+    return pb.SiteMessage(join=pb.Join(site=site, token=token, protocol_version=version, device=device,
                                                  resume_round=resume_round, resume_hash=resume_hash)).SerializeToString()
 
 
@@ -56,7 +57,7 @@ joins = st.one_of(                    # half of them valid, so that sequences ge
 def chunk(kind, round_, index, count, tensor, offset, length, encoding, block, scales, payload, good_crc) -> bytes:
     import zlib
     crc = zlib.crc32(payload, zlib.crc32(scales)) if good_crc else 12345
-    return wire.pb.SiteMessage(chunk=wire.pb.Chunk(
+    return pb.SiteMessage(chunk=pb.Chunk(
         kind=kind, round=round_, index=index, count=count, tensor=tensor, offset=offset, length=length,
         encoding=encoding, quant_block=block, scales=scales, payload=payload, crc32=crc)).SerializeToString()
 
@@ -68,18 +69,18 @@ chunks = st.builds(chunk, st.integers(0, 4), small | u64, small | u32, small | u
 
 
 def metrics(round_, tokens, steps, raw, wire_bytes, loss, seconds, n, position) -> bytes:
-    return wire.pb.SiteMessage(metrics=wire.pb.RoundMetrics(
+    return pb.SiteMessage(metrics=pb.RoundMetrics(
         round=round_, tokens=tokens, steps=steps, raw_bytes=raw, wire_bytes=wire_bytes, train_loss=loss,
         last_train_loss=loss, compute_s=seconds, encode_s=seconds, chunks=n, data_position=position)).SerializeToString()
 
 
 metric_msgs = st.builds(metrics, small | u64, st.integers(0, 512) | u64, small | u32, u64, u64, floats, floats,
                         small | u32, small | u64)
-reports = st.builds(lambda r, h: wire.pb.SiteMessage(hash_report=wire.pb.HashReport(round=r, model_hash=h))
+reports = st.builds(lambda r, h: pb.SiteMessage(hash_report=pb.HashReport(round=r, model_hash=h))
                     .SerializeToString(), small | u64, hashes)
-readies = st.builds(lambda r, h: wire.pb.SiteMessage(ready=wire.pb.Ready(round=r, model_hash=h))
+readies = st.builds(lambda r, h: pb.SiteMessage(ready=pb.Ready(round=r, model_hash=h))
                     .SerializeToString(), small | u64, hashes)
-probes = st.builds(lambda t, r: wire.pb.SiteMessage(link_probe=wire.pb.LinkProbe(t=t[:len(r)], rtt_ms=r[:len(t)]))
+probes = st.builds(lambda t, r: pb.SiteMessage(link_probe=pb.LinkProbe(t=t[:len(r)], rtt_ms=r[:len(t)]))
                    .SerializeToString(), st.lists(floats, max_size=5), st.lists(floats, max_size=5))
 garbage = st.binary(min_size=1, max_size=200)
 after_join = st.one_of(chunks, metric_msgs, reports, readies, probes, garbage, st.just(READY))
@@ -104,7 +105,7 @@ def run(tmp_path_factory):
         ps.wait_for("listening on")
         site = Proc("worker", "--ps", f"127.0.0.1:{port}", "--site", "real", "--threads", "1", "--token-file",
                     str(tmp / "secret"), "--probe-interval", "0.5", log=tmp / "site.log")
-        from .test_hostile import HandSite          # round 0 waits for every site: fuzz takes part once
+        from .test_hostile import HandSite  # round 0 waits for every site: fuzz takes part once
         hand = HandSite(f"127.0.0.1:{port}", None, "fuzz", SECRET)
         hand.enter()
         start = hand.wait_round()
@@ -128,9 +129,9 @@ def play(address: str, messages: list[bytes]) -> tuple[grpc.StatusCode | None, l
     """Send one sequence on its own stream; the final status and what the PS answered."""
     out: queue.Queue = queue.Queue()
     got: list = []
-    with grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 8 << 20)]) as ch:
+    with net.channel(address) as ch:
         session = ch.stream_stream("/wantrain.v1.ParameterServer/Session", request_serializer=lambda b: b,
-                                   response_deserializer=wire.pb.ServerMessage.FromString)
+                                   response_deserializer=pb.ServerMessage.FromString)
         for m in messages:
             if m != READY:
                 out.put(m)
@@ -143,10 +144,10 @@ def play(address: str, messages: list[bytes]) -> tuple[grpc.StatusCode | None, l
                 if body == "welcome" and not ready_sent:
                     welcome = reply.welcome
                     want = welcome.model_chunks
-                elif body == "chunk" and not ready_sent and reply.chunk.kind == wire.pb.CHUNK_KIND_MODEL:
+                elif body == "chunk" and not ready_sent and reply.chunk.kind == pb.CHUNK_KIND_MODEL:
                     want -= 1
                     if want == 0:
-                        out.put(wire.pb.SiteMessage(ready=wire.pb.Ready(
+                        out.put(pb.SiteMessage(ready=pb.Ready(
                             round=welcome.round, model_hash=welcome.model_hash)).SerializeToString())
                         ready_sent = True
                 if ready_sent and body != "chunk":

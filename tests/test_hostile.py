@@ -21,6 +21,7 @@ from wantrain import wire
 from wantrain.codec import Codec, EncodeStats, encode_arrays
 from wantrain.messages import (DELTA, PROTOCOL_VERSION, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart,
                                TensorChunk, Welcome)
+from wantrain.proto.v1 import ps_pb2 as pb
 from wantrain.telemetry import read_events, rows
 from wantrain.tls import make_dev_certs
 
@@ -50,13 +51,13 @@ class HandSite:
         else:
             self.out.put(wire.site_message(Join(name, protocol_version=version, token=token, **join)))
         session = self.ch.stream_stream("/wantrain.v1.ParameterServer/Session", request_serializer=_serialize,
-                                        response_deserializer=wire.pb.ServerMessage.FromString)
+                                        response_deserializer=pb.ServerMessage.FromString)
         self.stream = session(iter(self.out.get, None), timeout=60)
         self.sizes: dict[str, int] = {}
         self.welcome: Welcome | None = None
 
     def send(self, msg) -> None:
-        self.out.put(msg if isinstance(msg, wire.pb.SiteMessage) else wire.site_message(msg))
+        self.out.put(msg if isinstance(msg, pb.SiteMessage) else wire.site_message(msg))
 
     def send_raw(self, raw: bytes) -> None:
         """Bytes as they are, whatever protobuf makes of them."""
@@ -155,7 +156,7 @@ def assert_unharmed(server) -> None:
     time.sleep(0.3)        # the PS notices the probe has gone before the next attack joins as a
 
 
-def chunk_proto(c: TensorChunk, **override) -> wire.pb.SiteMessage:
+def chunk_proto(c: TensorChunk, **override) -> pb.SiteMessage:
     m = wire.site_message(c)
     for k, v in override.items():
         setattr(m.chunk, k, v)
@@ -197,7 +198,7 @@ def test_bad_messages_from_a_joined_site(server, attack, code, needle):
         elif attack == "out_of_range_offset":
             a.send(chunk_proto(c0, offset=10**9))
         elif attack == "wrong_shape":
-            a.send(chunk_proto(c0, encoding=wire.pb.ENCODING_INT8, length=c0.spec.length + 5))
+            a.send(chunk_proto(c0, encoding=pb.ENCODING_INT8, length=c0.spec.length + 5))
         elif attack == "bad_crc":
             a.send(chunk_proto(c0, crc32=c0.data.payload.__len__()))
         elif attack in ("nan_scales", "inf_scales", "wrong_encoding", "huge_delta"):
@@ -233,7 +234,7 @@ def test_bad_messages_from_a_joined_site(server, attack, code, needle):
             for _ in range(200):
                 a.send(HashReport(0, "0" * 16))
         elif attack == "probe_flood":
-            for i in range(2100):                                 # 2.1 million samples, 1000 a message
+            for _ in range(2100):                                 # 2.1 million samples, 1000 a message
                 a.send(LinkProbe(tuple(1.7e9 + k for k in range(1000)), (10.0,) * 1000))
         elif attack == "oversized_message":
             a.send(chunk_proto(c0, payload=b"\0" * (8 << 20)))

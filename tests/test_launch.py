@@ -30,8 +30,9 @@ def test_start_poll_log_and_exit_code(launcher_cls, tmp_path):
 @pytest.mark.parametrize("launcher_cls", LAUNCHERS)
 def test_stop_takes_the_whole_process_group(launcher_cls, tmp_path):
     # The process starts a grandchild that ignores SIGTERM; stopping must still end both.
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
     code = ("import subprocess, sys, time;"
-            "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)']);"
+            f"c = subprocess.Popen([sys.executable, '-c', {stubborn!r}]);"
             "print(c.pid, flush=True); time.sleep(600)")
     h = launcher_cls().start(ProcessSpec("parent", (sys.executable, "-c", code), log_path=tmp_path / "p.log"))
     deadline = time.time() + 20

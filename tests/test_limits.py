@@ -13,11 +13,11 @@ import time
 import grpc
 import pytest
 
-from wantrain import wire
+from wantrain import net, wire
 from wantrain.errors import ProtocolError, RejectedError
-from wantrain.limits import Limits, TokenBucket, Throttle, safe_text
+from wantrain.limits import Limits, Throttle, TokenBucket, safe_text
 from wantrain.messages import HashReport, Join
-from wantrain.server import ParameterServer
+from wantrain.ps import ParameterServer
 from wantrain.telemetry import read_events, rows
 
 from .helpers import Proc, free_port, small_config, wantrain
@@ -65,7 +65,7 @@ def test_a_port_held_by_another_program_is_one_clear_line(tmp_path):
 
 def raw_session(port: int, messages: list[bytes], timeout: float = 30) -> grpc.RpcError | None:
     """A Session carrying the given bytes; its final status (None if it ended OK)."""
-    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+    with net.channel(f"127.0.0.1:{port}") as ch:
         call = ch.stream_stream("/wantrain.v1.ParameterServer/Session", request_serializer=lambda b: b,
                                 response_deserializer=lambda b: b)
         try:
@@ -97,7 +97,7 @@ def test_a_session_that_never_joins_is_timed_out(ps):
 def test_streams_per_peer_address_are_capped(ps):
     port, proc, _ = ps
     results: list = [None] * 12
-    chans = [grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+    chans = [net.channel(f"127.0.0.1:{port}")
              for _ in range(3)]
     try:
         calls = []

@@ -14,12 +14,12 @@ import math
 import numpy as np
 import pytest
 
-from wantrain.codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays
+from wantrain.codec import Codec, Encoded, EncodeStats, ErrorFeedback, encode_arrays
 from wantrain.errors import ProtocolError
 from wantrain.messages import DELTA, Join, TensorChunk
 from wantrain.outer import OuterNesterov
+from wantrain.ps import ParameterServer
 from wantrain.replica import apply_update, flat_copy, load_flat, param_hash
-from wantrain.server import ParameterServer
 from wantrain.telemetry import rows
 
 from .cluster import Cluster, check_run
@@ -226,7 +226,7 @@ def test_a_site_given_a_broken_model_says_so(tmp_path):
     is named for what it is."""
     from wantrain.errors import CorruptModelError, DivergedError
     from wantrain.messages import MODEL, UPDATE, RoundResult, Welcome
-    from wantrain.worker import Site, SiteOptions
+    from wantrain.site import Site, SiteOptions
 
     cfg = small_config(num_sites=1)
     site = Site(SiteOptions(ps="127.0.0.1:1", name="a", device="cpu", threads=1))
@@ -246,7 +246,7 @@ def test_a_site_given_a_broken_model_says_so(tmp_path):
     with torch_no_grad():
         site.params[first].view(-1)[0] = float("nan")                 # a replica that is already broken
     with pytest.raises(DivergedError, match="training loss became nan at inner step 0 of round 0"):
-        site._train(0, 0.0)
+        site.inner.run(0, 0.0)
 
 
 def torch_no_grad():

@@ -5,9 +5,9 @@ import json
 import logging
 
 from wantrain.messages import Join
-from wantrain.server import ParameterServer
+from wantrain.ps import ParameterServer
+from wantrain.site.progress import DownloadProgress
 from wantrain.ui import site_states
-from wantrain.worker import DownloadProgress
 
 from .helpers import drain, small_config
 

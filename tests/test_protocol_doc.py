@@ -16,8 +16,8 @@ from wantrain.config import RunConfig
 from wantrain.errors import Reject
 from wantrain.limits import Limits
 from wantrain.messages import DELTA, PROTOCOL_VERSION, Join, TensorChunk
+from wantrain.ps import STATUS
 from wantrain.replica import param_hash
-from wantrain.servicer import STATUS
 from wantrain.telemetry import EVENT_KINDS
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
@@ -63,7 +63,8 @@ def test_version_limits_and_status_codes_are_as_documented():
     assert f"{limits.probe_messages_burst} at once, then {limits.probe_messages_per_s:g} per second" in DOC
     assert f"{limits.probe_samples_burst} at once, then {limits.probe_samples_per_s:g} per second" in DOC
     assert f"{limits.downloads_per_site} per {limits.download_window_s:g} s" in DOC
-    for code in Reject:
+    assert set(STATUS) == set(Reject) - {Reject.UNKNOWN}     # UNKNOWN: what a site calls a code it does not know
+    for code in STATUS:
         row = re.search(rf"^\| `{code.value}` \| (\w+) \|", DOC, re.M)
         assert row and row.group(1) == STATUS[code].name, code
 

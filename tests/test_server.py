@@ -9,9 +9,8 @@ from wantrain.codec import Codec, EncodeStats, encode_arrays
 from wantrain.errors import ProtocolError, RejectedError
 from wantrain.messages import (DELTA, MODEL, UPDATE, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
                                Welcome)
+from wantrain.ps import ParameterServer
 from wantrain.replica import param_hash
-from wantrain.server import ParameterServer
-
 
 from .helpers import drain, small_config
 

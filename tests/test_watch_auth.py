@@ -10,8 +10,9 @@ import json
 import grpc
 import pytest
 
-from wantrain import wire
+from wantrain import net
 from wantrain.auth import bearer
+from wantrain.proto.v1 import ps_pb2 as pb
 
 from .helpers import Proc, free_port, small_config, wantrain
 
@@ -32,13 +33,13 @@ def ps(tmp_path_factory):
 
 
 def first_event(address: str, metadata=(), raw: bytes | None = None):
-    with grpc.insecure_channel(address) as ch:
+    with net.channel(address) as ch:
         if raw is not None:
             watch = ch.unary_stream("/wantrain.v1.ParameterServer/Watch", request_serializer=lambda b: b,
-                                    response_deserializer=wire.pb.TelemetryEvent.FromString)
+                                    response_deserializer=pb.TelemetryEvent.FromString)
             stream = watch(raw, metadata=metadata, timeout=20)
         else:
-            stream = wire.pb_grpc.ParameterServerStub(ch).Watch(wire.pb.WatchRequest(), metadata=metadata, timeout=20)
+            stream = net.stub(ch).Watch(pb.WatchRequest(), metadata=metadata, timeout=20)
         try:
             return json.loads(next(stream).json)
         finally:
@@ -46,8 +47,8 @@ def first_event(address: str, metadata=(), raw: bytes | None = None):
 
 
 def ping(address: str, site: str, metadata=()):
-    with grpc.insecure_channel(address) as ch:
-        return wire.pb_grpc.ParameterServerStub(ch).Ping(wire.pb.PingRequest(site=site), metadata=metadata, timeout=20)
+    with net.channel(address) as ch:
+        return net.stub(ch).Ping(pb.PingRequest(site=site), metadata=metadata, timeout=20)
 
 
 @pytest.mark.timeout(60)

@@ -7,7 +7,7 @@ from wantrain.config import CodecConfig, RunConfig
 from wantrain.errors import ProtocolError
 from wantrain.messages import (DELTA, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult, RoundStart,
                                TensorChunk, Welcome)
-
+from wantrain.proto.v1 import ps_pb2 as pb
 
 H = "0123456789abcdef"      # a parameter hash: 16 lowercase hex digits
 
@@ -29,7 +29,7 @@ def metrics():
 def test_site_messages_round_trip(make):
     msg = make()
     raw = wire.site_message(msg).SerializeToString()
-    back = wire.site_message_from_proto(wire.pb.SiteMessage.FromString(raw))
+    back = wire.site_message_from_proto(pb.SiteMessage.FromString(raw))
     assert back == msg
 
 
@@ -39,7 +39,7 @@ def test_site_messages_round_trip(make):
 def test_server_messages_round_trip(make):
     msg = make()
     raw = wire.server_message(msg).SerializeToString()
-    assert wire.server_message_from_proto(wire.pb.ServerMessage.FromString(raw)) == msg
+    assert wire.server_message_from_proto(pb.ServerMessage.FromString(raw)) == msg
 
 
 def test_payload_fits_one_mib():
@@ -70,24 +70,24 @@ def test_malformed_chunks_are_rejected(edit, match):
 
 def test_empty_and_bad_messages():
     with pytest.raises(ProtocolError):
-        wire.site_message_from_proto(wire.pb.SiteMessage())
+        wire.site_message_from_proto(pb.SiteMessage())
     with pytest.raises(ProtocolError, match="site"):
-        wire.site_message_from_proto(wire.pb.SiteMessage(join=wire.pb.Join(site="")))
-    bad = wire.pb.ServerMessage(welcome=wire.pb.Welcome(config_json='{"num_sites": -1}'))
+        wire.site_message_from_proto(pb.SiteMessage(join=pb.Join(site="")))
+    bad = pb.ServerMessage(welcome=pb.Welcome(config_json='{"num_sites": -1}'))
     with pytest.raises(ProtocolError, match="num_sites"):
         wire.server_message_from_proto(bad)
 
 
 @pytest.mark.parametrize("msg, match", [
-    (wire.pb.SiteMessage(join=wire.pb.Join(site="a\nb")), "valid site"),
-    (wire.pb.SiteMessage(join=wire.pb.Join(site="a", device="x" * 3_000_000)), "device"),
-    (wire.pb.SiteMessage(join=wire.pb.Join(site="a", device="cpu\n2026 INFO forged")), "device"),
-    (wire.pb.SiteMessage(join=wire.pb.Join(site="a", resume_hash="\x1b[31m")), "resume_hash"),
-    (wire.pb.SiteMessage(hash_report=wire.pb.HashReport(round=1, model_hash="ABCDEF0123456789")), "hex"),
-    (wire.pb.SiteMessage(ready=wire.pb.Ready(round=0, model_hash="")), "hex"),
-    (wire.pb.SiteMessage(link_probe=wire.pb.LinkProbe(t=[float("nan")], rtt_ms=[1.0])), "Unix times"),
-    (wire.pb.SiteMessage(link_probe=wire.pb.LinkProbe(t=[1e9] * 1001, rtt_ms=[1.0] * 1001)), "at most 1000"),
-    (wire.pb.SiteMessage(metrics=wire.pb.RoundMetrics(round=0, compute_s=1e300)), "compute_s"),
+    (pb.SiteMessage(join=pb.Join(site="a\nb")), "valid site"),
+    (pb.SiteMessage(join=pb.Join(site="a", device="x" * 3_000_000)), "device"),
+    (pb.SiteMessage(join=pb.Join(site="a", device="cpu\n2026 INFO forged")), "device"),
+    (pb.SiteMessage(join=pb.Join(site="a", resume_hash="\x1b[31m")), "resume_hash"),
+    (pb.SiteMessage(hash_report=pb.HashReport(round=1, model_hash="ABCDEF0123456789")), "hex"),
+    (pb.SiteMessage(ready=pb.Ready(round=0, model_hash="")), "hex"),
+    (pb.SiteMessage(link_probe=pb.LinkProbe(t=[float("nan")], rtt_ms=[1.0])), "Unix times"),
+    (pb.SiteMessage(link_probe=pb.LinkProbe(t=[1e9] * 1001, rtt_ms=[1.0] * 1001)), "at most 1000"),
+    (pb.SiteMessage(metrics=pb.RoundMetrics(round=0, compute_s=1e300)), "compute_s"),
 ])
 def test_strings_and_numbers_from_the_wire_are_bounded(msg, match):
     """Finding 5: what a peer names or claims is checked before it reaches a log line or an event."""

@@ -18,10 +18,11 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Run": "wantrain.run",
-    "ParameterServer": "wantrain.server",
-    "serve": "wantrain.servicer",
-    "Site": "wantrain.worker",
-    "SiteOptions": "wantrain.worker",
+    "RunPlan": "wantrain.plan",
+    "ParameterServer": "wantrain.ps",
+    "serve": "wantrain.ps",
+    "Site": "wantrain.site",
+    "SiteOptions": "wantrain.site",
     "Codec": "wantrain.codec",
     "ErrorFeedback": "wantrain.codec",
     "read_events": "wantrain.telemetry",

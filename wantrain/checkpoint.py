@@ -11,11 +11,14 @@ so a round is committed exactly when its checkpoint exists.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
+
+from .errors import CheckpointError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "CHECKPOINT_NAME", "CHECKPOINT_VERSION"]
 
@@ -33,7 +36,7 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], before_rename: Call
     `before_rename` runs once the temporary file is on disk (fault-injection tests kill the
     process there)."""
     path = Path(path)
-    payload = {"version": CHECKPOINT_VERSION}
+    payload: dict = {"version": CHECKPOINT_VERSION}
     for k, v in state.items():
         payload[k] = _tensors(v) if k.endswith("_np") else v
     tmp = path.with_name(path.name + ".tmp")
@@ -58,6 +61,6 @@ def load_checkpoint(path: str | Path) -> dict[str, Any] | None:
         return None
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if payload.get("version") != CHECKPOINT_VERSION:
-        raise ValueError(f"{path}: checkpoint version {payload.get('version')}, this wantrain reads "
+        raise CheckpointError(f"{path}: checkpoint version {payload.get('version')}, this wantrain reads "
                          f"{CHECKPOINT_VERSION}")
     return {k: ({n: t.numpy() for n, t in v.items()} if k.endswith("_np") else v) for k, v in payload.items()}

@@ -13,7 +13,9 @@ import signal
 import sys
 from pathlib import Path
 
+from .config import CODEC_MODES
 from .errors import ConfigError, DataError, WantrainError
+from .faults import parse_stalls
 
 __all__ = ["main"]
 
@@ -26,9 +28,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from .auth import Authenticator, new_secret_file
     from .config import RunConfig
     from .limits import Limits
+    from .ps import ParameterServer, serve
     from .run import new_run_dir
-    from .server import ParameterServer
-    from .servicer import serve
     from .tls import TLSServer
 
     _setup_logging()
@@ -59,14 +60,14 @@ def cmd_ps(args: argparse.Namespace) -> int:
             "serving plaintext on %s: sites' tokens and deltas cross the network unencrypted; "
             "use --tls-cert/--tls-key (wantrain tls-dev makes a development CA)", args.host)
     ps = ParameterServer(cfg, run_dir=run_dir, exit_when_done=not args.keep_running, auth=auth,
-                         stalls=_stalls(args.stall), limits=limits)
+                         stalls=parse_stalls(args.stall), limits=limits)
     asyncio.run(serve(ps, args.host, args.port, args.port_file, tls=tls))
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from .auth import read_secret
-    from .worker import Site, SiteOptions
+    from .site import Site, SiteOptions
 
     _setup_logging()
     from .tls import TLSClient
@@ -76,7 +77,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     tls = TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None
     if tls is not None:
         tls.credentials()
-    site = Site(SiteOptions(token=token, tls=tls, tls_server_name=args.tls_server_name, stalls=tuple(_stalls(args.stall).items()),
+    site = Site(SiteOptions(token=token, tls=tls, tls_server_name=args.tls_server_name, stalls=tuple(parse_stalls(args.stall).items()),
                             ps=args.ps, name=args.site, device=args.device, threads=args.threads,
                             connect_timeout_s=args.connect_timeout, speed_factor=args.speed_factor,
                             probe_interval_s=args.probe_interval, link_rtt_ms=args.link_rtt_ms,
@@ -95,17 +96,6 @@ def cmd_watch(args: argparse.Namespace) -> int:
                  TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None, args.tls_server_name,
                  args.from_seq, args.follow, args.timeout)
     return 0
-
-
-def _stalls(specs: list[str] | None) -> dict[str, float]:
-    out = {}
-    for spec in specs or []:
-        phase, _, seconds = spec.partition("=")
-        try:
-            out[phase] = float(seconds)
-        except ValueError:
-            raise ConfigError(f"--stall takes PHASE=SECONDS, got {spec!r}") from None
-    return out
 
 
 def cmd_tls_dev(args: argparse.Namespace) -> int:
@@ -149,7 +139,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sites = None
     if scenario is not None:
         from .run import describe_scenario
-        sites = [s["name"] for s in describe_scenario(scenario)["sites"]]
+        sites = describe_scenario(scenario).names
         cfg = cfg.replace(num_sites=len(sites))
     # Fail fast, in this process, on a missing corpus or tokenizer.
     from .data import get_tokenizer, load_documents
@@ -173,8 +163,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                               f"({c['train_tokens']} for training)"
                               + (f"; {c['skipped_files']} file(s) skipped: not text" if c["skipped_files"] else ""))
             elif ev["kind"] == "join":
-                link = next((s for s in (run.plan or {}).get("sites", []) if s["name"] == ev["site"]), None)
-                where = (f" from {link['region']} (published RTT {link['rtt_ms']:.0f} ms, speed x{link['speed_factor']:g})"
+                link = run.plan.site(ev["site"]) if run.plan is not None and ev["site"] in run.plan.names else None
+                where = (f" from {link.region} (published RTT {link.rtt_ms:.0f} ms, speed x{link.speed_factor:g})"
                          if link else "")
                 bar.write(f"  site {ev['site']} joined{where}")
             elif ev["kind"] == "ready":
@@ -193,8 +183,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 bar.write(f"  error: {ev['message']}")
         bar.close()
         run.wait_exit(30)
-    from .telemetry import read_events
-    events = read_events(run.run_dir)       # includes what arrived after run_end (last hash checks)
+    from .report import split
+    from .telemetry import read_run
+    everything = read_run(run.run_dir)      # includes what arrived after run_end (last hash checks)
+    events = split(everything)[0]
     s = summarize(events)
     report = write_report(run.run_dir)
     print()
@@ -216,7 +208,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"per site ({s['downlink_ratio']:.2f}x); replica hash checks {s['hash_checks']}, "
           f"mismatches {s['hash_mismatches']}")
     from .report import link_summary
-    for line in link_summary(run.run_dir, events):
+    for line in link_summary(everything):
         print(line)
     print(f"report: {report}")
     return 0
@@ -244,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--preset", default="tiny")
     d.add_argument("--corpus", default="shakespeare", help="'shakespeare' or a text file or folder")
     d.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])
-    d.add_argument("--codec", default="int8-huffman", choices=["fp32", "int8", "int8-huffman"])
+    d.add_argument("--codec", default="int8-huffman", choices=CODEC_MODES)
     d.add_argument("--scenario", default="three-sites",
                    help="testbed scenario (built-in name or TOML file) that shapes each site's link; 'none' for "
                         "direct loopback")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .presets import PRESETS
 
 __all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustConfig", "RunConfig", "CODEC_MODES", "check_site_name"]
 
@@ -46,14 +47,13 @@ def _check(cond: bool, field_name: str, message: str, value: Any) -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Which model to train: a preset name (see wantrain.models.PRESETS) and its context."""
+    """Which model to train: a preset name (see wantrain.presets.PRESETS) and its context."""
 
     preset: str = "tiny"
     block_size: int = 128   # tokens per training sequence; <= the preset's maximum context
     seed: int = 0           # initial weights; every party builds the same model from it
 
     def validate(self, prefix: str = "model") -> None:
-        from .models import PRESETS  # models import torch; keep config import light
         _check(self.preset in PRESETS, f"{prefix}.preset", f"must be one of {sorted(PRESETS)}", self.preset)
         _check(self.block_size >= 1, f"{prefix}.block_size", "must be >= 1", self.block_size)
 
@@ -228,11 +228,11 @@ class RunConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         return _build(cls, d, "")
 
     @classmethod
-    def from_json(cls, text: str) -> "RunConfig":
+    def from_json(cls, text: str) -> RunConfig:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
@@ -240,13 +240,13 @@ class RunConfig:
         return cls.from_dict(d)
 
     @classmethod
-    def load(cls, path: str | Path) -> "RunConfig":
+    def load(cls, path: str | Path) -> RunConfig:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
         return cls.from_json(p.read_text())
 
-    def replace(self, **changes: Any) -> "RunConfig":
+    def replace(self, **changes: Any) -> RunConfig:
         """A copy with top-level or dotted fields changed: replace(**{"train.rounds": 3})."""
         d = self.to_dict()
         for key, value in changes.items():

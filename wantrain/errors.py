@@ -23,6 +23,11 @@ __all__ = [
     "ReplicaMismatchError",
     "CorruptModelError",
     "DivergedError",
+    "TelemetryError",
+    "MissingTelemetryError",
+    "CheckpointError",
+    "StateError",
+    "WaitTimeoutError",
 ]
 
 
@@ -68,19 +73,28 @@ class Reject(str, Enum):
     INVALID_MESSAGE = "invalid_message"
     JOIN_TIMEOUT = "join_timeout"
     INTERNAL = "internal"
+    UNKNOWN = "unknown"             # a code this version does not know (never sent by this PS)
 
     def __str__(self) -> str:
         return self.value
+
+    @classmethod
+    def from_wire(cls, code: str) -> Reject:
+        """The Reject a received code string names; UNKNOWN for a code from a newer peer."""
+        try:
+            return cls(code)
+        except ValueError:
+            return cls.UNKNOWN
 
 
 class RejectedError(WantrainError):
     """The parameter server refused this site (duplicate name, version mismatch, ...).
 
-    `code` is a `Reject` on the PS's side; a site keeps whatever code string the PS sent."""
+    `code` says why (`Reject`); a code a site does not know arrives as `Reject.UNKNOWN`."""
 
-    def __init__(self, code: Reject | str, message: str) -> None:
+    def __init__(self, code: Reject, message: str) -> None:
         super().__init__(message)
-        self.code = code
+        self.code = Reject(code)
 
 
 class ConnectionLostError(WantrainError):
@@ -101,3 +115,23 @@ class CorruptModelError(ProtocolError):
 
 class DivergedError(WantrainError):
     """A site's local training produced a NaN or infinite loss or delta."""
+
+
+class TelemetryError(WantrainError, ValueError):
+    """A telemetry event of an unknown kind, or an events.jsonl that cannot be read; names the line."""
+
+
+class MissingTelemetryError(TelemetryError, FileNotFoundError):
+    """There is no events.jsonl where one was expected."""
+
+
+class CheckpointError(WantrainError, ValueError):
+    """A checkpoint file this wantrain cannot use (another version, damaged)."""
+
+
+class StateError(WantrainError, RuntimeError):
+    """The run or the panel is not in a state where this can be done (start twice, act with no run)."""
+
+
+class WaitTimeoutError(WantrainError, TimeoutError):
+    """What was waited for did not happen in time (a process to exit, an event to arrive)."""

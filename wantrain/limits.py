@@ -39,15 +39,19 @@ class Limits:
     download_window_s: float = 600.0      # ... the window, in seconds
     rejected_events_per_s: float = 1.0    # telemetry and log lines about refused peers, per peer
     rejected_events_burst: int = 20
+    reported_events_burst: int = 5000     # events reported from outside the PS (Report), for the whole PS:
+    reported_events_per_s: float = 200.0  # a link emulator logs about 2 per link per second, plus its events
 
     def __post_init__(self) -> None:
         for name in ("handshake_timeout_s", "idle_connection_s", "join_timeout_s", "probe_messages_per_s",
-                     "probe_samples_per_s", "download_window_s", "rejected_events_per_s"):
+                     "probe_samples_per_s", "download_window_s", "rejected_events_per_s",
+                     "reported_events_per_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ConfigError(f"limits.{name} must be a positive number, got {v!r}")
         for name in ("max_message_bytes", "max_streams_per_peer", "probe_messages_burst", "probe_samples_burst",
-                     "downloads_per_site", "download_bytes_per_site", "rejected_events_burst"):
+                     "downloads_per_site", "download_bytes_per_site", "rejected_events_burst",
+                     "reported_events_burst"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"limits.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.max_connections < 0:

@@ -11,13 +11,15 @@ from dataclasses import dataclass, field
 from .codec import ChunkSpec, Encoded
 from .config import RunConfig
 
-__all__ = ["PROTOCOL_VERSION", "HASH_HEX_DIGITS", "MODEL", "DELTA", "UPDATE", "Join", "Welcome", "TensorChunk", "RoundStart",
-           "RoundMetrics", "RoundResult", "Ready", "HashReport", "LinkProbe", "ErrorMessage"]
+__all__ = ["PROTOCOL_VERSION", "HASH_HEX_DIGITS", "MAX_STALENESS", "MODEL", "DELTA", "UPDATE", "Join", "Welcome",
+           "TensorChunk", "RoundStart", "RoundMetrics", "RoundResult", "Ready", "HashReport", "LinkProbe", "ErrorMessage"]
 
 # 2: Watch and Ping need a token; delta chunks must use the run's encoding and follow the PS's
 # chunk plan; hashes are 16 lowercase hex digits; limits and status codes as in docs/protocol.md.
 PROTOCOL_VERSION = 2
 MODEL, DELTA, UPDATE = "model", "delta", "update"   # chunk kinds
+MAX_STALENESS = 2   # a late delta more rounds old than this is dropped even under the "stale" policy:
+                    # both sides use it (the PS to drop, the site to carry the delta forward)
 HASH_HEX_DIGITS = 16     # a parameter hash: the first 16 hex digits of a SHA-256 (see replica.param_hash)
 
 

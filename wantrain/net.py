@@ -1,4 +1,7 @@
-"""Every gRPC server and channel wantrain opens, with one set of options each.
+"""Every gRPC server, channel and stub wantrain opens, with one set of options each.
+
+(wire.py turns messages into domain objects and back; this module is the only other one that
+touches the generated code: the service's stub and name.)
 
 The options encode what DESIGN.md measured about gRPC on a WAN: the HTTP/2 ping that detects a
 dead connection waits behind queued data (so its timeout must exceed the slowest transfer of
@@ -17,10 +20,11 @@ import grpc
 
 from .errors import ConfigError
 from .limits import Limits
+from .proto.v1 import ps_pb2, ps_pb2_grpc
 from .tls import TLSClient, TLSServer
 
-__all__ = ["server_options", "channel_options", "new_server", "bind", "observer_channel", "site_channel",
-           "explain_unreachable"]
+__all__ = ["server_options", "channel_options", "new_server", "bind", "channel", "observer_channel", "site_channel",
+           "stub", "add_service", "explain_unreachable"]
 
 MAX_STREAMS_PER_CONNECTION = 16     # a site uses two at once (Session and Ping), an observer one (Watch)
 
@@ -104,20 +108,36 @@ def _target_options(tls: TLSClient | None, server_name: str) -> list[tuple[str, 
     return [("grpc.ssl_target_name_override", server_name)] if tls is not None and server_name else []
 
 
-def observer_channel(address: str, tls: TLSClient | None = None, server_name: str = "") -> grpc.Channel:
-    """A blocking channel for an observer (Watch): large telemetry events, one connection."""
-    options = [("grpc.max_receive_message_length", 16 << 20), *_target_options(tls, server_name)]
+def channel(address: str, tls: TLSClient | None = None, server_name: str = "", *, aio: bool = False,
+            link_rtt_ms: float = 0.0, link_mbps: float = 0.0, max_message_bytes: int = Limits.max_message_bytes):
+    """A channel to a PS: blocking (observers, tools, tests) or asyncio (`aio`: sites), plaintext or
+    TLS, with `channel_options` (each channel its own connection)."""
+    options = [*channel_options(link_rtt_ms, link_mbps, max_message_bytes), *_target_options(tls, server_name)]
+    mod = grpc.aio if aio else grpc
     if tls is not None:
-        return grpc.secure_channel(address, tls.credentials(), options=options)
-    return grpc.insecure_channel(address, options=options)
+        return mod.secure_channel(address, tls.credentials(), options=options)
+    return mod.insecure_channel(address, options=options)
+
+
+def observer_channel(address: str, tls: TLSClient | None = None, server_name: str = "") -> grpc.Channel:
+    """A blocking channel for an observer (Watch, Report): large telemetry events."""
+    return channel(address, tls, server_name, max_message_bytes=16 << 20)
 
 
 def site_channel(address: str, tls: TLSClient | None, server_name: str = "", link_rtt_ms: float = 0.0,
                  link_mbps: float = 0.0) -> grpc.aio.Channel:
-    options = [*channel_options(link_rtt_ms, link_mbps), *_target_options(tls, server_name)]
-    if tls is not None:
-        return grpc.aio.secure_channel(address, tls.credentials(), options=options)
-    return grpc.aio.insecure_channel(address, options=options)
+    return channel(address, tls, server_name, aio=True, link_rtt_ms=link_rtt_ms, link_mbps=link_mbps)
+
+
+def stub(ch) -> ps_pb2_grpc.ParameterServerStub:
+    """The PS's RPCs on a channel (blocking or asyncio)."""
+    return ps_pb2_grpc.ParameterServerStub(ch)
+
+
+def add_service(server: grpc.aio.Server, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+    """Register the PS's RPCs (name -> handler) on a server."""
+    name = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
 
 
 def explain_unreachable(address: str, tls: TLSClient | None, server_name: str = "", timeout_s: float = 5.0) -> str:
@@ -137,7 +157,7 @@ def explain_unreachable(address: str, tls: TLSClient | None, server_name: str = 
         return f"cannot resolve {host!r}: {e.strerror}"
     except ConnectionRefusedError:
         return f"nothing listens on {address} (connection refused)"
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return f"no answer from {address} within {timeout_s:g} s (a firewall, or the link is down)"
     except OSError as e:
         return f"cannot connect to {address}: {e.strerror or e}"

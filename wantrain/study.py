@@ -14,8 +14,19 @@ import numpy as np
 from .codec import huffman
 from .codec.quantize import dequantize_int8, quantize_int8
 from .config import CodecConfig, DataConfig
+from .errors import CodecError
 
-__all__ = ["real_delta", "codec_stages", "best_of"]
+__all__ = ["real_delta", "codec_stages", "best_of", "entropy_bits"]
+
+
+def entropy_bits(counts: np.ndarray) -> float:
+    """Empirical entropy in bits per symbol of a count histogram."""
+    counts = np.asarray(counts, dtype=np.float64)
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    p = counts[counts > 0] / total
+    return float(-(p * np.log2(p)).sum())
 
 
 def best_of(fn, repeats: int = 5) -> float:
@@ -35,28 +46,19 @@ def real_delta(preset: str = "small", steps: int = 30, batch: int = 8, block: in
     Returns delta (name -> float32 array), flat (all of it, concatenated), params, train_s, final_loss."""
     import torch
 
+    from .config import TrainConfig
     from .data import BatchSampler, load_run_data
     from .models import build_model
-    from .replica import flat_copy
+    from .site.train import InnerLoop
 
     torch.set_num_threads(threads)
     tok, corpus = load_run_data(data or DataConfig())
     model = build_model(preset, tok.vocab_size, seed)
-    sampler = BatchSampler(corpus.shard(0, 1), batch, block, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    start = flat_copy(model)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        x, y = sampler.next()
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-    end = flat_copy(model)
-    delta = {k: start[k] - end[k] for k in start}
+    train = TrainConfig(inner_steps=steps, batch_size=batch, inner_lr=1e-3, warmup_steps=0, min_lr_ratio=1.0)
+    loop = InnerLoop(model, BatchSampler(corpus.shard(0, 1), batch, block, seed), train, block, torch.device("cpu"))
+    delta, info = loop.run(0)
     n = sum(v.size for v in delta.values())
-    return {"delta": delta, "params": n, "train_s": time.perf_counter() - t0, "final_loss": loss.item(),
+    return {"delta": delta, "params": n, "train_s": info["compute_s"], "final_loss": info["last_train_loss"],
             "flat": np.concatenate(list(delta.values()))}
 
 
@@ -72,9 +74,9 @@ def codec_stages(flat: np.ndarray, cfg: CodecConfig | None = None, repeats: int 
     parts = [sym[i:i + step] for i in range(0, n, step)]
     payloads = [huffman.encode(p, cfg.huffman_block) for p in parts]
     if not all(np.array_equal(a, b) for a, b in zip(huffman.decode_many(payloads), parts)):
-        raise AssertionError("Huffman round trip changed the symbols")
+        raise CodecError("Huffman round trip changed the symbols")
     huff_bits = 8 * sum(len(p) for p in payloads) / n
-    entropy = sum(huffman.entropy_bits(np.bincount(p, minlength=256)) * p.size for p in parts) / n
+    entropy = sum(entropy_bits(np.bincount(p, minlength=256)) * p.size for p in parts) / n
     err = dequantize_int8(q, scales, cfg.quant_block) - flat
     mb = n / 1e6
     t_quant = best_of(lambda: quantize_int8(flat, cfg.quant_block), repeats)
@@ -88,7 +90,7 @@ def codec_stages(flat: np.ndarray, cfg: CodecConfig | None = None, repeats: int 
         "huffman_minus_entropy": huff_bits - entropy,
         "huffman_stage_gain": 8 / huff_bits,
         "ratio_vs_fp32": 32 / (huff_bits + scale_bits),
-        "int8_relative_error": float(np.linalg.norm(err) / max(np.linalg.norm(flat), 1e-30)),
+        "int8_relative_error": float(np.linalg.norm(err)) / max(float(np.linalg.norm(flat)), 1e-30),
         "MBps": {"quantize (fp32 in)": 4 * mb / t_quant, "huffman encode": mb / t_enc, "huffman decode": mb / t_dec},
         "symbols": sym, "payloads": payloads,
     }

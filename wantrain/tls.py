@@ -130,7 +130,7 @@ def make_dev_certs(folder: str | Path, hosts: tuple[str, ...] = ("localhost", "1
             b = b.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         return b.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM), key_pem(k)
 
-    sans = []
+    sans: list[x509.GeneralName] = []
     for h in hosts:
         try:
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))

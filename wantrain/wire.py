@@ -11,6 +11,7 @@ half-built object. Rules that depend on the run (which tensors, which round) are
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import zlib
@@ -18,28 +19,35 @@ import zlib
 from google.protobuf.message import DecodeError
 
 from .codec import ChunkSpec, Encoded
-from .config import RunConfig, check_site_name
+from .config import CODEC_MODES, RunConfig, check_site_name
 from .errors import CodecError, ConfigError, ProtocolError
 from .limits import Limits, safe_text
 from .messages import (DELTA, HASH_HEX_DIGITS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .proto.v1 import ps_pb2 as pb
-from .proto.v1 import ps_pb2_grpc as pb_grpc
+from .telemetry import REPORTED_KINDS
 
-__all__ = ["pb", "pb_grpc", "site_message", "server_message", "parse_site_message", "parse_server_message",
-           "site_message_from_proto", "server_message_from_proto", "event_to_proto",
-           "MAX_MESSAGE_BYTES", "MAX_NAME_LEN", "MAX_DEVICE_LEN", "MAX_TOKEN_LEN", "MAX_PROBE_SAMPLES"]
+__all__ = ["site_message", "server_message", "parse_site_message", "parse_server_message",
+           "site_message_from_proto", "server_message_from_proto", "event_to_proto", "ping_request", "ping_reply",
+           "watch_request", "report_request", "report_reply", "parse_ping", "parse_watch", "parse_report",
+           "MAX_MESSAGE_BYTES", "MAX_NAME_LEN", "MAX_DEVICE_LEN", "MAX_TOKEN_LEN", "MAX_PROBE_SAMPLES",
+           "MAX_REPORTED_EVENTS", "MAX_REPORTED_EVENT_CHARS"]
 
 MAX_MESSAGE_BYTES = Limits.max_message_bytes   # a chunk carries at most ~1 MiB of payload; leave headroom
 MAX_NAME_LEN = 256               # tensor names
 MAX_DEVICE_LEN = 128
 MAX_TOKEN_LEN = 4096
 MAX_PROBE_SAMPLES = 1000         # per LinkProbe message
+MAX_REPORTED_EVENTS = 1000       # per ReportRequest
+MAX_REPORTED_EVENT_CHARS = 16384  # one reported event's JSON (a links_start event lists the plan)
 MAX_SECONDS = 1e7                # any duration a message reports (about 116 days)
 _HASH = re.compile(rf"[0-9a-f]{{{HASH_HEX_DIGITS}}}")
 
-_ENCODING = {"fp32": pb.ENCODING_FP32, "int8": pb.ENCODING_INT8, "int8-huffman": pb.ENCODING_INT8_HUFFMAN}
+# The codec's modes (config.CODEC_MODES) are the proto's encodings, by name: "int8-huffman" is
+# ENCODING_INT8_HUFFMAN. Checked here, at import, both ways.
+_ENCODING = {m: pb.Encoding.Value("ENCODING_" + m.upper().replace("-", "_")) for m in CODEC_MODES}
 _ENCODING_BACK = {v: k for k, v in _ENCODING.items()}
+assert set(_ENCODING_BACK) == set(pb.Encoding.values()) - {pb.ENCODING_UNSPECIFIED}, "codec modes != proto encodings"
 _KIND = {MODEL: pb.CHUNK_KIND_MODEL, DELTA: pb.CHUNK_KIND_DELTA, UPDATE: pb.CHUNK_KIND_UPDATE}
 _KIND_BACK = {v: k for k, v in _KIND.items()}
 
@@ -118,12 +126,61 @@ def parse_server_message(raw: bytes) -> Welcome | TensorChunk | RoundStart | Rou
     return server_message_from_proto(m)
 
 
-def parse_request(cls, raw: bytes, what: str):
-    """A Watch or Ping request; ProtocolError if protobuf cannot parse it."""
+def _parse(cls, raw: bytes, what: str):
     try:
         return cls.FromString(raw)
     except (DecodeError, ValueError) as e:
         raise ProtocolError(f"not a {what} that protobuf can parse ({len(raw)} bytes): {e}") from None
+
+
+def parse_ping(raw: bytes) -> str:
+    """The caller's name in a PingRequest (for logs only)."""
+    return _parse(pb.PingRequest, raw, "PingRequest").site
+
+
+def parse_watch(raw: bytes) -> int:
+    """The sequence number a WatchRequest asks to replay from."""
+    return _parse(pb.WatchRequest, raw, "WatchRequest").from_seq
+
+
+def parse_report(raw: bytes) -> list[dict]:
+    """The events of a ReportRequest: JSON objects of a kind an operator may report, each bounded."""
+    req = _parse(pb.ReportRequest, raw, "ReportRequest")
+    if len(req.events) > MAX_REPORTED_EVENTS:
+        raise ProtocolError(f"a report carries at most {MAX_REPORTED_EVENTS} events, got {len(req.events)}")
+    events = []
+    for i, text in enumerate(req.events):
+        if len(text) > MAX_REPORTED_EVENT_CHARS:
+            raise ProtocolError(f"reported event {i} has {len(text)} characters (at most {MAX_REPORTED_EVENT_CHARS})")
+        try:
+            ev = json.loads(text)
+        except ValueError:
+            raise ProtocolError(f"reported event {i} is not JSON") from None
+        if not isinstance(ev, dict) or ev.get("kind") not in REPORTED_KINDS:
+            raise ProtocolError(f"reported event {i} must be a JSON object whose kind is one of "
+                                f"{', '.join(REPORTED_KINDS)}, got {safe_text(str(ev)[:80], 80)!r}")
+        events.append(ev)
+    return events
+
+
+def ping_request(site: str) -> pb.PingRequest:
+    return pb.PingRequest(site=site)
+
+
+def ping_reply(server_time: float) -> pb.PingReply:
+    return pb.PingReply(server_time=server_time)
+
+
+def watch_request(from_seq: int) -> pb.WatchRequest:
+    return pb.WatchRequest(from_seq=from_seq)
+
+
+def report_request(events: list[dict]) -> pb.ReportRequest:
+    return pb.ReportRequest(events=[json.dumps(e, separators=(",", ":")) for e in events])
+
+
+def report_reply(first_seq: int) -> pb.ReportReply:
+    return pb.ReportReply(first_seq=first_seq)
 
 
 def chunk_from_proto(m: pb.Chunk) -> TensorChunk:

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from wantrain.codec import Codec, EncodeStats, Encoded, ErrorFeedback, encode_arrays, plan_chunks
+from wantrain.codec import Codec, Encoded, EncodeStats, ErrorFeedback, encode_arrays, plan_chunks
 from wantrain.config import CodecConfig
 from wantrain.errors import CodecError
 

@@ -6,6 +6,7 @@ from hypothesis.extra import numpy as hnp
 
 from wantrain.codec import huffman
 from wantrain.errors import CodecError
+from wantrain.study import entropy_bits
 
 
 def roundtrip(a: np.ndarray, block: int = huffman.DEFAULT_BLOCK, tables: int = huffman.DEFAULT_TABLES) -> np.ndarray:
@@ -61,7 +62,7 @@ def test_within_005_bits_of_entropy_on_gaussian_symbols():
     counts = np.bincount(q.view(np.uint8), minlength=256)
     lengths = huffman.code_lengths(counts)
     avg = float((counts * lengths).sum() / counts.sum())
-    assert avg - huffman.entropy_bits(counts) < 0.06
+    assert avg - entropy_bits(counts) < 0.06
 
 
 def test_multiple_payloads_with_different_tables_decode_together():

@@ -10,5 +10,5 @@ from .codec import Codec, Encoded, EncodeStats, Extracted, encode_arrays
 from .feedback import ErrorFeedback
 from .quantize import dequantize_int8, quantize_int8
 
-__all__ = ["ChunkSpec", "check_coverage", "check_fits", "join_chunks", "plan_chunks", "Codec", "Encoded", "EncodeStats", "Extracted", "encode_arrays", "ErrorFeedback",
-           "dequantize_int8", "quantize_int8"]
+__all__ = ["ChunkSpec", "check_coverage", "check_fits", "join_chunks", "plan_chunks", "Codec", "Encoded", "EncodeStats",
+           "Extracted", "encode_arrays", "ErrorFeedback", "dequantize_int8", "quantize_int8"]

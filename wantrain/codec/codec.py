@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import CodecConfig
+from ..config import CODEC_MODES, CodecConfig
 from ..errors import CodecError
 from . import huffman
 from .chunks import ChunkSpec, plan_chunks
@@ -21,7 +21,7 @@ from .quantize import QMAX, dequantize_int8, num_blocks, quantize_int8
 
 __all__ = ["Encoded", "Extracted", "Codec", "EncodeStats", "encode_arrays"]
 
-ENCODINGS = ("fp32", "int8", "int8-huffman")
+ENCODINGS = CODEC_MODES    # the one list of encodings (config.py), which wire.py maps to the proto enum
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,6 @@ class EncodeStats:
     wire_bytes: int = 0
     symbols: int = 0
     huffman_bits: int = 0
-    entropy_bits: float = 0.0       # sum over chunks of (empirical entropy * symbols)
     seconds: float = 0.0
     chunks: int = 0
 
@@ -96,8 +95,6 @@ class Codec:
             else:
                 payload = huffman.encode(q, self.cfg.huffman_block, self.cfg.huffman_tables)
                 if stats is not None:
-                    counts = np.bincount(q.view(np.uint8), minlength=256)
-                    stats.entropy_bits += huffman.entropy_bits(counts) * q.size
                     stats.huffman_bits += 8 * len(payload)
             enc = Encoded(mode, x.size, self.cfg.quant_block, scales.astype("<f4").tobytes(), payload)
             decoded = dequantize_int8(q, scales, self.cfg.quant_block)
@@ -110,7 +107,7 @@ class Codec:
         return enc, decoded
 
     @staticmethod
-    def extract_many(encs: list[Encoded]) -> list["Extracted"]:
+    def extract_many(encs: list[Encoded]) -> list[Extracted]:
         """Undo the lossless stages only (Huffman): int8 symbols and scales, or fp32 values.
 
         Any mix of encodings; Huffman chunks are decoded together. An Extracted chunk keeps a
@@ -146,15 +143,11 @@ class Extracted:
     block: int
 
     @staticmethod
-    def int8(e: Encoded, q: np.ndarray) -> "Extracted":
+    def int8(e: Encoded, q: np.ndarray) -> Extracted:
         scales = np.frombuffer(e.scales, dtype="<f4").astype(np.float32)
         if not np.all(np.isfinite(scales)):
             raise CodecError("chunk carries non-finite scales")
         return Extracted(q, scales, e.quant_block)
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.nbytes + (self.scales.nbytes if self.scales is not None else 0)
 
     def finite(self) -> bool:
         """Would values() be all finite? Without dequantizing: |q| <= 127, so q * scale is finite

@@ -37,8 +37,11 @@ class ErrorFeedback:
             residual = self.residuals[name] = np.zeros(size, np.float32)
         residual[part] = corrected - sent
 
-    def norm(self) -> float:
-        return float(np.sqrt(sum(float(np.dot(r, r)) for r in self.residuals.values())))
+    def carry(self, sent: dict[str, np.ndarray]) -> None:
+        """Values that were sent but never applied (a late delta the PS dropped) go out again next time."""
+        for name, value in sent.items():
+            residual = self.residuals.get(name)
+            self.residuals[name] = value.copy() if residual is None else residual + value
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.residuals.items()}

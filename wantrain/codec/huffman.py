@@ -30,87 +30,15 @@ import struct
 import numpy as np
 
 from ..errors import CodecError
+from .huffman_codes import (MAX_CODE_LEN, canonical_codes, code_lengths, decode_table, is_prefix_code, pack_lengths,
+                            pair_tables, unpack_lengths)
 
 VERSION = 1
-MAX_CODE_LEN = 12
 MAX_TABLES = 4
 DEFAULT_BLOCK = 2048
 DEFAULT_TABLES = 2
 _HEADER = struct.Struct("<BBHI")
 _LENGTHS_BYTES = 128
-
-
-# ---------------------------------------------------------------- code construction
-
-def code_lengths(counts: np.ndarray, max_len: int = MAX_CODE_LEN) -> np.ndarray:
-    """Optimal code lengths of at most `max_len` bits (uint8, 0 = absent) for 256 counts.
-
-    Package-merge: list 1 holds the symbols by weight; list k+1 merges the symbols with the
-    packages (adjacent pairs) of list k. The 2n - 2 lightest items of the last list are the
-    selection; a symbol's code length is how many selected items contain it. Every list is
-    sorted and packages take the lightest items first, so each selection is a prefix: of the
-    first m items of a list, the c leaves are the c lightest symbols (one more bit each) and
-    the m - c packages select the first 2 (m - c) items of the list below.
-    """
-    counts = np.asarray(counts, dtype=np.int64)
-    present = np.flatnonzero(counts)
-    lengths = np.zeros(256, dtype=np.uint8)
-    n = present.size
-    if n == 0:
-        return lengths
-    if n == 1:
-        lengths[present[0]] = 1
-        return lengths
-    if n > (1 << max_len):
-        raise CodecError(f"{n} symbols do not fit in codes of {max_len} bits")
-    order = np.argsort(counts[present], kind="stable")
-    leaf_w = counts[present][order]                            # (n,) ascending
-    is_leaf = [np.ones(n, bool)]
-    weights = leaf_w
-    for _ in range(max_len - 1):
-        k = weights.size // 2
-        pack_w = weights[0:2 * k:2] + weights[1:2 * k:2]       # (k,)
-        w = np.concatenate([leaf_w, pack_w])
-        merged = np.argsort(w, kind="stable")                  # leaves before equal packages
-        weights = w[merged]
-        is_leaf.append(merged < n)
-    depth = np.zeros(n, np.int64)
-    m = 2 * n - 2
-    for leaf in reversed(is_leaf):
-        c = int(np.count_nonzero(leaf[:m]))
-        depth[:c] += 1
-        m = 2 * (m - c)
-    lengths[present[order]] = depth
-    return lengths
-
-
-def canonical_codes(lengths: np.ndarray) -> np.ndarray:
-    """Canonical code of each symbol (uint32): shorter codes first, then by symbol value."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    codes = np.zeros(256, dtype=np.uint32)
-    order = np.lexsort((np.arange(256), lengths))
-    order = order[lengths[order] > 0]
-    if order.size == 0:
-        return codes
-    ln = lengths[order]
-    # The first code of each length L is (first code of L-1 + count of L-1) << 1.
-    per_len = np.bincount(ln, minlength=MAX_CODE_LEN + 2)
-    first = np.zeros(per_len.size, np.int64)
-    for L in range(1, per_len.size):
-        first[L] = (first[L - 1] + per_len[L - 1]) << 1
-    rank = np.arange(order.size) - np.searchsorted(ln, ln)     # position within its length
-    codes[order] = (first[ln] + rank).astype(np.uint32)
-    return codes
-
-
-def entropy_bits(counts: np.ndarray) -> float:
-    """Empirical entropy in bits per symbol of a count histogram."""
-    counts = np.asarray(counts, dtype=np.float64)
-    total = counts.sum()
-    if total == 0:
-        return 0.0
-    p = counts[counts > 0] / total
-    return float(-(p * np.log2(p)).sum())
 
 
 # ---------------------------------------------------------------- encoding
@@ -129,7 +57,7 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAUL
     n = sym.size
     nblocks = -(-n // block)
     if n == 0:
-        return _HEADER.pack(VERSION, 1, block, 0) + _pack_nibbles(np.zeros(256, np.uint8))
+        return _HEADER.pack(VERSION, 1, block, 0) + pack_lengths(np.zeros(256, np.uint8))
     group = _block_groups(sym, block, tables)                  # (nblocks,) table of each block
     T = int(group.max()) + 1
     if n % 2:  # pad to whole pairs with a symbol that has a code; the decoder stops at n
@@ -149,7 +77,7 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAUL
     if n % 2:
         counts[group[-1], sym[-1]] -= 1
     lengths = [code_lengths(c) for c in counts]
-    pair_len, pair_code = zip(*(_pair_tables(ln, canonical_codes(ln)) for ln in lengths))
+    pair_len, pair_code = zip(*(pair_tables(ln, canonical_codes(ln)) for ln in lengths))
     pair_len, pair_code = np.concatenate(pair_len), np.concatenate(pair_code)
 
     plen = np.take(pair_len, idx)                              # (m,) uint8, <= 24 bits
@@ -177,7 +105,7 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAUL
     stream[:-1] = window >> np.uint64(32)
     stream[1:] += window & np.uint64(0xFFFFFFFF)
     words = stream[:nwords].astype(">u4")
-    header = _HEADER.pack(VERSION, T, block, n) + b"".join(_pack_nibbles(ln) for ln in lengths)
+    header = _HEADER.pack(VERSION, T, block, n) + b"".join(pack_lengths(ln) for ln in lengths)
     block_tables = group.astype(np.uint8).tobytes() if T > 1 else b""
     return header + block_tables + block_bits.tobytes() + words.tobytes()
 
@@ -197,33 +125,6 @@ def _block_groups(sym: np.ndarray, block: int, tables: int) -> np.ndarray:
     group = np.searchsorted(cuts, spread, side="right")
     used = np.unique(group)                                    # ties can leave a group empty
     return np.searchsorted(used, group).astype(np.int64)
-
-
-def _pair_tables(lengths: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """65536-entry tables for symbol pairs: total length (u8), code left-aligned in 64 bits (u64).
-
-    A pair is read as one little-endian u16, index = s0 + 256 * s1: row s1, column s0.
-    """
-    ln = lengths.astype(np.uint64)
-    c = codes.astype(np.uint64)
-    total = ln[:, None] + ln[None, :]                          # (256 s1, 256 s0)
-    code = (c[None, :] << ln[:, None]) | c[:, None]            # s0's code, then s1's
-    shift = np.where(total > 0, np.uint64(64) - total, np.uint64(0))
-    aligned = np.where(total > 0, code << shift, np.uint64(0))
-    return total.astype(np.uint8).reshape(-1), aligned.reshape(-1)
-
-
-def _pack_nibbles(lengths: np.ndarray) -> bytes:
-    ln = lengths.astype(np.uint8)
-    return (ln[0::2] | (ln[1::2] << 4)).astype(np.uint8).tobytes()
-
-
-def _unpack_nibbles(raw: bytes) -> np.ndarray:
-    b = np.frombuffer(raw, dtype=np.uint8)
-    out = np.empty(256, dtype=np.uint8)
-    out[0::2] = b & 0x0F
-    out[1::2] = b >> 4
-    return out
 
 
 # ---------------------------------------------------------------- decoding
@@ -254,7 +155,7 @@ class _Parsed:
         if len(payload) < need:
             raise CodecError(f"Huffman payload of {len(payload)} bytes is shorter than its header ({need})")
         pos = _HEADER.size
-        self.lengths = [_unpack_nibbles(payload[pos + k * _LENGTHS_BYTES: pos + (k + 1) * _LENGTHS_BYTES])
+        self.lengths = [unpack_lengths(payload[pos + k * _LENGTHS_BYTES: pos + (k + 1) * _LENGTHS_BYTES])
                         for k in range(self.tables)]
         pos += self.tables * _LENGTHS_BYTES
         if self.tables > 1:
@@ -274,28 +175,8 @@ class _Parsed:
             raise CodecError("Huffman block index points past the end of the stream")
         if self.n:
             used = np.unique(self.block_table).astype(np.int64)
-            if not all(_kraft_ok(self.lengths[k]) for k in used):
+            if not all(is_prefix_code(self.lengths[k]) for k in used):
                 raise CodecError("Huffman code lengths do not form a prefix code")
-
-
-def _kraft_ok(lengths: np.ndarray) -> bool:
-    present = lengths[lengths > 0].astype(np.int64)
-    if present.size == 0:
-        return False
-    return int((1 << (MAX_CODE_LEN - present)).sum()) <= (1 << MAX_CODE_LEN)
-
-
-def _decode_table(lengths: np.ndarray) -> np.ndarray:
-    """2**MAX_CODE_LEN entries (uint16): symbol | code length << 8, for each MAX_CODE_LEN-bit window."""
-    order = np.lexsort((np.arange(256), lengths))
-    order = order[lengths[order] > 0]
-    span = 1 << (MAX_CODE_LEN - lengths[order].astype(np.int64))
-    entry = order.astype(np.uint16) | (lengths[order].astype(np.uint16) << 8)
-    table = np.repeat(entry, span)
-    size = 1 << MAX_CODE_LEN
-    if table.size < size:  # incomplete code (a single symbol): unused windows decode to junk
-        table = np.concatenate([table, np.full(size - table.size, 1 << 8, np.uint16)])
-    return table
 
 
 def _transpose(a: np.ndarray, rows: int = 64) -> np.ndarray:
@@ -331,12 +212,12 @@ def decode_many(payloads: list[bytes]) -> list[np.ndarray]:
     words = np.concatenate([parsed[i].words.astype(np.uint64) for i in live] + [np.zeros(pad, np.uint64)])
     w64 = (words[:-1] << np.uint64(32)) | words[1:]             # window source: word i and i+1
     starts, table_base = [], []
-    tables = []
+    tables: list[np.ndarray] = []
     for k, i in enumerate(live):
         p = parsed[i]
         starts.append(np.cumsum(p.block_bits) - p.block_bits + np.uint64(32 * word_base[k]))
         table_base.append((p.block_table + np.uint64(len(tables))) << np.uint64(MAX_CODE_LEN))
-        tables.extend(_decode_table(ln) for ln in p.lengths)
+        tables.extend(decode_table(ln) for ln in p.lengths)
     pos = np.concatenate(starts).astype(np.int64)              # (lanes,) bit position
     pos_u = pos.view(np.uint64)
     base = np.concatenate(table_base)                          # (lanes,) table offset

@@ -52,8 +52,8 @@ def dequantize_int8(q: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray
     nb = num_blocks(n, block)
     if scales.size != nb:
         raise CodecError(f"{n} elements in blocks of {block} need {nb} scales, got {scales.size}")
-    out = np.zeros(nb * block, dtype=np.float32)
-    out[:n] = q
-    out = out.reshape(nb, block)
+    flat = np.zeros(nb * block, dtype=np.float32)
+    flat[:n] = q
+    out = flat.reshape(nb, block)
     out *= scales.astype(np.float32, copy=False)[:, None]
     return out.reshape(-1)[:n]

@@ -34,7 +34,7 @@ class BatchSampler:
     def seek(self, batches: int) -> None:
         """Skip ahead to the state after `batches` draws from a fresh sampler (a restarted site)."""
         if batches < self.batches_drawn:
-            raise ValueError(f"cannot seek back from batch {self.batches_drawn} to {batches}")
+            raise DataError(f"cannot seek back from batch {self.batches_drawn} to {batches}")
         while self.batches_drawn < batches:
             self.rng.integers(0, self.tokens.numel() - self.block_size - 1, self.batch_size)
             self.batches_drawn += 1

@@ -49,7 +49,8 @@ def _is_text(head: bytes) -> bool:
 
 def scan_folder(path: Path) -> tuple[list[Path], list[Path]]:
     """(text files, other files) under a folder, recursively, sorted; hidden files and folders left out."""
-    text, other = [], []
+    text: list[Path] = []
+    other: list[Path] = []
     for p in sorted(path.rglob("*")):
         rel = p.relative_to(path)
         if any(part.startswith(".") for part in rel.parts) or not p.is_file():

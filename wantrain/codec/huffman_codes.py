@@ -1,0 +1,122 @@
+"""The codes of the Huffman stage: length-limited code lengths from symbol counts, canonical codes
+from lengths, and the tables the encoder (symbol pairs) and decoder (12-bit windows) look codes
+up in. huffman.py holds the payload format and the coders that use them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CodecError
+
+__all__ = ["MAX_CODE_LEN", "code_lengths", "canonical_codes", "pair_tables", "decode_table", "pack_lengths",
+           "unpack_lengths", "is_prefix_code"]
+
+MAX_CODE_LEN = 12
+
+
+def code_lengths(counts: np.ndarray, max_len: int = MAX_CODE_LEN) -> np.ndarray:
+    """Optimal code lengths of at most `max_len` bits (uint8, 0 = absent) for 256 counts.
+
+    Package-merge: list 1 holds the symbols by weight; list k+1 merges the symbols with the
+    packages (adjacent pairs) of list k. The 2n - 2 lightest items of the last list are the
+    selection; a symbol's code length is how many selected items contain it. Every list is
+    sorted and packages take the lightest items first, so each selection is a prefix: of the
+    first m items of a list, the c leaves are the c lightest symbols (one more bit each) and
+    the m - c packages select the first 2 (m - c) items of the list below.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    present = np.flatnonzero(counts)
+    lengths = np.zeros(256, dtype=np.uint8)
+    n = present.size
+    if n == 0:
+        return lengths
+    if n == 1:
+        lengths[present[0]] = 1
+        return lengths
+    if n > (1 << max_len):
+        raise CodecError(f"{n} symbols do not fit in codes of {max_len} bits")
+    order = np.argsort(counts[present], kind="stable")
+    leaf_w = counts[present][order]                            # (n,) ascending
+    is_leaf = [np.ones(n, bool)]
+    weights = leaf_w
+    for _ in range(max_len - 1):
+        k = weights.size // 2
+        pack_w = weights[0:2 * k:2] + weights[1:2 * k:2]       # (k,)
+        w = np.concatenate([leaf_w, pack_w])
+        merged = np.argsort(w, kind="stable")                  # leaves before equal packages
+        weights = w[merged]
+        is_leaf.append(merged < n)
+    depth = np.zeros(n, np.int64)
+    m = 2 * n - 2
+    for leaf in reversed(is_leaf):
+        c = int(np.count_nonzero(leaf[:m]))
+        depth[:c] += 1
+        m = 2 * (m - c)
+    lengths[present[order]] = depth
+    return lengths
+
+
+def canonical_codes(lengths: np.ndarray) -> np.ndarray:
+    """Canonical code of each symbol (uint32): shorter codes first, then by symbol value."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    codes = np.zeros(256, dtype=np.uint32)
+    order = np.lexsort((np.arange(256), lengths))
+    order = order[lengths[order] > 0]
+    if order.size == 0:
+        return codes
+    ln = lengths[order]
+    # The first code of each length L is (first code of L-1 + count of L-1) << 1.
+    per_len = np.bincount(ln, minlength=MAX_CODE_LEN + 2)
+    first = np.zeros(per_len.size, np.int64)
+    for L in range(1, per_len.size):
+        first[L] = (first[L - 1] + per_len[L - 1]) << 1
+    rank = np.arange(order.size) - np.searchsorted(ln, ln)     # position within its length
+    codes[order] = (first[ln] + rank).astype(np.uint32)
+    return codes
+
+
+def pair_tables(lengths: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """65536-entry tables for symbol pairs: total length (u8), code left-aligned in 64 bits (u64).
+
+    A pair is read as one little-endian u16, index = s0 + 256 * s1: row s1, column s0.
+    """
+    ln = lengths.astype(np.uint64)
+    c = codes.astype(np.uint64)
+    total = ln[:, None] + ln[None, :]                          # (256 s1, 256 s0)
+    code = (c[None, :] << ln[:, None]) | c[:, None]            # s0's code, then s1's
+    shift = np.where(total > 0, np.uint64(64) - total, np.uint64(0))
+    aligned = np.where(total > 0, code << shift, np.uint64(0))
+    return total.astype(np.uint8).reshape(-1), aligned.reshape(-1)
+
+
+def pack_lengths(lengths: np.ndarray) -> bytes:
+    ln = lengths.astype(np.uint8)
+    return (ln[0::2] | (ln[1::2] << 4)).astype(np.uint8).tobytes()
+
+
+def unpack_lengths(raw: bytes) -> np.ndarray:
+    b = np.frombuffer(raw, dtype=np.uint8)
+    out = np.empty(256, dtype=np.uint8)
+    out[0::2] = b & 0x0F
+    out[1::2] = b >> 4
+    return out
+
+
+def is_prefix_code(lengths: np.ndarray) -> bool:
+    present = lengths[lengths > 0].astype(np.int64)
+    if present.size == 0:
+        return False
+    return int((1 << (MAX_CODE_LEN - present)).sum()) <= (1 << MAX_CODE_LEN)
+
+
+def decode_table(lengths: np.ndarray) -> np.ndarray:
+    """2**MAX_CODE_LEN entries (uint16): symbol | code length << 8, for each MAX_CODE_LEN-bit window."""
+    order = np.lexsort((np.arange(256), lengths))
+    order = order[lengths[order] > 0]
+    span = 1 << (MAX_CODE_LEN - lengths[order].astype(np.int64))
+    entry = order.astype(np.uint16) | (lengths[order].astype(np.uint16) << 8)
+    table = np.repeat(entry, span)
+    size = 1 << MAX_CODE_LEN
+    if table.size < size:  # incomplete code (a single symbol): unused windows decode to junk
+        table = np.concatenate([table, np.full(size - table.size, 1 << 8, np.uint16)])
+    return table

@@ -1,0 +1,319 @@
+"""A site: dials the parameter server, trains inner AdamW steps, pushes its delta, applies updates.
+
+The site opens one gRPC stream to the PS (outbound only) and follows the PS's lead:
+
+    Welcome + model chunks   load the global parameters (a fresh join, a rejoin or a resync)
+    RoundStart(r)            train `inner_steps` steps from the global model, send the
+                             pseudo-gradient (start - end) through the codec with error
+                             feedback, then the round's metrics
+    update chunks + result   add exactly the decoded update, hash, report the hash
+
+If the PS is not there (yet) or the stream breaks, the site retries with exponential backoff
+and says so; when it reconnects it joins again under the same name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import torch
+
+from .. import net, wire
+from ..auth import bearer
+from ..codec import Codec, EncodeStats, ErrorFeedback, check_coverage, check_fits, encode_arrays, join_chunks
+from ..config import RunConfig
+from ..data import BatchSampler, load_run_data
+from ..errors import (CodecError, ConfigError, ConnectionLostError, CorruptModelError, ProtocolError, Reject,
+                      RejectedError, ReplicaMismatchError)
+from ..faults import Stalls
+from ..messages import (DELTA, MAX_STALENESS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
+                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
+from ..models import build_model
+from ..replica import apply_update, named_params, param_hash
+from ..tls import TLSClient
+from .progress import DownloadProgress
+from .retry import FAILURES, Reconnect
+from .train import InnerLoop
+
+__all__ = ["Site", "SiteOptions", "default_device"]
+
+log = logging.getLogger("wantrain.site")
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class SiteOptions:
+    ps: str                        # host:port of the parameter server
+    name: str                      # unique within the run
+    device: str = "auto"           # "auto" | "cpu" | "cuda" | "cuda:1" ...
+    connect_timeout_s: float = 120.0  # give up if the PS cannot be reached for this long
+    threads: int = 0               # torch CPU threads (0: torch's default)
+    speed_factor: float = 1.0      # > 1 pads every inner step to emulate a slower machine
+    probe_interval_s: float = 1.0  # Ping the PS this often to measure the link's RTT (0: never)
+    link_rtt_ms: float = 0.0       # what is known of the link, to size gRPC timeouts
+    link_mbps: float = 0.0
+    token: str = field(default="", repr=False)   # per-site token or the run's shared secret
+    stalls: tuple[tuple[str, float], ...] = ()    # fault injection for tests: (phase, seconds)
+    tls: TLSClient | None = None   # None: plaintext (only where the PS allows it)
+    tls_server_name: str = ""      # check the PS's certificate for this name instead of the address's
+
+
+class Site:
+    """One site of a run (usually its own OS process: `wantrain worker`)."""
+
+    def __init__(self, opts: SiteOptions) -> None:
+        if opts.probe_interval_s and not opts.probe_interval_s >= 0.05:
+            raise ConfigError(f"probe interval must be 0 (no probes) or at least 0.05 s, got {opts.probe_interval_s}")
+        self.opts = opts
+        self.device = torch.device(default_device() if opts.device == "auto" else opts.device)
+        if opts.threads:
+            torch.set_num_threads(opts.threads)
+        self.cfg: RunConfig | None = None
+        self.model: torch.nn.Module | None = None
+        self.inner: InnerLoop | None = None
+        self.feedback: ErrorFeedback | None = None
+        self.codec: Codec | None = None
+        self.round = 0               # committed rounds this replica holds
+        self.hash = ""
+        self.finished = False
+        self.last_decode_s = 0.0
+        self.probes: list[tuple[float, float]] = []   # (Unix time, RTT ms) not yet reported
+        self._probes_sent_at = -math.inf
+        self.pushed_at: float | None = None           # when the last push ended (idle accounting)
+        self.stalls = Stalls(opts.stalls, log)
+        # Deltas pushed and not yet known to be applied: round -> values as decoded. One the PS
+        # drops (late) goes back into the error feedback, so its mass is not lost.
+        self.pending: dict[int, dict[str, np.ndarray]] = {}
+
+    # ------------------------------------------------------------ connection
+
+    async def run(self) -> None:
+        """Join and follow the PS until the run is finished, reconnecting through failures."""
+        retry = Reconnect(self.opts.ps, self.opts.name, self.opts.connect_timeout_s, self.opts.tls,
+                          self.opts.tls_server_name)
+        while not self.finished:
+            try:
+                await self._session()
+                retry.succeeded()
+            except FAILURES as e:
+                self.finished = await retry.failed(e, joined_before=self.cfg is not None)
+
+    async def _session(self) -> None:
+        channel = net.site_channel(self.opts.ps, self.opts.tls, self.opts.tls_server_name, self.opts.link_rtt_ms,
+                                   self.opts.link_mbps)
+        async with channel:
+            stub = net.stub(channel)
+            call = stub.Session(wait_for_ready=False)
+            prober = asyncio.create_task(self._probe(stub)) if self.opts.probe_interval_s > 0 else None
+            try:
+                await self._follow(call)
+            finally:
+                if prober:
+                    prober.cancel()
+
+    async def _probe(self, stub) -> None:
+        """Time a Ping on the site's own channel every probe_interval_s (through the real path)."""
+        while True:
+            await asyncio.sleep(self.opts.probe_interval_s)
+            t0 = time.perf_counter()
+            try:
+                await stub.Ping(wire.ping_request(self.opts.name), metadata=bearer(self.opts.token),
+                                timeout=max(30.0, 10 * self.opts.probe_interval_s))
+            except grpc.aio.AioRpcError:
+                continue
+            self.probes.append((time.time(), (time.perf_counter() - t0) * 1000))
+
+    async def _flush_probes(self, call) -> None:
+        """Report RTT samples, at most once a second (the PS limits probe messages, not rounds)."""
+        if self.probes and time.monotonic() - self._probes_sent_at >= 1.0:
+            self._probes_sent_at = time.monotonic()
+            batch, self.probes = self.probes[:1000], self.probes[1000:]
+            await call.write(wire.site_message(LinkProbe(tuple(t for t, _ in batch), tuple(r for _, r in batch))))
+
+    async def _follow(self, call) -> None:
+        """Handle what the PS sends until the run is finished or the stream breaks."""
+        await call.write(wire.site_message(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
+                                                device=str(self.device), token=self.opts.token)))
+        model_specs: list = []           # model chunks placed so far (each straight into the model)
+        update_parts: list[TensorChunk] = []
+        expected_model = 0
+        while not self.finished:
+            raw = await call.read()
+            if raw is grpc.aio.EOF:
+                raise ConnectionLostError("the stream ended")
+            msg = wire.server_message_from_proto(raw)
+            if isinstance(msg, ErrorMessage):
+                raise RejectedError(Reject.from_wire(msg.code), msg.message)
+            if isinstance(msg, Welcome):
+                await asyncio.to_thread(self._on_welcome, msg)
+                expected_model, model_specs = msg.model_chunks, []
+                progress = DownloadProgress(self.opts.name, expected_model)
+            elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
+                self._place_model_chunk(msg)      # memory: one chunk, never a second copy of the model
+                model_specs.append(msg.spec)
+                progress.update(msg.data.wire_bytes)
+                if len(model_specs) == 1:
+                    await self.stalls.asleep("download", self.round)
+                if len(model_specs) == expected_model:
+                    progress.close()
+                    await asyncio.to_thread(self._finish_model, model_specs)
+                    model_specs = []
+                    await call.write(wire.site_message(Ready(self.round, self.hash)))
+                    if self.round >= self._config().train.rounds:   # joined as the run ended: the final model
+                        self.finished = True
+            elif isinstance(msg, RoundStart):
+                if msg.model_hash != self.hash:
+                    raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
+                                               f"this replica has {self.hash}")
+                await self._train_and_push(call, msg)
+            elif isinstance(msg, TensorChunk) and msg.kind == UPDATE:
+                update_parts.append(msg)
+            elif isinstance(msg, RoundResult):
+                await asyncio.to_thread(self._apply_update, update_parts, msg)
+                self._settle_pending(msg)
+                update_parts = []
+                await call.write(wire.site_message(HashReport(msg.round, self.hash)))
+                await self._flush_probes(call)
+                if self.round >= self._config().train.rounds:
+                    self.finished = True
+            else:
+                raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
+        await call.done_writing()
+
+    # ------------------------------------------------------------ state
+
+    def _config(self) -> RunConfig:
+        if self.cfg is None:
+            raise ProtocolError("the parameter server sent a round message before any Welcome")
+        return self.cfg
+
+    def _loaded(self) -> tuple[RunConfig, torch.nn.Module, InnerLoop, Codec]:
+        """What the first Welcome set up; a PS that sends round messages before any is broken."""
+        if self.cfg is None or self.model is None or self.inner is None or self.codec is None:
+            raise ProtocolError("the parameter server sent a round message before any Welcome")
+        return self.cfg, self.model, self.inner, self.codec
+
+    def _on_welcome(self, w: Welcome) -> None:
+        first = self.cfg is None
+        self.cfg = w.config
+        self.run_id, self.index = w.run_id, w.site_index
+        if first:
+            tok, corpus = load_run_data(w.config.data)
+            self.model = build_model(w.config.model.preset, tok.vocab_size, w.config.model.seed, self.device)
+            self.params = named_params(self.model)
+            self.sizes = {k: p.numel() for k, p in self.params.items()}
+            shard = corpus.shard(w.site_index, w.config.num_sites, w.config.data.sharding)
+            t = w.config.train
+            sampler = BatchSampler(shard, t.batch_size, w.config.model.block_size, t.seed + 1000 * w.site_index)
+            sampler.seek(w.data_position)     # a restarted site picks up its shard where it left off
+            self.inner = InnerLoop(self.model, sampler, t, w.config.model.block_size, self.device, self.opts.name,
+                                   self.opts.speed_factor)
+            self.feedback = ErrorFeedback() if w.config.codec.error_feedback else None
+            self.codec = Codec(w.config.codec)
+            log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
+                     w.site_index, w.config.model.preset, self.device, w.data_position)
+        self.round = w.round
+        self._expected_hash = w.model_hash
+        self.pending = {}         # a fresh model: whatever was in flight is the PS's business now
+
+    def _join(self, parts: list[TensorChunk]) -> dict[str, np.ndarray]:
+        """Decode chunks that cover the whole model into flat arrays (ProtocolError if they don't)."""
+        values = Codec.decode_many([c.data for c in parts])
+        try:
+            return join_chunks([c.spec for c in parts], values, self.sizes)
+        except CodecError as e:
+            raise ProtocolError(f"from the PS: {e}") from None
+
+    def _place_model_chunk(self, c: TensorChunk) -> None:
+        (values,) = Codec.decode_many([c.data])
+        try:
+            check_fits(c.spec, values, self.sizes)
+        except CodecError as e:
+            raise ProtocolError(f"model chunk from the PS: {e}") from None
+        if not np.all(np.isfinite(values)):
+            raise CorruptModelError(f"the model the parameter server sent (round {self.round}) holds NaN or Inf in "
+                                    f"{c.spec.tensor!r}: the global model is corrupt; this site will not train on it")
+        p = self.params[c.spec.tensor]
+        with torch.no_grad():
+            p.view(-1)[c.spec.offset: c.spec.offset + c.spec.length].copy_(torch.from_numpy(values))
+
+    def _finish_model(self, specs: list) -> None:
+        try:
+            check_coverage(specs, self.sizes)
+        except CodecError as e:
+            raise ProtocolError(f"model download from the PS: {e}") from None
+        self.hash = param_hash(self._loaded()[1])
+        if self.hash != self._expected_hash:
+            raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self._expected_hash}")
+        log.info("site %s: model at round %d loaded (%s)", self.opts.name, self.round, self.hash)
+
+    async def _train_and_push(self, call, start: RoundStart) -> None:
+        round_ = start.round
+        wait_s = time.time() - self.pushed_at if self.pushed_at else 0.0
+        log.info("site %s: round %d starts%s", self.opts.name, round_,
+                 f" ({start.train_s:.1f} s budget)" if start.train_s else "")
+        await self.stalls.asleep("train", round_)
+        _, _, inner, codec = self._loaded()
+        delta, info = await asyncio.to_thread(inner.run, round_, start.train_s, self.hash)
+        stats = EncodeStats()
+        chunks, sent = await asyncio.to_thread(encode_arrays, delta, codec, self.feedback, stats)
+        if self.feedback is not None:
+            self.pending[round_] = sent
+        t0 = time.perf_counter()
+        for i, (spec, enc) in enumerate(chunks):
+            await call.write(wire.site_message(TensorChunk(DELTA, round_, i, len(chunks), spec, enc)))
+            if i == 0:
+                await self.stalls.asleep("push", round_)
+        comm_s = time.perf_counter() - t0
+        await self._flush_probes(call)
+        await call.write(wire.site_message(RoundMetrics(
+            round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
+            huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
+            decode_s=self.last_decode_s, comm_s=comm_s, chunks=len(chunks), wait_s=wait_s, **info)))
+        self.pushed_at = time.time()
+        log.info("site %s: round %d pushed, %d steps, loss %.4f, %.2f MB on the wire (%.2fx)", self.opts.name, round_,
+                 info["steps"], info["train_loss"], stats.wire_bytes / 1e6, stats.ratio)
+
+    def _settle_pending(self, result: RoundResult) -> None:
+        """After a round's result: were our pushed deltas applied? One that never will be is carried forward."""
+        stale = self._config().train.late_policy == "stale"
+        for r in sorted(self.pending):
+            if (r == result.round and self.opts.name in result.sites) or (
+                    r < result.round and self.opts.name in result.late_sites):
+                del self.pending[r]
+            elif r <= result.round and not (stale and result.round - r < MAX_STALENESS):
+                sent = self.pending.pop(r)
+                if self.feedback is not None:    # what the PS never applied goes out again next round
+                    self.feedback.carry(sent)
+                log.warning("site %s: the delta of round %d was not applied (late); carried forward", self.opts.name, r)
+
+    def _apply_update(self, parts: list[TensorChunk], result: RoundResult) -> None:
+        if result.round != self.round:
+            raise ProtocolError(f"result for round {result.round}, this replica is at round {self.round}")
+        t0 = time.perf_counter()
+        parts = sorted(parts, key=lambda c: c.index)
+        if not parts or len(parts) != parts[0].count or any(c.round != result.round for c in parts):
+            raise ProtocolError(f"round {result.round}: got {len(parts)} update chunks, "
+                                f"expected {parts[0].count if parts else 'some'}")
+        update = self._join(parts)
+        for name, u in update.items():
+            if not np.all(np.isfinite(u)):
+                raise CorruptModelError(f"the update of round {result.round} from the parameter server holds NaN "
+                                        f"or Inf in {name!r}: the global model is corrupt; this site stops here")
+        model = self._loaded()[1]
+        apply_update(model, update)
+        self.last_decode_s = time.perf_counter() - t0
+        self.round = result.round + 1
+        self.hash = param_hash(model)
+        if self.hash != result.model_hash:
+            log.error("site %s: replica hash %s differs from the PS's %s after round %d", self.opts.name,
+                      self.hash, result.model_hash, result.round)
