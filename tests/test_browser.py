@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from wantrain.telemetry import read_run
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "test-output" / "browser"
@@ -174,7 +176,7 @@ def test_quickstart_in_a_real_browser(lab):
             panel.get_by_text("stopped; run folder").wait_for(timeout=60_000)
             panel.get_by_text("stopped by the user after").wait_for(timeout=30_000)   # not shown as an error
             run_dir = next((lab["work"] / "runs").iterdir())
-            faults = [json.loads(ln) for ln in (run_dir / "faults.jsonl").read_text().splitlines()]
+            faults = [e for e in read_run(run_dir) if e["kind"] == "fault"]     # relayed into the PS's log
             assert [(f["action"], f["site"]) for f in faults] == [("kill site", "us-west")]
 
             # The run's report page, in the same browser: every chart drawn with its traces.

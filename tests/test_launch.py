@@ -69,7 +69,11 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_demo_leaves_no_process_behind(tmp_path, sig):
     run_dir = tmp_path / "run"
-    demo = subprocess.Popen([sys.executable, "-m", "wantrain", "demo", "--rounds", "50", "--run-dir", str(run_dir)],
+    # Ctrl-C as a terminal delivers it, whatever this process inherited: a test run started in the
+    # background of a script has SIGINT ignored, and its children with it.
+    ctrl_c = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "sys.argv[0] = 'wantrain'; runpy.run_module('wantrain', run_name='__main__')")
+    demo = subprocess.Popen([sys.executable, "-c", ctrl_c, "demo", "--rounds", "50", "--run-dir", str(run_dir)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             start_new_session=True)
     children: list[int] = []

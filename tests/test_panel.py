@@ -63,6 +63,8 @@ def test_buttons_drive_a_real_run(tmp_path):
     panel = ControlPanel("three-sites", config=cfg, run_root=tmp_path, rounds=6, inner_steps=20,
                          restart_after_s=0.5)
     assert panel.kill_button.disabled and not panel.start_button.disabled
+    panel.rows[1]["speed"].value = 1.0                  # edits in the widgets (the scenario says 1.25 and
+    panel.rows[0]["bandwidth"].value = 80.0             # 1000 Mbit/s) reach the site's process and its link
     panel.start_button.click()
     assert panel._thread.is_alive()                     # the click returned while the run goes on: the kernel is free
     _wait(lambda: panel.state == "running", 60, "the run to start")
@@ -100,3 +102,9 @@ def test_buttons_drive_a_real_run(tmp_path):
     assert dash.progress.value == 6 and "finished" in dash.status.value
     assert (run_dir / "report.html").is_file() and "report" in panel.message.value
     assert all(p.poll() is not None for p in panel.run.processes())
+    rounds = [e for e in logged if e["kind"] == "site_round"]
+    assert all(e["emulated_s"] > 0 for e in rounds if e["site"] == "ap-southeast")   # the scenario's 1.5
+    assert all(e["emulated_s"] == 0 for e in rounds if e["site"] == "eu-west")        # the edited 1.0
+    samples = [e for e in logged if e["kind"] == "link" and e["site"] == "us-west"]
+    up = [e["bandwidth_mbps"] for e in samples if not e["down"]]          # (the forced outage reads 0)
+    assert up and set(up) == {80.0}                                          # the link shapes at 80 Mbit/s

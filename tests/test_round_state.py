@@ -1,0 +1,72 @@
+"""The PS's round state is sans-IO: its decisions depend only on what it is told (no clock, no I/O)."""
+
+import math
+
+import pytest
+
+from wantrain.errors import ProtocolError
+from wantrain.messages import RoundMetrics
+from wantrain.ps.rounds import RoundState
+
+
+def arrived(state: RoundState, site: str) -> None:
+    state.uploads[site].metrics = RoundMetrics(state.uploads[site].round, 1.0, 1.0, 64, 1, 400, 100, 7.0,
+                                               0.0, 0.0, 1.0, 0.0, 1)
+
+
+def test_a_round_closes_when_everyone_is_in_or_at_the_deadline_with_whoever_is():
+    s = RoundState()
+    s.start(3, {"a", "b", "c"}, budget_s=0.0, now=100.0)
+    assert not s.close()
+    arrived(s, "a")
+    assert not s.close() and s.missing() == ["b", "c"]
+    s.past_deadline = True
+    assert s.close()                                     # the deadline passed: a alone
+    assert s.members == {"a"} and set(s.late) == {"b", "c"} and s.aggregating
+    assert s.upload_for("b", 3, current=3) is s.late["b"]     # b may still finish its late delta
+    with pytest.raises(ProtocolError, match="not in that round"):
+        s.upload_for("b", 2, current=3)
+    with pytest.raises(ProtocolError):
+        s.upload_for("a", 3, current=3)                  # a's delta is in; the round is aggregating
+    s.finish()
+    assert not s.members and not s.uploads and not s.aggregating
+
+
+def test_nobody_arrived_means_the_deadline_does_not_close_the_round():
+    s = RoundState()
+    s.start(0, {"a"}, 0.0, now=0.0)
+    s.past_deadline = True
+    assert not s.close()
+
+
+def test_a_site_joining_a_running_round_gets_what_is_left_of_the_budget():
+    s = RoundState()
+    assert s.admission("b", budget_s=10.0, now=5.0) is None           # no round runs
+    s.start(1, {"a"}, budget_s=10.0, now=100.0)
+    assert s.admission("a", 10.0, now=101.0) is None                   # already in it
+    assert s.admission("b", 10.0, now=103.0) == 7.0
+    assert s.admission("b", 10.0, now=109.5) is None                   # under a tenth left: next round
+    assert s.admission("b", 0.0, now=109.5) == 0.0                     # fixed inner steps: always
+    s.admit("b", 1, 7.0)
+    assert s.members == {"a", "b"} and s.uploads["b"].train_s == 7.0
+
+
+def test_quorum_waits_at_the_start_then_only_for_a_site_of_the_last_round():
+    s = RoundState()
+    assert s.quorum_wait({"a"}, {"a", "b"}, num_sites=2, committed=0, quorum_left_s=5.0) == math.inf
+    assert s.quorum_wait({"a", "b"}, {"a", "b"}, 2, committed=0, quorum_left_s=5.0) is None
+    s.start(0, {"a", "b"}, 0.0, now=0.0)
+    s.finish()
+    assert s.quorum_wait({"a"}, {"a", "b"}, 2, committed=1, quorum_left_s=2.5) == 2.5   # b was in it
+    assert s.quorum_wait({"a"}, {"a", "b"}, 2, committed=1, quorum_left_s=-0.1) is None  # waited enough
+    s.start(1, {"a"}, 0.0, now=0.0)
+    assert s.quorum_wait({"a"}, {"a", "b"}, 2, committed=2, quorum_left_s=2.5) is None  # b missed the last
+
+
+def test_stale_deltas_older_than_the_limit_are_dropped():
+    s = RoundState()
+    s.start(0, {"a"}, 0.0, now=0.0)
+    s.stale = {"a": s.uploads["a"]}
+    assert list(s.take_stale(current=2)) == ["a@0"] and s.stale == {}
+    s.stale = {"a": s.uploads["a"]}
+    assert s.take_stale(current=3) == {}                 # MAX_STALENESS is 2
