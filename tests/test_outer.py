@@ -1,13 +1,18 @@
 import numpy as np
 import torch
 
-from wantrain.outer import OuterNesterov, weighted_average
+import pytest
+
+from wantrain.aggregate import weighted_mean
+from wantrain.errors import WantrainError
+from wantrain.outer import OuterNesterov
 
 
-def test_weighted_average_by_tokens():
-    d = {"a": {"w": np.array([1.0, 2.0], np.float32)}, "b": {"w": np.array([3.0, 6.0], np.float32)}}
-    avg = weighted_average(d, {"a": 1.0, "b": 3.0})
-    np.testing.assert_allclose(avg["w"], [2.5, 5.0])
+def test_weighted_mean_by_tokens():
+    avg = weighted_mean([np.array([1.0, 2.0], np.float32), np.array([3.0, 6.0], np.float32)], [1.0, 3.0])
+    np.testing.assert_allclose(avg, [2.5, 5.0])
+    with pytest.raises(WantrainError, match="no weight"):
+        weighted_mean([np.ones(2, np.float32)], [0.0])
 
 
 def test_nesterov_matches_torch_sgd():

@@ -184,7 +184,8 @@ def rows_of(ps, kind):
 def test_chunkwise_aggregation_equals_the_whole_model_reference(tmp_path):
     """The PS steps one chunk at a time; the result is bit for bit the whole-tensor computation."""
     from wantrain.codec import ErrorFeedback
-    from wantrain.outer import OuterNesterov, weighted_average
+    from wantrain.aggregate import weighted_mean
+    from wantrain.outer import OuterNesterov
     from wantrain.replica import apply_update, flat_copy, load_flat
 
     async def scenario():
@@ -202,7 +203,8 @@ def test_chunkwise_aggregation_equals_the_whole_model_reference(tmp_path):
             await ps.on_metrics(link, metrics_for(ps.cfg, 0, stats, len(chunks), steps=8, tokens=tokens))
         await ps.round_task
         outer = OuterNesterov(ps.cfg.train.outer_lr, ps.cfg.train.outer_momentum)
-        update = outer.update(weighted_average(sent, {"a": 700.0, "b": 2000.0}))
+        whole = {k: weighted_mean([sent["a"][k], sent["b"][k]], [700.0, 2000.0]) for k in sent["a"]}   # per tensor
+        update = outer.update(whole)
         _, decoded = encode_arrays(update, Codec(ps.cfg.codec), ErrorFeedback())
         load_flat(ps.model, start)
         apply_update(ps.model, decoded)

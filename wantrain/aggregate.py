@@ -23,7 +23,7 @@ from .messages import UPDATE, TensorChunk
 from .outer import OuterNesterov
 from .screening import trim_count, trimmed_mean
 
-__all__ = ["Contribution", "aggregate_round"]
+__all__ = ["Contribution", "aggregate_round", "weighted_mean"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,18 @@ class Contribution:
 
     parts: list[Extracted]
     weight: float
+
+
+def weighted_mean(values: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """sum_i w_i v_i / sum_i w_i in float32, accumulated in the order given (the PS passes sites in
+    name order, so the result does not depend on who arrived first)."""
+    total = float(sum(weights))
+    if not total > 0:
+        raise WantrainError("the deltas carry no weight")
+    acc = np.zeros_like(values[0], dtype=np.float32)
+    for w, v in zip(weights, values):
+        acc += np.float32(w / total) * v
+    return acc
 
 
 def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], params: dict[str, np.ndarray],
@@ -43,21 +55,16 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
     keys = sorted(contributions)
     if not keys:
         raise WantrainError(f"round {round_} has no deltas to aggregate")
-    total = sum(contributions[k].weight for k in keys)
-    if not total > 0:
+    weights = [contributions[k].weight for k in keys]
+    if not sum(weights) > 0:
         raise WantrainError(f"round {round_}: the deltas carry no weight")
-    coef = {k: np.float32(contributions[k].weight / total) for k in keys}
     trim = trim_count(len(keys), trim_fraction) if aggregate == "trimmed_mean" else 0
     stats = EncodeStats()
     msgs = []
     for i, spec in enumerate(plan):
         part = slice(spec.offset, spec.offset + spec.length)
-        if aggregate == "trimmed_mean":
-            avg = trimmed_mean([contributions[k].parts[i].values() for k in keys], trim)
-        else:
-            avg = np.zeros(spec.length, np.float32)
-            for k in keys:                      # sum_k w_k d_k / sum w, sites in name order
-                avg += coef[k] * contributions[k].parts[i].values()
+        values = [contributions[k].parts[i].values() for k in keys]
+        avg = trimmed_mean(values, trim) if aggregate == "trimmed_mean" else weighted_mean(values, weights)
         update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg)
         if feedback is not None:
             update = feedback.compensate_part(spec.tensor, part, update)

@@ -1,34 +1,16 @@
-"""The outer step of DiLoCo at the parameter server: aggregate deltas, Nesterov SGD.
+"""The outer step of DiLoCo at the parameter server: Nesterov SGD on the averaged deltas.
 
-Sites send pseudo-gradients (start params minus end params). The PS averages them weighted by
-tokens trained and turns the average into an update with Nesterov momentum (DiLoCo defaults:
-lr 0.7, momentum 0.9). The update is what every replica adds to its parameters.
+Sites send pseudo-gradients (start params minus end params). The PS averages them (aggregate.py)
+and turns the average into an update with Nesterov momentum (DiLoCo defaults: lr 0.7, momentum
+0.9). The update is what every replica adds to its parameters.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .errors import WantrainError
 
-__all__ = ["weighted_average", "OuterNesterov"]
-
-
-def weighted_average(deltas: dict[str, dict[str, np.ndarray]], weights: dict[str, float]) -> dict[str, np.ndarray]:
-    """sum_i w_i * delta_i / sum_i w_i per tensor, sites in name order (deterministic)."""
-    sites = sorted(deltas)
-    if not sites:
-        raise WantrainError("no deltas to aggregate")
-    total = float(sum(weights[s] for s in sites))
-    if total <= 0:
-        raise WantrainError("deltas carry no tokens; cannot weight them")
-    out: dict[str, np.ndarray] = {}
-    for name in deltas[sites[0]]:
-        acc = np.zeros_like(deltas[sites[0]][name])
-        for s in sites:
-            acc += np.float32(weights[s] / total) * deltas[s][name]
-        out[name] = acc
-    return out
+__all__ = ["OuterNesterov"]
 
 
 class OuterNesterov:
