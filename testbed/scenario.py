@@ -102,16 +102,11 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
 
 def scenario_from_plan(plan: RunPlan, where: str | Path = "run plan") -> Scenario:
     """The scenario a run plan describes, checked like a scenario file (the message names the field)."""
-    def site(s) -> dict:
-        d = {"name": s.name, "region": s.region, "jitter_ms": s.jitter_ms, "loss": s.loss,
-             "spikes_per_min": s.spikes_per_min, "spike_min_ms": s.spike_min_ms, "speed_factor": s.speed_factor,
-             "outages": [{"start_s": o.start_s, "duration_s": o.duration_s} for o in s.outages],
-             "resets": list(s.resets)}
-        if s.bandwidth_mbps is not None:
-            d["bandwidth_mbps"] = s.bandwidth_mbps
-        if s.trace:
-            d["trace"] = s.trace
-        return d
+    def site(s) -> dict:        # a [[site]] table: the plan's fields of the same names
+        d = {k: getattr(s, k) for k in _SITE_FIELDS}
+        d["outages"] = [{"start_s": o.start_s, "duration_s": o.duration_s} for o in s.outages]
+        d["resets"] = list(s.resets)
+        return {k: v for k, v in d.items() if v is not None}       # no bandwidth: unlimited; no trace
 
     d = {"name": plan.scenario, "ps_region": plan.ps_region, "time_scale": plan.time_scale, "seed": plan.seed,
          "backend": plan.backend, "site": [site(s) for s in plan.sites]}
