@@ -28,7 +28,8 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
     """
     soft, _ = raise_open_file_limit()
     server = net.new_server(ps.limits)
-    add_to_server(Servicer(ps), server)
+    servicer = Servicer(ps)
+    add_to_server(servicer, server)
     bound = net.bind(server, host, port, tls)
     await server.start()
     log.info("parameter server %s listening on %s:%d (%s; at most %d connections, open-file limit %d)", ps.run_id,
@@ -47,11 +48,15 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
             deadline = time.time() + straggler_wait_s
             while set(ps.registry) - ps.told_finished and time.time() < deadline:
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(linger_s)                  # and watchers the last events
+            deadline = time.time() + linger_s             # and watchers the last events
+            while not servicer.watchers_caught_up() and time.time() < deadline:
+                await asyncio.sleep(0.02)
         else:
             await server.wait_for_termination()
     finally:
         ps.closing.set()            # watchers get their last events and end their streams
-        await asyncio.sleep(0.2)
+        deadline = time.time() + 1.0
+        while servicer.watchers and time.time() < deadline:
+            await asyncio.sleep(0.02)
         await server.stop(grace=1.0)
         ps.recorder.close()

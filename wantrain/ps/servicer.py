@@ -75,6 +75,11 @@ class Servicer:
         self.streams: Counter[str] = Counter()          # open Session + Watch streams per peer address
         self.refusals = Throttle(self.limits.rejected_events_burst, self.limits.rejected_events_per_s)
         self.reports = TokenBucket(self.limits.reported_events_burst, self.limits.reported_events_per_s)
+        self.watchers: dict[int, int] = {}    # open Watch streams -> the next sequence number each will send
+
+    def watchers_caught_up(self) -> bool:
+        """Has every open Watch stream been handed every event recorded so far?"""
+        return all(seq >= len(self.ps.recorder.events) for seq in self.watchers.values())
 
     # ------------------------------------------------------------ accounting
 
@@ -267,18 +272,22 @@ class Servicer:
 
         unsubscribe = rec.subscribe(notify)
         closing = asyncio.ensure_future(self.ps.closing.wait())
+        me = id(closing)
         try:
             while True:
                 wake.clear()
                 for line in rec.since(seq):
                     yield wire.event_to_proto(seq, line)
                     seq += 1
+                    self.watchers[me] = seq
+                self.watchers[me] = seq
                 if self.ps.closing.is_set():
                     return
                 waiter = asyncio.ensure_future(wake.wait())
                 await asyncio.wait([waiter, closing], return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
         finally:
+            self.watchers.pop(me, None)
             closing.cancel()
             unsubscribe()
 
