@@ -87,3 +87,17 @@ def test_a_folder_of_code_is_a_corpus_and_the_run_says_what_it_read(tmp_path):
     s = corpus.summary()
     assert s["documents"] == 6 and s["files"][0] == "mod0.py" and s["skipped_files"] == 2
     assert s["tokens"] == sum(len(d.text.encode()) for d in docs) and s["train_tokens"] + s["val_tokens"] == s["tokens"]
+
+
+def test_the_converted_plays_are_cached_and_a_bad_cache_is_ignored(tmp_path, monkeypatch):
+    from wantrain.data.corpus import load_documents
+    monkeypatch.setenv("WANTRAIN_CACHE", str(tmp_path))
+    first = load_documents("shakespeare")
+    (cache,) = tmp_path.glob("shakespeare-*.json")
+    again = load_documents("shakespeare")                  # read from the cache
+    assert [(d.name, d.text) for d in again] == [(d.name, d.text) for d in first]
+    cache.write_text("{not json")
+    assert [d.text for d in load_documents("shakespeare")] == [d.text for d in first]
+    monkeypatch.setenv("WANTRAIN_CACHE", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("a file where the cache folder should be")
+    assert [d.text for d in load_documents("shakespeare")] == [d.text for d in first]   # no cache: still works

