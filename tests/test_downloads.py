@@ -100,7 +100,10 @@ def test_a_site_rejoining_over_a_stalled_download_catches_up(tmp_path):
     check_run(events, rounds)
     join = next(e for e in rows(events, "join") if e["site"] == "b" and e["t"] > killed)
     ready = next(e for e in rows(events, "ready") if e["site"] == "b" and e["t"] > join["t"])
-    during = [e["round"] for e in rows(events, "round_end") if join["t"] < e["t"] < ready["t"]]
+    # The rounds b had to apply after loading the model of its Welcome (ready["round"]): a round that
+    # was aggregating when b joined is already in that model (a busy machine made that happen).
+    during = [e["round"] for e in rows(events, "round_end")
+              if join["t"] < e["t"] < ready["t"] and e["round"] >= ready["round"]]
     assert len(during) >= 2, f"the download spanned only rounds {during}"       # the case of the finding
     assert any(join["t"] < e["t"] < ready["t"] for e in rows(events, "downloads_frozen"))
     b_checks = [e for e in rows(events, "hash_check") if e["site"] == "b" and e["t"] > ready["t"]]
