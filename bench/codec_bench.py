@@ -1,8 +1,10 @@
 """Codec benchmark on real deltas: bits per parameter per stage, entropy bound, MB/s per core.
 
 Trains a model for a few AdamW steps (a real DiLoCo pseudo-gradient), then codes its int8
-symbols with our Huffman stage and, side by side on the same bytes, with zstd level 1; raw fp32
-and bf16 are the baselines. Encode/decode speeds are single-threaded (per core), best of 5.
+symbols with our Huffman stage and, side by side on the same bytes, with the numpy coder it
+replaced (bench/baseline_huffman.py: same format, payloads checked identical) and zstd level 1;
+raw fp32 and bf16 are the baselines. Speeds are per core (one thread), best of 5, except the
+decode "all threads" figure (the PS decodes a payload's blocks on every core).
 
     python bench/codec_bench.py [--preset small] [--steps 30 100]
 """
@@ -20,16 +22,24 @@ single_core()
 
 import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
+from baseline_huffman import decode_many as numpy_decode_many  # noqa: E402
+from baseline_huffman import encode as numpy_encode  # noqa: E402
 
 from wantrain.config import CodecConfig  # noqa: E402
 from wantrain.study import best_of, codec_stages, real_delta  # noqa: E402
 
 
 def measure(flat: np.ndarray, cfg: CodecConfig) -> dict:
-    """The codec's stages (wantrain.study) and, side by side on the same int8 bytes, zstd level 1."""
+    """The codec's stages (wantrain.study) and, side by side on the same int8 bytes, the numpy
+    coder of before and zstd level 1."""
     r = codec_stages(flat, cfg)
-    n, sym = r["params"], r.pop("symbols")
-    r.pop("payloads")
+    n, sym, payloads = r["params"], r.pop("symbols"), r.pop("payloads")
+    step = cfg.chunk_elements()
+    parts = [sym[i:i + step] for i in range(0, n, step)]          # the payloads' chunks, as codec_stages cut them
+    if [numpy_encode(p, cfg.huffman_block) for p in parts] != payloads:
+        raise SystemExit("the compiled coder's payloads differ from the numpy coder's")
+    t_nenc = best_of(lambda: [numpy_encode(p, cfg.huffman_block) for p in parts])
+    t_ndec = best_of(lambda: numpy_decode_many(payloads))
     scale_bits = r["bits_per_param"]["int8"] - 8
     zc = zstandard.ZstdCompressor(level=1)
     zd = zstandard.ZstdDecompressor()
@@ -38,10 +48,15 @@ def measure(flat: np.ndarray, cfg: CodecConfig) -> dict:
     t_zenc = best_of(lambda: zc.compress(raw))
     t_zdec = best_of(lambda: zd.decompress(z))
     mb = n / 1e6
+    speed = r.pop("MBps")
     r["bits_per_param"]["int8+zstd1"] = 8 * len(z) / n + scale_bits
-    r["MBps_per_core"] = {**r.pop("MBps"), "zstd1 compress": mb / t_zenc, "zstd1 decompress": mb / t_zdec}
-    r["speed_vs_zstd1"] = {"encode": r["MBps_per_core"]["huffman encode"] / (mb / t_zenc),
-                           "decode": r["MBps_per_core"]["huffman decode"] / (mb / t_zdec)}
+    r["MBps_per_core"] = {**speed, "numpy huffman encode (before)": mb / t_nenc,
+                          "numpy huffman decode (before)": mb / t_ndec,
+                          "zstd1 compress": mb / t_zenc, "zstd1 decompress": mb / t_zdec}
+    r["speed_vs_numpy_before"] = {"encode": speed["huffman encode"] * t_nenc / mb,
+                                  "decode": speed["huffman decode"] * t_ndec / mb}
+    r["speed_vs_zstd1"] = {"encode": speed["huffman encode"] * t_zenc / mb,
+                           "decode": speed["huffman decode"] * t_zdec / mb}
     return r
 
 
@@ -65,6 +80,8 @@ def main() -> None:
               f"(+{r['huffman_minus_entropy']:.3f}); Huffman stage gain {r['huffman_stage_gain']:.3f}x; "
               f"total {r['ratio_vs_fp32']:.2f}x vs fp32")
         print("MB/s per core: " + ", ".join(f"{k} {v:.0f}" for k, v in s.items()))
+        print(f"Huffman speed relative to the numpy coder of before: encode {r['speed_vs_numpy_before']['encode']:.2f}x, "
+              f"decode {r['speed_vs_numpy_before']['decode']:.2f}x")
         print(f"Huffman speed relative to zstd level 1: encode {r['speed_vs_zstd1']['encode']:.2f}x, "
               f"decode {r['speed_vs_zstd1']['decode']:.2f}x")
     print("\nwrote", save("codec", {"config": cfg.__dict__, "results": results}))

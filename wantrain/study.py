@@ -7,6 +7,7 @@ per wire chunk) and reports bits per parameter per stage, the entropy bound and 
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -81,7 +82,8 @@ def codec_stages(flat: np.ndarray, cfg: CodecConfig | None = None, repeats: int 
     mb = n / 1e6
     t_quant = best_of(lambda: quantize_int8(flat, cfg.quant_block), repeats)
     t_enc = best_of(lambda: [huffman.encode(p, cfg.huffman_block) for p in parts], repeats)
-    t_dec = best_of(lambda: huffman.decode_many(payloads), repeats)
+    t_dec = best_of(lambda: huffman.decode_many(payloads, threads=1), repeats)
+    t_dec_all = best_of(lambda: huffman.decode_many(payloads), repeats)
     return {
         "params": n,
         "bits_per_param": {"fp32": 32.0, "bf16": 16.0, "int8": 8 + scale_bits, "int8+huffman": huff_bits + scale_bits},
@@ -91,6 +93,7 @@ def codec_stages(flat: np.ndarray, cfg: CodecConfig | None = None, repeats: int 
         "huffman_stage_gain": 8 / huff_bits,
         "ratio_vs_fp32": 32 / (huff_bits + scale_bits),
         "int8_relative_error": float(np.linalg.norm(err)) / max(float(np.linalg.norm(flat)), 1e-30),
-        "MBps": {"quantize (fp32 in)": 4 * mb / t_quant, "huffman encode": mb / t_enc, "huffman decode": mb / t_dec},
+        "MBps": {"quantize (fp32 in)": 4 * mb / t_quant, "huffman encode": mb / t_enc, "huffman decode": mb / t_dec,
+                  f"huffman decode, {os.cpu_count()} threads": mb / t_dec_all},
         "symbols": sym, "payloads": payloads,
     }

@@ -74,6 +74,34 @@ def test_multiple_payloads_with_different_tables_decode_together():
         assert np.array_equal(a, b)
 
 
+def test_blocks_shared_out_among_threads_decode_as_on_one():
+    """A payload of many blocks is decoded in jobs on a thread pool, beside small payloads and an
+    odd-length one; every thread count gives the same symbols."""
+    rng = np.random.default_rng(5)
+    big = np.clip(np.rint(rng.standard_t(3, 3 * 512 * 2048 + 1001) * 9), -127, 127).astype(np.int8)
+    arrays = [big, rng.integers(-5, 5, 4097).astype(np.int8), big[:2048 * 513]]
+    payloads = [huffman.encode(a) for a in arrays]
+    for threads in (1, 3, None):
+        for a, b in zip(arrays, huffman.decode_many(payloads, threads=threads)):
+            assert np.array_equal(a, b.view(np.int8))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=0, max_size=600), st.integers(0, 2**32 - 1))
+def test_any_corruption_is_an_error_or_a_decode_never_a_crash(raw, seed):
+    """The compiled decoder does no bounds checks of its own: whatever a hostile payload says,
+    it must fail with CodecError or decode to the announced number of symbols."""
+    rng = np.random.default_rng(seed)
+    p = bytearray(huffman.encode(rng.integers(-20, 20, int(rng.integers(1, 9000))).astype(np.int8), 256, 2))
+    for k in rng.integers(0, len(p), 1 + len(raw) % 8):
+        p[k] = raw[k % len(raw)] if raw else int(rng.integers(0, 256))
+    try:
+        out = huffman.decode(bytes(p))
+    except CodecError:
+        return
+    assert out.size == huffman.payload_symbols(bytes(p))
+
+
 def test_several_tables_beat_one_on_a_mixture():
     rng = np.random.default_rng(3)
     narrow = np.clip(np.rint(rng.standard_normal(64 * 2048) * 3), -127, 127)

@@ -12,10 +12,9 @@ Layout of one encoded payload (all integers little-endian unless said otherwise)
     ...  the bit stream, as big-endian u32 words, blocks back to back with no padding
 
 Blocks are independently decodable given their start bit (the prefix sum of the block bit
-lengths) and their table, so the decoder runs all blocks of all payloads in lock step: each
-numpy operation advances every block by one symbol. Codes are at most 12 bits, so one lookup
-in a 4096-entry table decodes a symbol. The encoder works on symbol pairs (one 65536-entry
-table lookup gives both codes), which halves the number of elements it touches.
+lengths) and their table, so a large payload's blocks are decoded by several threads at once.
+Codes are at most 12 bits, so one lookup in a 4096-entry table decodes a symbol. The bit-level
+loops are compiled (huffman_kernels.py); this module parses and builds the format around them.
 
 Why several tables: the int8 symbols of a delta are a mixture (blocks whose scale was set by
 an outlier hold narrow distributions, others wide ones). Splitting the blocks by their spread
@@ -25,13 +24,17 @@ cost of one byte per block.
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..errors import CodecError
+from . import huffman_kernels as kernels
 from .huffman_codes import (MAX_CODE_LEN, canonical_codes, code_lengths, decode_table, is_prefix_code, pack_lengths,
-                            pair_tables, unpack_lengths)
+                            unpack_lengths)
 
 VERSION = 1
 MAX_TABLES = 4
@@ -60,54 +63,18 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAUL
         return _HEADER.pack(VERSION, 1, block, 0) + pack_lengths(np.zeros(256, np.uint8))
     group = _block_groups(sym, block, tables)                  # (nblocks,) table of each block
     T = int(group.max()) + 1
-    if n % 2:  # pad to whole pairs with a symbol that has a code; the decoder stops at n
-        sym = np.concatenate([sym, sym[-1:]])
-    pairs = sym.view("<u2")                                    # (m,) = s0 | s1 << 8
-    half = block // 2
-    if T == 1:
-        idx = pairs
-    else:  # idx = pair | table << 16, one pass over the pairs block by block
-        idx = np.empty(pairs.size, np.uint32)
-        full = pairs.size // half
-        np.bitwise_or(pairs[:full * half].reshape(full, half), group[:full, None].astype(np.uint32) << 16,
-                      out=idx[:full * half].reshape(full, half))
-        idx[full * half:] = pairs[full * half:] | (np.uint32(group[-1]) << 16)
-    pair_counts = np.bincount(idx, minlength=T * 65536).reshape(T, 256, 256)   # [table, s1, s0]
-    counts = pair_counts.sum(axis=1) + pair_counts.sum(axis=2)                  # (T, 256)
-    if n % 2:
-        counts[group[-1], sym[-1]] -= 1
-    lengths = [code_lengths(c) for c in counts]
-    pair_len, pair_code = zip(*(pair_tables(ln, canonical_codes(ln)) for ln in lengths))
-    pair_len, pair_code = np.concatenate(pair_len), np.concatenate(pair_code)
-
-    plen = np.take(pair_len, idx)                              # (m,) uint8, <= 24 bits
-    ends = np.cumsum(plen, dtype=np.uint64)                    # (m,) bit end of each pair
-    starts = ends - plen
-    total_bits = int(ends[-1])
-
-    # Block bit lengths: block k covers pairs [k*B/2, (k+1)*B/2).
-    block_ends = np.append(ends[half - 1::half], total_bits)[:nblocks]
-    block_bits = np.diff(block_ends, prepend=0).astype("<u2")
-
-    # Each pair's code, left-aligned in 64 bits, is shifted to its offset within its start
-    # word w, so it covers bits of words w and w+1. Codes never overlap, so the pairs that
-    # start in the same word add up without carries (sum == OR). A pair is at most 24 bits, so
-    # every word but the last has a pair starting in it: the segments are words 0..K-1. A
-    # segment's sum is a difference of prefix sums; uint64 wrap-around cancels out exactly.
-    word = starts >> np.uint64(5)                              # (m,) non-decreasing
-    aligned = np.take(pair_code, idx)                          # (m,)
-    np.right_shift(aligned, starts & np.uint64(31), out=aligned)
-    prefix = np.cumsum(aligned, out=aligned)
-    last = np.append(np.flatnonzero(word[1:] != word[:-1]), word.size - 1)   # (K,) last pair per word
-    window = np.diff(prefix[last], prepend=np.uint64(0))       # (K,) words w, w+1 of segment w
-    nwords = -(-total_bits // 32)
-    stream = np.zeros(window.size + 1, np.uint64)
-    stream[:-1] = window >> np.uint64(32)
-    stream[1:] += window & np.uint64(0xFFFFFFFF)
-    words = stream[:nwords].astype(">u4")
+    counts = kernels.count_symbols(sym, block, group, T)       # (T, 256)
+    lengths = np.stack([code_lengths(c) for c in counts])      # (T, 256) uint8
+    codes = np.stack([canonical_codes(ln) for ln in lengths])  # (T, 256) uint32
+    # An odd count is padded with a second copy of the last symbol (see encode_blocks).
+    total_bits = int((counts * lengths).sum()) + (int(lengths[group[-1], sym[-1]]) if n % 2 else 0)
+    words = np.empty(-(-total_bits // 32), np.uint32)
+    block_bits = np.empty(nblocks, "<u2")
+    entries = (codes.astype(np.int64) << 5) | lengths
+    kernels.encode_blocks(sym, block, group, entries, words, block_bits)
     header = _HEADER.pack(VERSION, T, block, n) + b"".join(pack_lengths(ln) for ln in lengths)
     block_tables = group.astype(np.uint8).tobytes() if T > 1 else b""
-    return header + block_tables + block_bits.tobytes() + words.tobytes()
+    return header + block_tables + block_bits.tobytes() + words.astype(">u4").tobytes()
 
 
 def _block_groups(sym: np.ndarray, block: int, tables: int) -> np.ndarray:
@@ -116,11 +83,7 @@ def _block_groups(sym: np.ndarray, block: int, tables: int) -> np.ndarray:
     nblocks = -(-n // block)
     if tables == 1 or nblocks < 2 * tables:
         return np.zeros(nblocks, np.int64)
-    signed = sym.view(np.int8)
-    full = n // block
-    spread = np.abs(signed[:full * block].reshape(full, block)).sum(axis=1, dtype=np.int64) / block
-    if full < nblocks:
-        spread = np.append(spread, np.abs(signed[full * block:]).sum(dtype=np.int64) / (n - full * block))
+    spread = kernels.block_spread(sym.view(np.int8), block)
     cuts = np.quantile(spread, np.arange(1, tables) / tables)
     group = np.searchsorted(cuts, spread, side="right")
     used = np.unique(group)                                    # ties can leave a group empty
@@ -159,13 +122,13 @@ class _Parsed:
                         for k in range(self.tables)]
         pos += self.tables * _LENGTHS_BYTES
         if self.tables > 1:
-            self.block_table = np.frombuffer(payload, dtype=np.uint8, count=nblocks, offset=pos).astype(np.uint64)
+            self.block_table = np.frombuffer(payload, dtype=np.uint8, count=nblocks, offset=pos)
             pos += nblocks
             if self.block_table.size and int(self.block_table.max()) >= self.tables:
                 raise CodecError("Huffman block names a table the payload does not have")
         else:
-            self.block_table = np.zeros(nblocks, np.uint64)
-        self.block_bits = np.frombuffer(payload, dtype="<u2", count=nblocks, offset=pos).astype(np.uint64)
+            self.block_table = np.zeros(nblocks, np.uint8)
+        self.block_bits = np.frombuffer(payload, dtype="<u2", count=nblocks, offset=pos).astype(np.int64)
         pos += 2 * nblocks
         if (len(payload) - pos) % 4:
             raise CodecError("Huffman bit stream is not a whole number of words")
@@ -179,89 +142,57 @@ class _Parsed:
                 raise CodecError("Huffman code lengths do not form a prefix code")
 
 
-def _transpose(a: np.ndarray, rows: int = 64) -> np.ndarray:
-    """a.T as a contiguous array, copied in bands of rows (about twice numpy's plain copy)."""
-    out = np.empty(a.shape[::-1], a.dtype)
-    for r in range(0, a.shape[0], rows):
-        out[:, r:r + rows] = a[r:r + rows].T
-    return out
-
-
 def decode(payload: bytes) -> np.ndarray:
     """Decode one payload into its uint8 symbols."""
     return decode_many([payload])[0]
 
 
-def decode_many(payloads: list[bytes]) -> list[np.ndarray]:
-    """Decode several payloads at once, all of their blocks advancing in lock step."""
+def decode_many(payloads: list[bytes], threads: int | None = None) -> list[np.ndarray]:
+    """Decode several payloads; their blocks are shared out among `threads` threads (default: one
+    per core) when there are enough of them to be worth it."""
     parsed = [_Parsed(p) for p in payloads]
-    results: list[np.ndarray] = [np.empty(0, np.uint8) for _ in parsed]
-    live = [i for i, p in enumerate(parsed) if p.n > 0]
-    if not live:
+    results = [np.empty(p.n, np.uint8) for p in parsed]
+    jobs = []                                                  # (payload, first block, last block)
+    for i, p in enumerate(parsed):
+        nblocks = p.block_bits.size
+        jobs += [(i, b, min(b + _BLOCKS_PER_JOB, nblocks)) for b in range(0, nblocks if p.n else 0, _BLOCKS_PER_JOB)]
+    if not jobs:
         return results
-    block = parsed[live[0]].block
-    if any(parsed[i].block != block for i in live):  # rare: decode groups separately
-        for i in live:
-            results[i] = decode_many([payloads[i]])[0]
-        return results
+    inputs = [_kernel_inputs(p) for p in parsed]
 
-    # One concatenated word stream and one concatenated table; each lane (block) knows
-    # its start bit and which table it uses.
-    word_base = np.cumsum([0] + [parsed[i].words.size for i in live])
-    pad = block * MAX_CODE_LEN // 32 + 2
-    words = np.concatenate([parsed[i].words.astype(np.uint64) for i in live] + [np.zeros(pad, np.uint64)])
-    w64 = (words[:-1] << np.uint64(32)) | words[1:]             # window source: word i and i+1
-    starts, table_base = [], []
-    tables: list[np.ndarray] = []
-    for k, i in enumerate(live):
+    def run(job: tuple[int, int, int]) -> None:
+        i, first, last = job
         p = parsed[i]
-        starts.append(np.cumsum(p.block_bits) - p.block_bits + np.uint64(32 * word_base[k]))
-        table_base.append((p.block_table + np.uint64(len(tables))) << np.uint64(MAX_CODE_LEN))
-        tables.extend(decode_table(ln) for ln in p.lengths)
-    pos = np.concatenate(starts).astype(np.int64)              # (lanes,) bit position
-    pos_u = pos.view(np.uint64)
-    base = np.concatenate(table_base)                          # (lanes,) table offset
-    single_table = len(tables) == 1
-    table = np.concatenate(tables)
-    lanes = pos.size
+        words, starts, tables = inputs[i]
+        kernels.decode_blocks(words, starts, p.block_table, tables, p.block, p.n, first, last, results[i])
 
-    # Row k of `out` holds symbols 2k and 2k+1 of every block, as one little-endian u16.
-    # One 64-bit window read at a word boundary (shift <= 31) holds two whole codes
-    # (2 * 12 bits), so each pass of the loop decodes two symbols per lane. Indices are int64
-    # views so that np.take takes its fast path.
-    out = np.empty((block // 2, lanes), dtype=np.uint16)
-    idx = np.empty(lanes, np.int64)
-    win = np.empty(lanes, np.uint64)
-    sh = np.empty(lanes, np.uint64)
-    t = np.empty(lanes, np.uint64)
-    t_i = t.view(np.int64)
-    e1 = np.empty(lanes, np.uint16)                            # table entry: symbol | length << 8
-    e2 = np.empty(lanes, np.uint16)
-    ln = np.empty(lanes, np.uint64)
-    top = np.uint64(64 - MAX_CODE_LEN)
-    low5, eight, low8 = np.uint64(31), np.uint16(8), np.uint16(0xFF)
-    for k in range(block // 2):
-        np.right_shift(pos, 5, out=idx)
-        np.take(w64, idx, out=win, mode="clip")
-        np.bitwise_and(pos_u, low5, out=sh)
-        np.left_shift(win, sh, out=win)                        # next code at the top
-        for e in (e1, e2):
-            np.right_shift(win, top, out=t)
-            if not single_table:
-                np.add(t, base, out=t)
-            np.take(table, t_i, out=e, mode="clip")
-            np.right_shift(e, eight, out=ln)
-            np.left_shift(win, ln, out=win)
-            np.add(pos_u, ln, out=pos_u)
-        np.bitwise_and(e1, low8, out=e1)
-        np.left_shift(e2, eight, out=e2)                       # drops e2's length byte
-        np.bitwise_or(e1, e2, out=out[k])
-
-    by_block = _transpose(out)                                 # (lanes, block / 2) u16
-    lane = 0
-    for i in live:
-        p = parsed[i]
-        nb = p.block_bits.size
-        results[i] = by_block[lane:lane + nb].reshape(-1).view(np.uint8)[: p.n]
-        lane += nb
+    if len(jobs) == 1 or threads == 1:
+        for job in jobs:
+            run(job)
+    else:
+        list(_pool(threads).map(run, jobs))
     return results
+
+
+def _kernel_inputs(p: _Parsed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The decoder's arrays: native-order words with zeros after them, each block's first bit, tables."""
+    words = np.zeros(p.words.size + kernels.words_after(p.block), np.uint32)
+    words[:p.words.size] = p.words
+    starts = (np.cumsum(p.block_bits, dtype=np.int64) - p.block_bits).astype(np.int64)
+    tables = np.stack([decode_table(ln) for ln in p.lengths])
+    return words, starts, tables
+
+
+# Blocks per decode job: about a million symbols at the default block, so a job's work dwarfs
+# handing it to a thread; a payload smaller than that decodes on the calling thread.
+_BLOCKS_PER_JOB = 512
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(threads: int | None) -> ThreadPoolExecutor:
+    size = threads or os.cpu_count() or 1
+    with _POOLS_LOCK:
+        if size not in _POOLS:
+            _POOLS[size] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="huffman")
+        return _POOLS[size]

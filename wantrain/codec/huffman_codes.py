@@ -1,6 +1,6 @@
 """The codes of the Huffman stage: length-limited code lengths from symbol counts, canonical codes
-from lengths, and the tables the encoder (symbol pairs) and decoder (12-bit windows) look codes
-up in. huffman.py holds the payload format and the coders that use them."""
+from lengths, and the table the decoder looks 12-bit windows up in. huffman.py holds the
+payload format; huffman_kernels.py the compiled coders."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import CodecError
 
-__all__ = ["MAX_CODE_LEN", "code_lengths", "canonical_codes", "pair_tables", "decode_table", "pack_lengths",
+__all__ = ["MAX_CODE_LEN", "code_lengths", "canonical_codes", "decode_table", "pack_lengths",
            "unpack_lengths", "is_prefix_code"]
 
 MAX_CODE_LEN = 12
@@ -73,20 +73,6 @@ def canonical_codes(lengths: np.ndarray) -> np.ndarray:
     rank = np.arange(order.size) - np.searchsorted(ln, ln)     # position within its length
     codes[order] = (first[ln] + rank).astype(np.uint32)
     return codes
-
-
-def pair_tables(lengths: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """65536-entry tables for symbol pairs: total length (u8), code left-aligned in 64 bits (u64).
-
-    A pair is read as one little-endian u16, index = s0 + 256 * s1: row s1, column s0.
-    """
-    ln = lengths.astype(np.uint64)
-    c = codes.astype(np.uint64)
-    total = ln[:, None] + ln[None, :]                          # (256 s1, 256 s0)
-    code = (c[None, :] << ln[:, None]) | c[:, None]            # s0's code, then s1's
-    shift = np.where(total > 0, np.uint64(64) - total, np.uint64(0))
-    aligned = np.where(total > 0, code << shift, np.uint64(0))
-    return total.astype(np.uint8).reshape(-1), aligned.reshape(-1)
 
 
 def pack_lengths(lengths: np.ndarray) -> bytes:
