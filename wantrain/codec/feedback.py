@@ -25,6 +25,13 @@ class ErrorFeedback:
         """Remember what `sent` (the decoded value the receiver will see) left out."""
         self.residuals[name] = corrected - sent
 
+    def prepare(self, sizes: dict[str, int]) -> None:
+        """Create a zero residual for every tensor in `sizes` that has none, so that parts of one
+        tensor can then be recorded from several threads (record_part never adds a key)."""
+        for name, size in sizes.items():
+            if name not in self.residuals:
+                self.residuals[name] = np.zeros(size, np.float32)
+
     def compensate_part(self, name: str, part: slice, value: np.ndarray) -> np.ndarray:
         """compensate() for elements `part` of tensor `name`."""
         residual = self.residuals.get(name)

@@ -24,13 +24,11 @@ cost of one byte per block.
 
 from __future__ import annotations
 
-import os
 import struct
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..cpu import map_ordered
 from ..errors import CodecError
 from . import huffman_kernels as kernels
 from .huffman_codes import (MAX_CODE_LEN, canonical_codes, code_lengths, decode_table, is_prefix_code, pack_lengths,
@@ -148,8 +146,8 @@ def decode(payload: bytes) -> np.ndarray:
 
 
 def decode_many(payloads: list[bytes], threads: int | None = None) -> list[np.ndarray]:
-    """Decode several payloads; their blocks are shared out among `threads` threads (default: one
-    per core) when there are enough of them to be worth it."""
+    """Decode several payloads; their blocks are shared out on the process's thread pool (cpu.py)
+    when there are enough of them to be worth it, or decoded on this thread with `threads=1`."""
     parsed = [_Parsed(p) for p in payloads]
     results = [np.empty(p.n, np.uint8) for p in parsed]
     jobs = []                                                  # (payload, first block, last block)
@@ -166,11 +164,7 @@ def decode_many(payloads: list[bytes], threads: int | None = None) -> list[np.nd
         words, starts, tables = inputs[i]
         kernels.decode_blocks(words, starts, p.block_table, tables, p.block, p.n, first, last, results[i])
 
-    if len(jobs) == 1 or threads == 1:
-        for job in jobs:
-            run(job)
-    else:
-        list(_pool(threads).map(run, jobs))
+    map_ordered(run, jobs, threads)
     return results
 
 
@@ -186,13 +180,3 @@ def _kernel_inputs(p: _Parsed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 # Blocks per decode job: about a million symbols at the default block, so a job's work dwarfs
 # handing it to a thread; a payload smaller than that decodes on the calling thread.
 _BLOCKS_PER_JOB = 512
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _pool(threads: int | None) -> ThreadPoolExecutor:
-    size = threads or os.cpu_count() or 1
-    with _POOLS_LOCK:
-        if size not in _POOLS:
-            _POOLS[size] = ThreadPoolExecutor(max_workers=size, thread_name_prefix="huffman")
-        return _POOLS[size]
