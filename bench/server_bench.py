@@ -156,16 +156,28 @@ def main() -> None:
     wire_round = sum(next(x for x in stats[s] if x[0] == 0)[3] for s in SITES)
     ingest = sorted(per_round)[len(per_round) // 2]
     round_s = [e["round_s"] for e in rows(events, "round_end")]
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2] if values else float("nan")
+
+    # Where the PS's part of a round goes: aggregate = outer step + update encode + apply (+ hash,
+    # evaluation); encode_s sums the chunks' encode times over the threads; checkpoint before the
+    # round is announced.
+    parts = {"aggregate_s": median([e["aggregate_s"] for e in rows(events, "round_end")]),
+             "update_encode_s_summed": median([e["encode_s"] for e in rows(events, "round_end")]),
+             "checkpoint_s": median([e["seconds"] for e in rows(events, "checkpoint")])}
     baseline = tcp_baseline(wire_round // 3)
     result = {"preset": args.preset, "rounds": args.rounds, "wire_MB_per_round_all_sites": wire_round / 1e6,
               "ingest_MBps_per_round": per_round, "ingest_MBps_median": ingest,
-              "ps_round_s_median": sorted(round_s)[len(round_s) // 2], "raw_tcp_loopback_MBps": baseline,
+              "ps_round_s_median": median(round_s), **{f"{k}_median": v for k, v in parts.items()},
+              "raw_tcp_loopback_MBps": baseline,
               "ingest_vs_raw_tcp": ingest / baseline}
     print(f"PS ingest from 3 concurrent sites ({args.preset}, {wire_round / 1e6:.1f} MB of int8+Huffman deltas "
           f"per round): median {ingest:.0f} MB/s (rounds: {', '.join(f'{x:.0f}' for x in per_round)})")
     print(f"baseline, same bytes over plain TCP on loopback into one process: {baseline:.0f} MB/s; "
           f"gRPC ingest / raw TCP = {ingest / baseline:.2f}")
-    print(f"whole round at the PS (push + decode + aggregate + encode + send): median {result['ps_round_s_median']:.2f} s")
+    print(f"whole round at the PS (push + decode + aggregate + encode + send): median {result['ps_round_s_median']:.2f} s; "
+          + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
     print("wrote", save("server", result))
 
 
