@@ -1,6 +1,13 @@
 import os
 
 import pytest
+from hypothesis import settings
+
+# Property tests draw the same examples on every run, so that a red CI run can be replayed;
+# HYPOTHESIS_PROFILE=explore searches afresh (add what it finds as an @example).
+settings.register_profile("seeded", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "seeded"))
 
 # Child processes (PS, sites) are started with this interpreter and must find the package.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -173,7 +173,10 @@ def _kernel_inputs(p: _Parsed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     words = np.zeros(p.words.size + kernels.words_after(p.block), np.uint32)
     words[:p.words.size] = p.words
     starts = (np.cumsum(p.block_bits, dtype=np.int64) - p.block_bits).astype(np.int64)
-    tables = np.stack([decode_table(ln) for ln in p.lengths])
+    # Only the tables some block uses were checked (a payload may carry others, of any lengths).
+    used = set(np.unique(p.block_table).tolist())
+    tables = np.stack([decode_table(ln) if k in used else np.zeros(1 << MAX_CODE_LEN, np.uint16)
+                       for k, ln in enumerate(p.lengths)])
     return words, starts, tables
 
 

@@ -89,8 +89,10 @@ def unpack_lengths(raw: bytes) -> np.ndarray:
 
 
 def is_prefix_code(lengths: np.ndarray) -> bool:
+    """Can these lengths (0 = absent) be the code of a payload: some symbol, none over
+    MAX_CODE_LEN bits, and Kraft's inequality."""
     present = lengths[lengths > 0].astype(np.int64)
-    if present.size == 0:
+    if present.size == 0 or int(present.max()) > MAX_CODE_LEN:
         return False
     return int((1 << (MAX_CODE_LEN - present)).sum()) <= (1 << MAX_CODE_LEN)
 
