@@ -38,7 +38,10 @@ def low_tail(samples: list[float]) -> float:
 @pytest.mark.timeout(300)
 def test_training_continues_through_an_emulated_wan(tmp_path):
     (tmp_path / "s.toml").write_text(SCENARIO)
-    cfg = small_config(num_sites=2, **{"train.rounds": 8, "train.inner_steps": 10})
+    # Rounds are 2 s compute budgets, so the run lasts long enough for each site's RTT probes (one
+    # a second) however fast the machine rounds: with 10 fixed steps, a faster PS once left the far
+    # site 9 probes.
+    cfg = small_config(num_sites=2, **{"train.rounds": 8, "train.inner_steps": 10, "train.round_budget_s": 2.0})
     run = Run(cfg, run_dir=tmp_path / "run", scenario=str(tmp_path / "s.toml"))
     with run:
         # A dashboard given only the PS's address, the observer token and the CA: no run folder, no Run.
