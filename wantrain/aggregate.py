@@ -51,11 +51,10 @@ def weighted_mean(values: list[np.ndarray], weights: list[float]) -> np.ndarray:
 
 def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], params: dict[str, np.ndarray],
                     contributions: dict[str, Contribution], outer: OuterNesterov, feedback: ErrorFeedback | None,
-                    codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0, threads: int | None = None
+                    codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0
                     ) -> tuple[list[TensorChunk], EncodeStats]:
     """Apply one round to `params` (flat float32 views of the global model); returns the update chunks
-    every replica adds, and their encoding statistics (`seconds`: encoding time summed over chunks).
-    `threads=1` keeps the work on the calling thread."""
+    every replica adds, and their encoding statistics (`seconds`: encoding time summed over chunks)."""
     keys = sorted(contributions)
     if not keys:
         raise WantrainError(f"round {round_} has no deltas to aggregate")
@@ -83,5 +82,5 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
         params[spec.tensor][part] += sent   # one float32 add per element, as every site does
         return TensorChunk(UPDATE, round_, i, len(plan), spec, enc), stats
 
-    done = map_ordered(step, range(len(plan)), threads)
+    done = map_ordered(step, range(len(plan)))
     return [msg for msg, _ in done], EncodeStats.total(s for _, s in done)

@@ -101,7 +101,7 @@ def payload_symbols(payload: bytes) -> int:
 
 
 class _Parsed:
-    __slots__ = ("n", "block", "tables", "lengths", "block_table", "block_bits", "words")
+    __slots__ = ("n", "block", "tables", "lengths", "block_table", "block_bits", "words", "used")
 
     def __init__(self, payload: bytes) -> None:
         if len(payload) < _HEADER.size + _LENGTHS_BYTES:
@@ -134,9 +134,9 @@ class _Parsed:
         total = int(self.block_bits.sum())
         if total > 32 * self.words.size:
             raise CodecError("Huffman block index points past the end of the stream")
+        self.used = set(np.unique(self.block_table).tolist())    # the tables some block codes with
         if self.n:
-            used = np.unique(self.block_table).astype(np.int64)
-            if not all(is_prefix_code(self.lengths[k]) for k in used):
+            if not all(is_prefix_code(self.lengths[k]) for k in self.used):
                 raise CodecError("Huffman code lengths do not form a prefix code")
 
 
@@ -172,10 +172,9 @@ def _kernel_inputs(p: _Parsed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The decoder's arrays: native-order words with zeros after them, each block's first bit, tables."""
     words = np.zeros(p.words.size + kernels.words_after(p.block), np.uint32)
     words[:p.words.size] = p.words
-    starts = (np.cumsum(p.block_bits, dtype=np.int64) - p.block_bits).astype(np.int64)
+    starts = np.cumsum(p.block_bits) - p.block_bits
     # Only the tables some block uses were checked (a payload may carry others, of any lengths).
-    used = set(np.unique(p.block_table).tolist())
-    tables = np.stack([decode_table(ln) if k in used else np.zeros(1 << MAX_CODE_LEN, np.uint16)
+    tables = np.stack([decode_table(ln) if k in p.used else np.zeros(1 << MAX_CODE_LEN, np.uint16)
                        for k, ln in enumerate(p.lengths)])
     return words, starts, tables
 
