@@ -14,6 +14,11 @@ STAMP  := $(VENV)/.installed
 # rounds and steps (`make test WANTRAIN_QUICK=0` runs them at full size).
 WANTRAIN_QUICK ?= 1
 
+# pytest runs in two worker processes (pytest-xdist): most tests wait on real processes and sockets,
+# so two of them fill a 2-core machine that one leaves half idle (pytest 11 minutes instead of 15 here).
+# Tests that change the host's network share a file lock (tests/conftest.py: host_network).
+TEST_WORKERS ?= 2
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt -e '.[dev]'
@@ -28,7 +33,7 @@ test: $(STAMP)
 	bash tools/install_sysdeps.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q --durations=15
+	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py

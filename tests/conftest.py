@@ -1,4 +1,7 @@
+import fcntl
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -23,6 +26,18 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def host_network():
+    """Sole use of this host's network namespaces, veth links and nftables tables.
+
+    The kernel-backend tests create them and, after each test, remove every one the backend could
+    have left; the test processes (`make test` runs two) take turns through a file lock. Its wait
+    counts against the test's timeout, so those tests allow for one other such test first."""
+    with open(Path(tempfile.gettempdir()) / "wantrain-host-network.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 _LEAKED: list[str] = []
 
 
@@ -32,6 +47,20 @@ def _reap_leftover_processes():
     yield
     from .reaper import reap
     _LEAKED.extend(reap())
+
+
+def pytest_sessionfinish(session):
+    """In an xdist worker (`make test` runs two): reap its leftovers and hand their names to the
+    controller, whose summary lists them (the workers' children are not the controller's)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from .reaper import reap
+        workeroutput["leaked"] = _LEAKED + reap(grace_s=1.0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _LEAKED.extend(getattr(node, "workeroutput", {}).get("leaked", []))
 
 
 def pytest_terminal_summary(terminalreporter):

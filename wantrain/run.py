@@ -59,14 +59,18 @@ def default_site_names(n: int) -> list[str]:
 
 
 def new_run_dir(root: str | Path = "runs") -> Path:
+    # mkdir itself decides which name is free: two runs started in the same second (two notebooks,
+    # two test workers) must not both pass an exists() check and then collide.
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    d = Path(root) / stamp
-    k = 1
-    while d.exists():
-        k += 1
-        d = Path(root) / f"{stamp}-{k}"
-    d.mkdir(parents=True)
-    return d
+    Path(root).mkdir(parents=True, exist_ok=True)
+    for k in range(1, 10_000):
+        d = Path(root) / (stamp if k == 1 else f"{stamp}-{k}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free run folder name under {root} for {stamp}")
 
 
 @atexit.register

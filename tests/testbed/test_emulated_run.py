@@ -118,7 +118,7 @@ loss = 0.001
 
 @pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the kernel backend needs root (CI runs as root)")
 @pytest.mark.timeout(300)
-def test_training_through_the_kernel_backend(tmp_path):
+def test_training_through_the_kernel_backend(tmp_path, host_network):
     import subprocess
 
     (tmp_path / "k.toml").write_text(KERNEL_SCENARIO)

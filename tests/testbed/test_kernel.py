@@ -55,14 +55,14 @@ def state():
 
 
 @pytest.fixture(autouse=True)
-def _clean():
+def _clean(host_network):
     yield
     if os.geteuid() == 0:
         cleanup_all()
 
 
 @root_only
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("mbps", [10, 40])
 def test_htb_rate_on_real_tcp_both_ways(mbps):
     with KernelLink("rate", rate_mbps=mbps) as link:
@@ -75,7 +75,7 @@ def test_htb_rate_on_real_tcp_both_ways(mbps):
 
 
 @root_only
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_nftables_loss_rate_is_within_a_binomial_band():
     p = 0.05
     with KernelLink("loss", loss=p) as link:
@@ -88,7 +88,7 @@ def test_nftables_loss_rate_is_within_a_binomial_band():
 
 
 @root_only
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_outage_holds_tcp_and_lets_it_resume():
     with KernelLink("out", rate_mbps=50) as link:
         sink = subprocess.Popen(link.exec_prefix() + [sys.executable, "-c", SINK, link.site_ip],
@@ -107,7 +107,7 @@ def test_outage_holds_tcp_and_lets_it_resume():
 
 
 @root_only
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_everything_is_removed_also_after_a_failure():
     with pytest.raises(RuntimeError, match="boom"):
         with KernelLink("fail", rate_mbps=5, loss=0.01) as link:
@@ -121,7 +121,7 @@ def test_everything_is_removed_also_after_a_failure():
 
 
 @root_only
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_delay_comes_from_netem_or_says_it_needs_the_proxy():
     with KernelLink("delay", delay_ms=30) as link:
         assert link.needs_proxy_delay == (not kernel.netem_available())

@@ -14,10 +14,11 @@ from testbed.tcconfig_backend import TcconfigError, TcconfigLink
 TCSET = shutil.which("tcset") or str(Path(sys.executable).parent / "tcset")
 TCDEL = shutil.which("tcdel") or str(Path(sys.executable).parent / "tcdel")
 have_tcconfig = pytest.mark.skipif(not Path(TCSET).exists(), reason="tcconfig is a dev dependency")
+pytestmark = pytest.mark.usefixtures("host_network")   # namespaces of the host: see tests/conftest.py
 
 
 @have_tcconfig
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_dry_run_shows_the_tc_commands():
     link = TcconfigLink("lo", Trace.constant(50, 10, 0.01), tcset=TCSET, tcdel=TCDEL, dry_run=True)
     out = link.apply(link.trace.at(0))
@@ -28,7 +29,7 @@ def test_dry_run_shows_the_tc_commands():
 
 @have_tcconfig
 @pytest.mark.skipif(os.geteuid() != 0, reason="applying shaping needs root (CI runs as root)")
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_apply_is_verified_and_refused_without_netem():
     with KernelLink("tcc") as ns:          # a veth inside our own namespace to shape
         link = TcconfigLink(ns.site_if, Trace.constant(20, 10), prefix=ns.exec_prefix(), tcset=TCSET, tcdel=TCDEL)
