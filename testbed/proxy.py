@@ -114,7 +114,9 @@ class _Pipe:
                 if math.isinf(rate):
                     n = len(view)
                 else:
-                    burst = max(16 * 1024.0, rate * 0.005)
+                    # The bucket holds 20 ms of the rate: a wake-up that comes late on a busy
+                    # machine is made up for, not lost (with 5 ms, 40 Mbit/s read 10 % low).
+                    burst = max(64 * 1024.0, rate * 0.020)
                     tokens = min(burst, tokens + (now - last) * rate)
                     last = now
                     if tokens < min(len(view), 4096):

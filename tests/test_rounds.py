@@ -44,13 +44,16 @@ def starts(link):
 @pytest.mark.parametrize("policy", ["drop", "stale"])
 def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, policy):
     async def scenario():
-        cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 2.0, "train.late_policy": policy})
+        cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 4.0, "train.late_policy": policy})
         ps = ParameterServer(cfg, run_dir=tmp_path)
+        a_msgs, a_metrics = delta_chunks(ps, 0, seed=0)      # encoded before the clock runs (a busy machine)
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
         drain(a), drain(b)
-        await push(ps, a, 0, seed=0)
+        for c in a_msgs:
+            ps.on_chunk(a, c)
+        await ps.on_metrics(a, a_metrics)
         assert ps.round == 0                                  # b is still training
-        await asyncio.sleep(2.3)                              # the deadline passes
+        await asyncio.sleep(4.3)                              # the deadline passes
         await ps.round_task
         assert ps.round == 1 and ps.late.keys() == {"b"}
         end = rows_of(ps, "round_end")[-1]

@@ -21,7 +21,7 @@ s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 def ping():
     t = time.monotonic(); s.sendall(b"p"); assert s.recv(1) == b"p"; return time.monotonic() - t
 if mode == "rtt":
-    out = sorted(ping() for _ in range(9))[4] * 1000
+    out = min(ping() for _ in range(9)) * 1000       # a busy machine only adds: the fastest shows the link
 elif mode == "rate":   # send 2 s worth; the echo server answers with one byte when all arrived
     n = int(sys.argv[4]); t = time.monotonic(); s.sendall(b"\0" * n); s.shutdown(socket.SHUT_WR)
     s.recv(1); out = n * 8 / (time.monotonic() - t) / 1e6

@@ -49,14 +49,17 @@ def test_rtt_matches_the_set_delay(one_way_ms):
         proxy = LinkProxy(("127.0.0.1", port), Trace.constant(one_way_ms, math.inf))
         await proxy.start()
         r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
-        rtts = sorted([await ping(r, w) for _ in range(9)])
+        rtts = [await ping(r, w) * 1000 for _ in range(9)]
         w.close()
         await proxy.stop()
         server.close()
-        return rtts[4] * 1000
-    measured = run(go())
+        return rtts
+    rtts = run(go())
     expected = 2 * one_way_ms
-    assert abs(measured - expected) <= max(0.1 * expected, 2.0), (measured, expected)
+    # Never faster than the set delay; a busy machine only adds to a ping (a late timer, a
+    # descheduled process), so the fastest of nine shows what the proxy itself adds.
+    assert min(rtts) >= expected - 0.5, (rtts, expected)
+    assert min(rtts) - expected <= max(0.1 * expected, 2.0), (rtts, expected)
 
 
 async def rate_through(trace: Trace, total: int) -> float:
@@ -81,7 +84,9 @@ async def rate_through(trace: Trace, total: int) -> float:
 def test_throughput_matches_the_set_rate(mbps):
     total = int(mbps * 1e6 / 8 * 2)          # two seconds' worth
     measured = run(rate_through(Trace.constant(10, mbps), total)) * 8 / 1e6
-    assert abs(measured - mbps) <= 0.1 * mbps, measured
+    # Tight above (the shaper caps), looser below: a busy machine can make the proxy late but
+    # never early (tests/testbed/test_backends.py: test_rate).
+    assert 0.8 * mbps <= measured <= 1.1 * mbps, measured
 
 
 @pytest.mark.timeout(60)
@@ -126,12 +131,11 @@ def test_trace_changes_are_followed_in_time():
         server.close()
         return samples
     samples = run(go())
-    def median_in(a, b):
-        xs = sorted(rtt for t, rtt in samples if a <= t < b)
-        return xs[len(xs) // 2]
-    assert abs(median_in(0.1, 0.8) - 20) <= 2.0
-    assert abs(median_in(1.1, 1.8) - 120) <= 12.0
-    assert abs(median_in(2.1, 2.8) - 50) <= 5.0
+    def fastest_in(a, b):           # as above: load only adds, so the fastest ping shows the set delay
+        return min(rtt for t, rtt in samples if a <= t < b)
+    assert 19.5 <= fastest_in(0.1, 0.8) <= 22.0
+    assert 119.5 <= fastest_in(1.1, 1.8) <= 132.0
+    assert 49.5 <= fastest_in(2.1, 2.8) <= 55.0
 
 
 @pytest.mark.timeout(60)
