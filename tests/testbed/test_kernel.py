@@ -69,9 +69,10 @@ def test_htb_rate_on_real_tcp_both_ways(mbps):
         nbytes = int(mbps * 1e6 / 8 * 3)                           # about three seconds
         down = transfer(link.exec_prefix(), link.site_ip, [], nbytes)
         up = transfer([], link.host_ip, link.exec_prefix(), nbytes)
-    # htb counts link-layer bytes; TCP payload is about 95% of them (headers).
+    # htb counts link-layer bytes; TCP payload is about 95% of them (headers). Tight above (htb
+    # caps), looser below: a busy machine can make the sending or reading process late, never early.
     for measured in (down, up):
-        assert abs(measured - 0.95 * mbps) <= 0.1 * mbps, (down, up)
+        assert 0.95 * mbps - 0.2 * mbps <= measured <= 0.95 * mbps + 0.1 * mbps, (down, up)
 
 
 @root_only
