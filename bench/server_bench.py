@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import queue
 import socket
 import subprocess
 import sys
@@ -114,14 +115,27 @@ def tcp_baseline(nbytes: int, senders: int = 3) -> float:
     return got / dt / 1e6
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--preset", default="small")
-    ap.add_argument("--rounds", type=int, default=8)
-    args = ap.parse_args()
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), MB; 0 once it is gone."""
+    try:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0.0
+    return int(line.split()[1]) / 1024
 
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else float("nan")
+
+
+def run_ps(preset: str, rounds: int, checkpoint_every: int) -> dict:
+    """One run of a real PS and three pushing clients; the PS's round figures and peak memory."""
     from wantrain.config import RunConfig
-    cfg = RunConfig().replace(**{"model.preset": args.preset, "train.rounds": args.rounds, "train.eval_batches": 0})
+    from wantrain.telemetry import read_events, rows
+
+    cfg = RunConfig().replace(**{"model.preset": preset, "train.rounds": rounds, "train.eval_batches": 0,
+                                 "train.checkpoint_every": checkpoint_every})
+    peak = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "c.json").write_text(cfg.to_json())
         port_file = Path(tmp) / "port"
@@ -134,50 +148,72 @@ def main() -> None:
                     raise SystemExit((Path(tmp) / "ps.log").read_text())
                 time.sleep(0.05)
             address = f"127.0.0.1:{int(port_file.read_text())}"
-            q: mp.Queue = mp.get_context("spawn").Queue()
             ctx = mp.get_context("spawn")
-            clients = [ctx.Process(target=client, args=(address, s, args.rounds, q)) for s in SITES]
+            q: mp.Queue = ctx.Queue()
+            clients = [ctx.Process(target=client, args=(address, s, rounds, q)) for s in SITES]
             for c in clients:
                 c.start()
-            stats = dict(q.get(timeout=900) for _ in clients)
+            stats: dict = {}
+            while len(stats) < len(clients):          # sample the PS's peak memory while it works
+                try:
+                    name, st = q.get(timeout=0.5)
+                    stats[name] = st
+                except queue.Empty:
+                    pass
+                peak = max(peak, peak_rss_mb(ps.pid))
             for c in clients:
                 c.join(60)
-            ps.wait(60)
+            while ps.poll() is None:
+                peak = max(peak, peak_rss_mb(ps.pid))
+                time.sleep(0.2)
         finally:
             if ps.poll() is None:
                 ps.kill()
-        from wantrain.telemetry import read_events, rows
         events = read_events(tmp)
     per_round = []
-    for r in range(args.rounds):
+    for r in range(rounds):
         entries = [next(x for x in stats[s] if x[0] == r) for s in SITES]
         start, end = min(e[1] for e in entries), max(e[2] for e in entries)
         per_round.append(sum(e[3] for e in entries) / (end - start) / 1e6)
-    wire_round = sum(next(x for x in stats[s] if x[0] == 0)[3] for s in SITES)
-    ingest = sorted(per_round)[len(per_round) // 2]
-    round_s = [e["round_s"] for e in rows(events, "round_end")]
+    # Where the PS's part of a round goes: aggregate = outer step + update encode + apply (+ hash);
+    # encode_s sums the chunks' encode times over the threads; checkpoint_s: the full state, written
+    # in the background (not part of the round since the journal, ps/journal.py).
+    ends = rows(events, "round_end")
+    return {"wire_MB_per_round_all_sites": sum(next(x for x in stats[s] if x[0] == 0)[3] for s in SITES) / 1e6,
+            "ingest_MBps_per_round": per_round, "ingest_MBps_median": median(per_round),
+            "ps_round_s_median": median([e["round_s"] for e in ends]),
+            "aggregate_s_median": median([e["aggregate_s"] for e in ends]),
+            "update_encode_s_summed_median": median([e["encode_s"] for e in ends]),
+            "checkpoint_s_median": median([e["seconds"] for e in rows(events, "checkpoint")]),
+            "ps_peak_rss_MB": peak}
 
-    def median(values: list[float]) -> float:
-        return sorted(values)[len(values) // 2] if values else float("nan")
 
-    # Where the PS's part of a round goes: aggregate = outer step + update encode + apply (+ hash,
-    # evaluation); encode_s sums the chunks' encode times over the threads; checkpoint before the
-    # round is announced.
-    parts = {"aggregate_s": median([e["aggregate_s"] for e in rows(events, "round_end")]),
-             "update_encode_s_summed": median([e["encode_s"] for e in rows(events, "round_end")]),
-             "checkpoint_s": median([e["seconds"] for e in rows(events, "checkpoint")])}
-    baseline = tcp_baseline(wire_round // 3)
-    result = {"preset": args.preset, "rounds": args.rounds, "wire_MB_per_round_all_sites": wire_round / 1e6,
-              "ingest_MBps_per_round": per_round, "ingest_MBps_median": ingest,
-              "ps_round_s_median": median(round_s), **{f"{k}_median": v for k, v in parts.items()},
-              "raw_tcp_loopback_MBps": baseline,
-              "ingest_vs_raw_tcp": ingest / baseline}
-    print(f"PS ingest from 3 concurrent sites ({args.preset}, {wire_round / 1e6:.1f} MB of int8+Huffman deltas "
-          f"per round): median {ingest:.0f} MB/s (rounds: {', '.join(f'{x:.0f}' for x in per_round)})")
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--rounds", type=int, default=8)
+    args = ap.parse_args()
+
+    # Side by side: the PS as it runs (a journal record per round, the full state in the
+    # background every round) and with no durability at all (checkpoint_every 0): the difference
+    # is what durability costs a round.
+    durable = run_ps(args.preset, args.rounds, checkpoint_every=1)
+    bare = run_ps(args.preset, args.rounds, checkpoint_every=0)
+    baseline = tcp_baseline(int(durable["wire_MB_per_round_all_sites"] * 1e6) // 3)
+    result = {"preset": args.preset, "rounds": args.rounds, "durable": durable, "no_durability": bare,
+              "round_durable_vs_none": durable["ps_round_s_median"] / bare["ps_round_s_median"],
+              "raw_tcp_loopback_MBps": baseline, "ingest_vs_raw_tcp": durable["ingest_MBps_median"] / baseline}
+    print(f"PS ingest from 3 concurrent sites ({args.preset}, {durable['wire_MB_per_round_all_sites']:.1f} MB of "
+          f"int8+Huffman deltas per round): median {durable['ingest_MBps_median']:.0f} MB/s (rounds: "
+          f"{', '.join(f'{x:.0f}' for x in durable['ingest_MBps_per_round'])})")
     print(f"baseline, same bytes over plain TCP on loopback into one process: {baseline:.0f} MB/s; "
-          f"gRPC ingest / raw TCP = {ingest / baseline:.2f}")
-    print(f"whole round at the PS (push + decode + aggregate + encode + send): median {result['ps_round_s_median']:.2f} s; "
-          + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()))
+          f"gRPC ingest / raw TCP = {result['ingest_vs_raw_tcp']:.2f}")
+    for label, r in (("durable (journal + background checkpoint)", durable), ("no durability", bare)):
+        print(f"{label}: whole round at the PS (push + decode + aggregate + encode + send) median "
+              f"{r['ps_round_s_median']:.2f} s; aggregate {r['aggregate_s_median']:.2f} s, update encode "
+              f"{r['update_encode_s_summed_median']:.2f} s summed, full checkpoint {r['checkpoint_s_median']:.2f} s "
+              f"(background); PS peak memory {r['ps_peak_rss_MB']:.0f} MB")
+    print(f"round with durability / without: {result['round_durable_vs_none']:.2f}")
     print("wrote", save("server", result))
 
 

@@ -89,7 +89,8 @@ class TrainConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     eval_batches: int = 4            # validation batches the PS evaluates after each round
-    checkpoint_every: int = 1        # the PS checkpoints every N committed rounds (0: never)
+    checkpoint_every: int = 1        # the PS writes its full state every N rounds, in the background;
+                                     # every round is journaled before it is announced (0: neither)
     seed: int = 0                    # data order; each site adds its index
     # Heterogeneous sites: > 0 makes a round a compute budget, so a fast site takes more inner
     # steps than a slow one in the same wall time (inner_steps then only sets the LR warm-up

@@ -20,6 +20,7 @@ from ..messages import RoundResult
 from ..screening import Screen, Verdict, clipped
 from ..telemetry import Recorder
 from .rounds import stale_weight
+from .state import commit_record
 from .uploads import Upload
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: di
 
 
 async def commit_round(ps: ParameterServer) -> None:
-    """Screen and aggregate the closed round, apply it, checkpoint, tell every site; start the next."""
+    """Screen and aggregate the closed round, apply it, journal it, tell every site; start the next."""
     uploads = {s: ps.uploads[s] for s in sorted(ps.in_round)}
     stale = ps.rounds.take_stale(ps.round)
     verdicts = judge(ps.screen, ps.cfg, ps.round, {**uploads, **stale}, ps.recorder)
@@ -87,7 +88,13 @@ async def commit_round(ps: ParameterServer) -> None:
     accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
     await ps.downloads.freeze(ps.round)
     t0 = time.time()
-    result, stats, update_chunks = await asyncio.to_thread(_aggregate, ps, accepted, accepted_stale, verdicts)
+    parts = contributions(accepted, accepted_stale, verdicts, ps.round, ps.cfg.train.staleness_discount)
+    counted = {**accepted, **accepted_stale}
+    # The model may change only once the last full checkpoint is written (it writes the live
+    # arrays), and a round may commit only once the deltas it counts are in the journal.
+    await ps.checkpoints.settled()
+    await asyncio.gather(*(up.journaled for up in counted.values() if up.journaled is not None))
+    result, stats, update_chunks = await asyncio.to_thread(_aggregate, ps, parts, accepted, accepted_stale)
     ps.screen.remember(verdicts)
     aggregate_s = time.time() - t0
     r = ps.round
@@ -95,9 +102,12 @@ async def commit_round(ps: ParameterServer) -> None:
     ps.hash = result.model_hash
     ps.hashes[ps.round] = ps.hash
     ps.val_loss = result.val_loss
+    if ps.journal is not None:      # the commit point: durable before anyone hears of the round
+        record = commit_record(ps, r, parts, verdicts, {k: up.round for k, up in counted.items()})
+        await asyncio.to_thread(ps.journal.commit, record)
     every = ps.cfg.train.checkpoint_every
-    if ps.ckpt_path and every and (ps.round % every == 0 or ps.round >= ps.cfg.train.rounds):
-        await asyncio.to_thread(ps.save_checkpoint)   # commit before anyone hears of the round
+    if ps.journal is not None and (ps.round % every == 0 or ps.round >= ps.cfg.train.rounds):
+        ps.checkpoints.start()
     round_s = time.time() - ps.rounds.started_at
     ps.recorder.emit("round_end", **round_end(r, result, stats, verdicts, accepted, sorted(ps.late),
                                                 round_s, aggregate_s))
@@ -124,11 +134,10 @@ async def commit_round(ps: ParameterServer) -> None:
         ps.maybe_start_round()
 
 
-def _aggregate(ps: ParameterServer, uploads: dict[str, Upload], stale: dict[str, Upload],
-           verdicts: dict[str, Verdict]) -> tuple[RoundResult, EncodeStats, list]:
+def _aggregate(ps: ParameterServer, parts: dict[str, Contribution], uploads: dict[str, Upload],
+               stale: dict[str, Upload]) -> tuple[RoundResult, EncodeStats, list]:
     """The round's aggregate applied to the global model, in a worker thread."""
     ps.stalls.sleep("aggregate", ps.round)
-    parts = contributions(uploads, stale, verdicts, ps.round, ps.cfg.train.staleness_discount)
     msgs, stats, model_hash, val = ps.global_model.apply(ps.round, parts)
     late_sites = tuple(k.partition("@")[0] for k in stale)
     return RoundResult(ps.round, model_hash, tuple(uploads), val, late_sites), stats, msgs

@@ -71,7 +71,12 @@ class GlobalModel:
         self.model.train()
         return float(np.mean(losses))
 
-    def state_dict(self) -> dict:
+    def state_dict(self, copy: bool = True) -> dict:
+        """Parameters, outer momentum and downlink residual as flat float32 arrays: copies, or
+        (copy=False) the live arrays, for a writer that holds the next round off until it is done."""
+        if not copy:
+            return {"params_np": live_views(self.model), "outer_np": dict(self.outer.buf),
+                    "feedback_np": dict(self.feedback.residuals) if self.feedback else {}}
         return {"params_np": flat_copy(self.model), "outer_np": self.outer.state_dict(),
                 "feedback_np": self.feedback.state_dict() if self.feedback else {}}
 

@@ -8,7 +8,7 @@ A round: when every site is connected and has said it is Ready (its model loaded
 sends RoundStart; each site answers with its delta chunks and RoundMetrics. When every delta is
 in, or at the round's deadline those that are (rounds.py), the PS screens them (commit.py),
 averages them, takes the outer Nesterov step, encodes the update with its own error feedback,
-applies exactly the decoded update to its replica (aggregate.py), checkpoints, and sends the
+applies exactly the decoded update to its replica (aggregate.py), journals the round, and sends the
 update chunks and a RoundResult (with the new parameter hash) to every site. Late deltas are
 dropped or applied in a later round; a site that (re)joins mid-round trains in it with what is
 left of the budget.
@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 
 from ..auth import Authenticator
-from ..checkpoint import CHECKPOINT_NAME, load_checkpoint, save_checkpoint
+from ..checkpoint import CHECKPOINT_NAME, load_checkpoint
 from ..codec import Codec
 from ..config import CodecConfig, RunConfig
 from ..data import load_run_data
@@ -43,7 +43,8 @@ from .downloads import Downloads
 from .model import GlobalModel
 from .rounds import MAX_STALENESS, RoundClock, RoundState
 from .sites import SiteLink, check_join
-from .state import restore, snapshot
+from .journal import JOURNAL_DIR, Journal
+from .state import CheckpointWriter, replay, restore, snapshot
 from .uploads import Upload, assemble, check_chunk
 
 __all__ = ["ParameterServer", "SiteLink"]
@@ -92,9 +93,15 @@ class ParameterServer:
         self.done = asyncio.Event()
         self.closing = asyncio.Event()         # the server is about to stop: end Watch streams
         self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
+        # Durability (state.py): a journal record per round, full state every checkpoint_every rounds.
+        self.journal = Journal(self.run_dir / JOURNAL_DIR) if self.run_dir and cfg.train.checkpoint_every else None
+        self.checkpoints = CheckpointWriter(self)
         saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
         if saved is not None:
             restore(self, saved)
+            if self.journal is not None and (replayed := replay(self)):
+                log.info("replayed %d journaled round(s) after the checkpoint of round %d", replayed,
+                         self.round - replayed)
             self.rounds.last_members = set(self.registry)   # after a restart, give every site time to return
             self.recorder.emit("restart", round=self.round, run_id=self.run_id)
             log.info("resumed run %s from its checkpoint at round %d (%s)", self.run_id, self.round, self.hash)
@@ -104,6 +111,9 @@ class ParameterServer:
             self.val_loss = g.evaluate()
             self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(), num_params=g.parameters(),
                                val_loss=self.val_loss, corpus=self.corpus_summary)
+            if self.journal is not None:        # the base the journal's rounds are replayed onto
+                self.journal.clear()
+                self.checkpoints.write(snapshot(self))
         c = self.corpus_summary
         log.info("corpus %s: %d document(s), %d tokens (%d for training, %d held out)%s", cfg.data.corpus,
                  c["documents"], c["tokens"], c["train_tokens"], c["val_tokens"],
@@ -114,14 +124,6 @@ class ParameterServer:
     uploads = property(lambda self: self.rounds.uploads)
     late = property(lambda self: self.rounds.late)
     aggregating = property(lambda self: self.rounds.aggregating)
-
-    def save_checkpoint(self) -> None:
-        assert self.ckpt_path is not None
-        t0 = time.time()
-        save_checkpoint(self.ckpt_path, snapshot(self),
-                        before_rename=lambda: self.stalls.sleep("checkpoint", self.round))
-        self.recorder.emit("checkpoint", round=self.round, seconds=time.time() - t0,
-                           bytes=self.ckpt_path.stat().st_size)
 
     # ------------------------------------------------------------ site lifecycle
 
@@ -265,6 +267,9 @@ class ParameterServer:
         self.data_positions[link.name] = max(self.data_positions.get(link.name, 0), m.data_position)
         up.delta, up.metrics, up.norm = delta, m, norm
         up.chunks = {}              # the decoded delta is kept, the wire bytes need not be
+        if self.journal is not None:    # into the journal now, while others train (commit waits for it)
+            up.journaled = asyncio.ensure_future(asyncio.to_thread(self.journal.write_delta, m.round, link.name,
+                                                                   delta))
         fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
         late = self.late.get(link.name) is up
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,

@@ -8,6 +8,7 @@ quarantine error for the one site and change nothing.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,7 @@ class Upload:
     metrics: RoundMetrics | None = None
     delta: list[Extracted] | None = None   # checked; int8 symbols + scales: a quarter of fp32
     norm: float = 0.0
+    journaled: asyncio.Future | None = None   # its write into the PS's journal (journal.py)
 
     def add(self, c: TensorChunk) -> None:
         self.count = c.count

@@ -1,0 +1,94 @@
+"""The PS's journal: a restarted PS replays the rounds committed after its last full checkpoint and
+stands exactly where the old one stood, parameters, outer momentum and downlink residual bit for bit."""
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from wantrain.errors import CheckpointError
+from wantrain.messages import Join
+from wantrain.ps import ParameterServer
+from wantrain.ps.journal import JOURNAL_DIR
+from wantrain.ps.rounds import MAX_STALENESS
+
+from .helpers import drain, small_config
+from .test_server import delta_chunks, enter
+
+
+async def play_round(ps, links, seed):
+    """Every site sends a delta of its own for the current round; returns once it has committed."""
+    for i, link in enumerate(links):
+        drain(link)
+        msgs, m = delta_chunks(ps, ps.round, seed=seed + i)
+        for c in msgs:
+            ps.on_chunk(link, c)
+        await ps.on_metrics(link, m)
+    await ps.round_task
+    await ps.checkpoints.settled()
+
+
+def state_of(ps):
+    return ps.round, ps.hash, ps.global_model.state_dict(), dict(ps.data_positions), ps.screen.state_dict()
+
+
+def assert_same_state(a, b):
+    assert a[:2] == b[:2]
+    for part in ("params_np", "outer_np", "feedback_np"):
+        assert a[2][part].keys() == b[2][part].keys() and a[2][part], part
+        for k in a[2][part]:
+            assert np.array_equal(a[2][part][k], b[2][part][k]), (part, k)
+    assert a[3:] == b[3:]
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_ps_replays_the_journal_bit_identically(tmp_path):
+    cfg = small_config(num_sites=2, **{"train.rounds": 6, "train.checkpoint_every": 3})
+
+    async def scenario():
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        for r in range(2):
+            await play_round(ps, [a, b], seed=10 * r)
+        # Rounds 0 and 1 are in the journal only; the full checkpoint is still the start's.
+        state = state_of(ps)
+        again = ParameterServer(cfg, run_dir=tmp_path)
+        assert_same_state(state_of(again), state)
+        assert again.round == 2 and again.hashes == ps.hashes
+
+        await play_round(ps, [a, b], seed=20)          # round 2 makes round 3 a full checkpoint ...
+        journal = tmp_path / JOURNAL_DIR
+        commits = sorted(p.name for p in journal.glob("commit-*"))
+        assert commits == []                           # ... which drops what it holds
+        deltas = sorted(p.name for p in journal.glob("delta-*"))
+        assert all(int(n.split("-")[1]) >= 3 - MAX_STALENESS - 1 for n in deltas)
+        await play_round(ps, [a, b], seed=30)
+        state = state_of(ps)
+        assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path)), state)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_a_journal_that_does_not_replay_to_its_hash_is_refused(tmp_path):
+    cfg = small_config(num_sites=1, **{"train.rounds": 4, "train.checkpoint_every": 10})
+
+    async def scenario():
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        a = enter(ps, Join("a"))
+        await play_round(ps, [a], seed=1)
+        await play_round(ps, [a], seed=2)
+
+    asyncio.run(scenario())
+    record = tmp_path / JOURNAL_DIR / "commit-000001.json"
+    good = json.loads(record.read_text())
+    # Halving the one delta (one site: its weight would cancel) gives other parameters.
+    record.write_text(json.dumps({**good, "contributions": [{**good["contributions"][0], "factor": 0.5}]}))
+    with pytest.raises(CheckpointError, match="replaying round 1 gives parameters hashing to"):
+        ParameterServer(cfg, run_dir=tmp_path)
+    record.write_text(json.dumps({**good, "run_id": "someone-else"}))
+    with pytest.raises(CheckpointError, match="belongs to run someone-else"):
+        ParameterServer(cfg, run_dir=tmp_path)
+    record.write_text(json.dumps(good))
+    assert ParameterServer(cfg, run_dir=tmp_path).round == 2
