@@ -92,3 +92,58 @@ def test_a_journal_that_does_not_replay_to_its_hash_is_refused(tmp_path):
         ParameterServer(cfg, run_dir=tmp_path)
     record.write_text(json.dumps(good))
     assert ParameterServer(cfg, run_dir=tmp_path).round == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_full_checkpoint_loses_nothing(tmp_path, monkeypatch):
+    """The disk refuses the full state (here: save_checkpoint raises, as on a full disk): the PS says
+    so and goes on, and the journal still holds every round since the last good checkpoint."""
+    cfg = small_config(num_sites=1, **{"train.rounds": 4, "train.checkpoint_every": 1})
+
+    async def scenario():
+        ps = ParameterServer(cfg, run_dir=tmp_path)       # the start's full state is written
+        a = enter(ps, Join("a"))
+
+        def full_disk(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr("wantrain.ps.state.save_checkpoint", full_disk)
+        for r in range(3):
+            await play_round(ps, [a], seed=r)
+        return ps
+
+    ps = asyncio.run(scenario())
+    errors = [json.loads(e) for e in ps.recorder.events if '"checkpoint_failed"' in e]
+    assert [e["message"].split(":")[0] for e in errors] == [f"checkpoint of round {r}" for r in (1, 2, 3)]
+    assert sorted(p.name for p in (tmp_path / JOURNAL_DIR).glob("commit-*")) == \
+        [f"commit-00000{r}.json" for r in range(3)]
+    monkeypatch.undo()
+    assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path)), state_of(ps))
+
+
+@pytest.mark.timeout(120)
+def test_a_late_delta_counted_rounds_later_is_replayed(tmp_path):
+    """With the "stale" policy a delta of round 0 that missed its deadline counts in round 1, at a
+    discounted weight: the journal names it by the round it was for, and replay finds it."""
+    cfg = small_config(num_sites=2, **{"train.rounds": 4, "train.deadline_s": 4.0, "train.late_policy": "stale",
+                                       "train.checkpoint_every": 10})
+
+    async def scenario():
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        late_msgs, late_metrics = delta_chunks(ps, 0, seed=7)   # encoded before the clock runs
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        a_msgs, a_metrics = delta_chunks(ps, 0, seed=1)
+        for c in a_msgs:
+            ps.on_chunk(a, c)
+        await ps.on_metrics(a, a_metrics)
+        await asyncio.sleep(4.3)                                # round 0 closes without b
+        await ps.round_task
+        for c in late_msgs:
+            ps.on_chunk(b, c)
+        await ps.on_metrics(b, late_metrics)                   # b's delta of round 0, late
+        await play_round(ps, [a, b], seed=20)                  # round 1 counts it too
+        return ps
+
+    ps = asyncio.run(scenario())
+    record = json.loads((tmp_path / JOURNAL_DIR / "commit-000001.json").read_text())
+    assert [(c["key"], c["upload_round"]) for c in record["contributions"]] == [("a", 1), ("b", 1), ("b@0", 0)]
+    assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path)), state_of(ps))
