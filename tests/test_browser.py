@@ -170,13 +170,18 @@ def test_quickstart_in_a_real_browser(lab):
             print(f"\nfirst validation point {took:.1f} s after pressing Start")
             _shot(panel, SHOTS / "2-dashboard-mid-run.png")      # the panel and its dashboard
 
-            # The kernel is free while the sites train: a trivial cell answers at once.
+            # The kernel is free while the sites train: a trivial cell answers before the run ends.
+            # (Not a time bound: on a loaded machine the browser itself can take seconds to draw.)
             cells.nth(trivial_cell).click()
             t0 = time.time()
             page.keyboard.press("Control+Enter")
             cells.nth(trivial_cell).locator(".jp-OutputArea-output").filter(
-                has_text="the kernel answers while the sites train: 45").wait_for(timeout=20_000)
-            print(f"trivial cell answered in {time.time() - t0:.2f} s during training")
+                has_text="the kernel answers while the sites train: 45").wait_for(timeout=120_000)
+            answered = time.time()
+            run_dir = next((lab["work"] / "runs").iterdir())
+            ended = [e["t"] for e in read_run(run_dir) if e["kind"] == "run_end"]
+            assert not ended or ended[0] > answered, "the cell answered only after the run had ended"
+            print(f"trivial cell answered in {answered - t0:.2f} s during training")
 
             page.locator(".wantrain-kill").click()                       # kills the selected site (us-west)
             _wait(lambda: _points(page, "Timeline", "fault injected") >= 1 and _points(page, "Timeline", "leave") >= 1,
@@ -189,7 +194,6 @@ def test_quickstart_in_a_real_browser(lab):
             page.locator(".wantrain-stop").click()
             panel.get_by_text("stopped; run folder").wait_for(timeout=60_000)
             panel.get_by_text("stopped by the user after").wait_for(timeout=30_000)   # not shown as an error
-            run_dir = next((lab["work"] / "runs").iterdir())
             faults = [e for e in read_run(run_dir) if e["kind"] == "fault"]     # relayed into the PS's log
             assert [(f["action"], f["site"]) for f in faults] == [("kill site", "us-west")]
 
