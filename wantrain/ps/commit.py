@@ -138,6 +138,7 @@ def _aggregate(ps: ParameterServer, parts: dict[str, Contribution], uploads: dic
                stale: dict[str, Upload]) -> tuple[RoundResult, EncodeStats, list]:
     """The round's aggregate applied to the global model, in a worker thread."""
     ps.stalls.sleep("aggregate", ps.round)
-    msgs, stats, model_hash, val = ps.global_model.apply(ps.round, parts)
+    msgs, stats, model_hash = ps.global_model.apply(ps.round, parts)
+    val = ps.global_model.evaluate()
     late_sites = tuple(k.partition("@")[0] for k in stale)
     return RoundResult(ps.round, model_hash, tuple(uploads), val, late_sites), stats, msgs

@@ -52,14 +52,15 @@ class GlobalModel:
         return l2_norm(live_views(self.model).values())
 
     def apply(self, round_: int, contributions: dict[str, Contribution]
-              ) -> tuple[list[TensorChunk], EncodeStats, str, float]:
+              ) -> tuple[list[TensorChunk], EncodeStats, str]:
         """Aggregate, take the outer step, encode the update and apply exactly what was encoded;
-        returns the update's chunks, its encoding stats, the new hash and validation loss."""
+        returns the update's chunks, its encoding stats and the new hash. (Evaluation is separate:
+        a replayed round takes its validation loss from its commit record.)"""
         robust = self.cfg.robust
         msgs, stats = aggregate_round(round_, self.plan, self.shapes, live_views(self.model), contributions,
                                       self.outer, self.feedback, self.codec, robust.aggregate, robust.trim_fraction)
         self.norm = self.l2_norm()
-        return msgs, stats, self.hash(), self.evaluate()
+        return msgs, stats, self.hash()
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -29,6 +29,8 @@ log = logging.getLogger("wantrain.ps")
 
 
 def _small_state(ps: ParameterServer) -> dict:
+    """The PS's bookkeeping besides the arrays. In a snapshot "round" is the next round to run; a
+    commit record overwrites it with the round it commits (the next is that + 1)."""
     return {"run_id": ps.run_id, "round": ps.round, "registry": dict(ps.registry),
             "data_positions": dict(ps.data_positions), "val_loss": ps.val_loss,
             "screen_norms": ps.screen.state_dict()}
@@ -82,11 +84,11 @@ def replay(ps: ParameterServer) -> int:
         for c in rec["contributions"]:
             delta = ps.journal.read_delta(c["upload_round"], c["site"])
             parts[c["key"]] = Contribution(delta if c["factor"] is None else clipped(delta, c["factor"]), c["weight"])
-        _, _, model_hash, val_loss = ps.global_model.apply(rec["round"], parts)
+        _, _, model_hash = ps.global_model.apply(rec["round"], parts)
         if model_hash != rec["hash"]:
             raise CheckpointError(f"{ps.journal.folder}: replaying round {rec['round']} gives parameters hashing to "
                                   f"{model_hash}, the round committed {rec['hash']}")
-        ps.round, ps.hash, ps.val_loss = rec["round"] + 1, model_hash, val_loss
+        ps.round, ps.hash, ps.val_loss = rec["round"] + 1, model_hash, float(rec["val_loss"])
         ps.hashes[ps.round] = model_hash
         ps.registry = dict(rec["registry"])
         ps.data_positions = {k: int(v) for k, v in rec["data_positions"].items()}
