@@ -7,11 +7,16 @@ from wantrain.telemetry import rows, utilization
 
 from ..helpers import small_config
 
-BUDGET_S = 12.0   # the overhead per round (push, aggregate, update) is about 0.9 s here
+BUDGET_S = 12.0   # the overhead per round (push, aggregate, update) is about 0.9 s here idle
 
 
 @pytest.mark.timeout(300)
-def test_sites_of_speed_1_2_4_compute_at_least_90_percent_of_the_round(tmp_path):
+def test_sites_of_speed_1_2_4_each_compute_the_whole_round_budget(tmp_path):
+    """What time-budgeted rounds are for: no site waits for a slower one. Each computes its whole
+    budget every round (the fast one no more idle than the slow one), so each site's share of the
+    round is the same; the share itself (about 92 % idle here) is the overhead of the PS round and
+    depends on how busy the machine is: a busy one measured 88.6 %, so it is bounded loosely here
+    and measured in bench/."""
     cfg = small_config(**{"train.rounds": 3, "train.round_budget_s": BUDGET_S})
     with Run(cfg, run_dir=tmp_path / "run", scenario="heterogeneous") as run:
         events = list(run.follow(timeout_s=240))
@@ -19,7 +24,9 @@ def test_sites_of_speed_1_2_4_compute_at_least_90_percent_of_the_round(tmp_path)
     print("\n" + "\n".join(f"{s}: {u['utilization']:.1%} computing ({u['compute_s']:.1f} of {u['wall_s']:.1f} s)"
                            for s, u in sorted(use.items())))
     assert set(use) == {"fast", "medium", "slow"}
-    assert all(u["utilization"] >= 0.90 and u["rounds"] == 3 for u in use.values()), use
+    assert all(u["rounds"] == 3 and u["compute_s"] >= 0.999 * 3 * BUDGET_S for u in use.values()), use
+    shares = [u["utilization"] for u in use.values()]
+    assert min(shares) >= 0.97 * max(shares) and min(shares) >= 0.7, use
     steps = {s: sum(e["steps"] for e in rows(events, "site_round") if e["site"] == s) for s in use}
     assert steps["fast"] > 1.5 * steps["medium"] and steps["medium"] > 1.5 * steps["slow"], steps
     # The PS weights by tokens, and says per site what each did and how long it idled.
