@@ -1,5 +1,6 @@
 """The process's one pool of threads for CPU-bound work that releases the GIL: the compiled
-Huffman loops (a payload's blocks) and the PS's per-chunk round step (numpy on large arrays).
+Huffman loops (a payload's blocks), the PS's per-chunk round step (numpy on large arrays) and its
+decoding of delta chunks as they arrive.
 
 One pool, sized by the cores, so that its users never oversubscribe the machine between them.
 Work handed to it from one of its own threads runs on that thread: a job that waited for jobs
@@ -11,10 +12,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["cores", "map_ordered"]
+__all__ = ["cores", "map_ordered", "submit"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -39,6 +40,12 @@ def map_ordered(fn: Callable[[T], R], items: Iterable[T], threads: int | None = 
     if threads == 1 or len(todo) < 2 or threading.current_thread().name.startswith(_PREFIX) or cores() < 2:
         return [fn(x) for x in todo]
     return list(_the_pool().map(fn, todo))
+
+
+def submit(fn: Callable[..., R], *args: object) -> Future[R]:
+    """Run fn(*args) on the pool, for a caller that collects the result later (a chunk decoded
+    as it arrives, collected when its delta is complete)."""
+    return _the_pool().submit(fn, *args)
 
 
 def _the_pool() -> ThreadPoolExecutor:

@@ -33,8 +33,8 @@ from .config import RunConfig
 from .errors import ProtocolError
 from .messages import RoundMetrics
 
-__all__ = ["check_claims", "max_delta_scale", "delta_norm", "l2_norm", "clipped", "Verdict", "Screen", "trim_count", "trimmed_mean",
-           "max_steps"]
+__all__ = ["check_claims", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "Verdict", "Screen",
+           "trim_count", "trimmed_mean", "max_steps"]
 
 
 def max_steps(cfg: RunConfig, train_s: float) -> int:
@@ -85,18 +85,15 @@ def l2_norm(arrays) -> float:
     return math.sqrt(total)
 
 
-def delta_norm(parts: list[Extracted]) -> float:
-    """L2 norm of a delta kept as int8 symbols + scales (or fp32 values), in float64."""
-    total = l2_norm([x.data for x in parts if x.scales is None]) ** 2
-    for x in parts:
-        if x.scales is None:
-            continue
-        n, block = x.data.size, x.block
-        q = np.zeros(num_blocks(n, block) * block, np.int32)
-        q[:n] = x.data
-        per_block = np.square(q).reshape(-1, block).sum(axis=1, dtype=np.int64)     # (nblocks,)
-        total += float(np.dot(per_block.astype(np.float64), np.square(x.scales.astype(np.float64))))
-    return math.sqrt(total)
+def sum_of_squares(x: Extracted) -> float:
+    """Squared L2 norm of one chunk kept as int8 symbols + scales (or fp32 values), in float64."""
+    if x.scales is None:
+        return l2_norm([x.data]) ** 2
+    n, block = x.data.size, x.block
+    q = np.zeros(num_blocks(n, block) * block, np.int32)
+    q[:n] = x.data
+    per_block = np.square(q).reshape(-1, block).sum(axis=1, dtype=np.int64)     # (nblocks,)
+    return float(np.dot(per_block.astype(np.float64), np.square(x.scales.astype(np.float64))))
 
 
 def clipped(parts: list[Extracted], factor: float) -> list[Extracted]:

@@ -245,17 +245,17 @@ class ParameterServer:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         up = self.rounds.upload_for(link.name, c.round, self.round)
         check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.mode)
-        up.add(c)
+        up.add(link.name, c)
 
     async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
         up = self.rounds.upload_for(link.name, m.round, self.round)
         if up.metrics is not None:
             raise ProtocolError(f"round {m.round} metrics from {link.name!r} arrived twice")
-        if len(up.chunks) != up.count or m.chunks != up.count:
-            raise ProtocolError(f"metrics after {len(up.chunks)} of {max(up.count, m.chunks)} delta chunks")
+        if len(up.decoding) != up.count or m.chunks != up.count:
+            raise ProtocolError(f"metrics after {len(up.decoding)} of {max(up.count, m.chunks)} delta chunks")
         check_claims(self.cfg, m, up.train_s, self.num_params, up.wire_bytes, self.round)
-        # Decode and check this site's delta now, while others still train: a bad delta is
-        # rejected here, for this site alone, and never reaches the aggregate.
+        # Check this site's delta now (its chunks were decoded as they came), while others still
+        # train: a bad delta is rejected here, for this site alone, and never reaches the aggregate.
         try:
             delta, norm = await asyncio.to_thread(assemble, self.cfg, link.name, up, m.steps, self.global_model.norm,
                                                   self.num_params)
@@ -266,7 +266,7 @@ class ParameterServer:
             return                  # the site left (or its upload was dropped) while its delta was checked
         self.data_positions[link.name] = max(self.data_positions.get(link.name, 0), m.data_position)
         up.delta, up.metrics, up.norm = delta, m, norm
-        up.chunks = {}              # the decoded delta is kept, the wire bytes need not be
+        up.decoding = {}            # the checked delta is kept in up.delta
         if self.journal is not None:    # into the journal now, while others train (commit waits for it)
             up.journaled = asyncio.ensure_future(asyncio.to_thread(self.journal.write_delta, m.round, link.name,
                                                                    delta))

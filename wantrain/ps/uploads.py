@@ -1,25 +1,32 @@
 """A site's delta for one round as it arrives, and the checks it passes before it counts.
 
 `check_chunk` runs on every delta chunk (does it belong to this run's chunk plan, is it sized
-like one); `assemble` runs once the site's metrics say the delta is complete (decodable, finite,
-not out of all proportion to the model). Both are pure: they raise ProtocolError or a
-quarantine error for the one site and change nothing.
+like one); a chunk that passes is decoded at once on the process's CPU pool (`extract_chunk`),
+so a delta is decoded while it arrives and its wire bytes are dropped as soon as they are; `assemble`
+runs once the site's metrics say the delta is complete (every chunk decodable and finite, the whole
+not out of all proportion to the model). They raise ProtocolError or a quarantine error for the
+one site and change nothing else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import cpu
 from ..codec import ChunkSpec, Codec, Extracted
 from ..config import RunConfig
 from ..errors import CodecError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError
 from ..messages import DELTA, RoundMetrics, TensorChunk
-from ..screening import delta_norm, max_delta_scale
+from ..screening import max_delta_scale, sum_of_squares
 
-__all__ = ["Upload", "check_chunk", "assemble"]
+__all__ = ["Upload", "check_chunk", "extract_chunk", "assemble"]
+
+Checked = tuple[Extracted, float]           # a decoded chunk and its squared L2 norm
 
 
 @dataclass
@@ -29,16 +36,17 @@ class Upload:
     round: int
     train_s: float = 0.0           # the compute budget its RoundStart gave (0: fixed inner steps)
     count: int = -1
-    chunks: dict[int, TensorChunk] = field(default_factory=dict)
+    decoding: dict[int, Future[Checked]] = field(default_factory=dict)   # chunk index -> extract_chunk
     wire_bytes: int = 0
     metrics: RoundMetrics | None = None
     delta: list[Extracted] | None = None   # checked; int8 symbols + scales: a quarter of fp32
     norm: float = 0.0
     journaled: asyncio.Future | None = None   # its write into the PS's journal (journal.py)
 
-    def add(self, c: TensorChunk) -> None:
+    def add(self, site: str, c: TensorChunk) -> None:
+        """Take a checked chunk and start decoding it (the pool's thread holds the wire bytes until then)."""
         self.count = c.count
-        self.chunks[c.index] = c
+        self.decoding[c.index] = cpu.submit(extract_chunk, site, c)
         self.wire_bytes += c.data.wire_bytes
 
 
@@ -66,29 +74,35 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
     if c.data.encoding != mode:
         raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas are "
                             f"{mode} (codec.mode)")
-    if c.index in up.chunks:
+    if c.index in up.decoding:
         raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice")
     if c.data.wire_bytes > 4 * c.spec.length + 65536:
         raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
 
 
-def assemble(cfg: RunConfig, site: str, up: Upload, steps: int, param_norm: float,
-             num_params: int) -> tuple[list[Extracted], float]:
-    """Check a complete delta: decodable, finite, not out of all proportion. Keeps it as int8."""
-    ordered = [up.chunks[i] for i in range(up.count)]
-    for c in ordered:
-        if c.data.scales and not np.all(np.isfinite(np.frombuffer(c.data.scales, "<f4"))):
-            raise NonFiniteDeltaError(f"delta from {site} has non-finite scales in {c.spec.tensor!r}; "
-                                      f"the site is quarantined for round {up.round}")
+def extract_chunk(site: str, c: TensorChunk) -> Checked:
+    """Undo one chunk's lossless stage and check it is finite; returns it with its squared norm.
+    Raises what `assemble` will raise for the delta (the first failing chunk in plan order)."""
+    if c.data.scales and not np.all(np.isfinite(np.frombuffer(c.data.scales, "<f4"))):
+        raise NonFiniteDeltaError(f"delta from {site} has non-finite scales in {c.spec.tensor!r}; "
+                                  f"the site is quarantined for round {c.round}")
     try:
-        parts = Codec.extract_many([c.data for c in ordered])
+        x = Codec.extract_many([c.data])[0]
     except CodecError as e:
         raise ProtocolError(f"delta from {site} cannot be decoded: {e}") from None
-    for c, x in zip(ordered, parts):
-        if not x.finite():
-            raise NonFiniteDeltaError(f"delta from {site} has non-finite values in {c.spec.tensor!r}; "
-                                      f"the site is quarantined for round {up.round}")
-    norm = delta_norm(parts)
+    if not x.finite():
+        raise NonFiniteDeltaError(f"delta from {site} has non-finite values in {c.spec.tensor!r}; "
+                                  f"the site is quarantined for round {c.round}")
+    return x, sum_of_squares(x)
+
+
+def assemble(cfg: RunConfig, site: str, up: Upload, steps: int, param_norm: float,
+             num_params: int) -> tuple[list[Extracted], float]:
+    """Check a complete delta, its chunks decoded (blocks until the last is): every chunk good,
+    the norm not out of all proportion. Keeps it as int8. Runs off the event loop."""
+    checked = [up.decoding[i].result() for i in range(up.count)]      # raises the first chunk's error
+    parts = [x for x, _ in checked]
+    norm = math.sqrt(math.fsum(sq for _, sq in checked))
     scale = max_delta_scale(cfg, param_norm, steps, num_params)
     bound = cfg.robust.max_delta_ratio * scale
     if bound and not norm <= bound:
