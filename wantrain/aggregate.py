@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import aggregate_kernels as kernels
 from .cpu import map_ordered
 from .codec import ChunkSpec, Codec, EncodeStats, ErrorFeedback, Extracted
 from .errors import WantrainError
@@ -26,7 +27,7 @@ from .messages import UPDATE, TensorChunk
 from .outer import OuterNesterov
 from .screening import trim_count, trimmed_mean
 
-__all__ = ["Contribution", "aggregate_round", "weighted_mean"]
+__all__ = ["Contribution", "aggregate_round", "weighted_mean", "apply_sent"]
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,23 @@ class Contribution:
     weight: float
 
 
-def weighted_mean(values: list[np.ndarray], weights: list[float]) -> np.ndarray:
-    """sum_i w_i v_i / sum_i w_i in float32, accumulated in the order given (the PS passes sites in
-    name order, so the result does not depend on who arrived first)."""
+def weighted_mean(parts: list[Extracted] | list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """sum_i w_i v_i / sum_i w_i in float32 (v_i: float32 values, or chunks kept as int8), accumulated
+    in the order given (the PS passes sites in name order, so the result does not depend on who
+    arrived first): acc += float32(w_i / total) * v_i, without dequantizing into a temporary."""
     total = float(sum(weights))
     if not total > 0:
         raise WantrainError("the deltas carry no weight")
-    acc = np.zeros_like(values[0], dtype=np.float32)
-    for w, v in zip(weights, values):
-        acc += np.float32(w / total) * v
+    acc: np.ndarray | None = None
+    for w, p in zip(weights, parts):
+        x = p if isinstance(p, Extracted) else Extracted(np.asarray(p, np.float32), None, 0)
+        if acc is None:
+            acc = np.zeros(x.data.size, np.float32)
+        if x.scales is None:
+            kernels.add_weighted(acc, x.data, np.float32(w / total))
+        else:
+            kernels.add_weighted_int8(acc, x.data, x.scales, x.block, np.float32(w / total))
+    assert acc is not None
     return acc
 
 
@@ -69,18 +78,28 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
     def step(i: int) -> tuple[TensorChunk, EncodeStats]:
         spec, stats = plan[i], EncodeStats()
         part = slice(spec.offset, spec.offset + spec.length)
-        values = [contributions[k].parts[i].values() for k in keys]
-        avg = trimmed_mean(values, trim) if aggregate == "trimmed_mean" else weighted_mean(values, weights)
-        update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg)
-        if feedback is not None:
-            update = feedback.compensate_part(spec.tensor, part, update)
+        chunks = [contributions[k].parts[i] for k in keys]
+        if aggregate == "trimmed_mean":
+            avg = trimmed_mean([c.values() for c in chunks], trim)
+        else:
+            avg = weighted_mean(chunks, weights)
+        residual = feedback.residuals[spec.tensor][part] if feedback is not None else kernels.NO_RESIDUAL
+        update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg, plus=residual)
         t0 = time.perf_counter()
-        enc, sent = codec.encode(update, stats)
+        enc, sent = codec.compress(update, stats)
         stats.seconds += time.perf_counter() - t0
-        if feedback is not None:
-            feedback.record_part(spec.tensor, shapes[spec.tensor], part, update, sent)
-        params[spec.tensor][part] += sent   # one float32 add per element, as every site does
+        apply_sent(params[spec.tensor][part], update, sent, residual)   # and the residual: update - sent
         return TensorChunk(UPDATE, round_, i, len(plan), spec, enc), stats
 
     done = map_ordered(step, range(len(plan)))
     return [msg for msg, _ in done], EncodeStats.total(s for _, s in done)
+
+
+def apply_sent(params: np.ndarray, corrected: np.ndarray, sent: Extracted, residual: np.ndarray) -> None:
+    """params += what was sent; residual = corrected - sent (unless NO_RESIDUAL: no error feedback)."""
+    if sent.scales is None:
+        if residual.size:
+            np.subtract(corrected, sent.data, out=residual)
+        params += sent.data
+    else:
+        kernels.record_and_apply(params, corrected, sent.data, sent.scales, sent.block, residual)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .aggregate_kernels import NO_RESIDUAL, nesterov_step
 
 __all__ = ["OuterNesterov"]
 
@@ -30,17 +31,17 @@ class OuterNesterov:
             if name not in self.buf:
                 self.buf[name] = np.zeros(size, np.float32)
 
-    def update_part(self, name: str, size: int, part: slice, g: np.ndarray) -> np.ndarray:
-        """The update of elements `part` of tensor `name` (of `size` elements) from their gradient.
+    def update_part(self, name: str, size: int, part: slice, g: np.ndarray, plus: np.ndarray = NO_RESIDUAL) -> np.ndarray:
+        """The update of elements `part` of tensor `name` (of `size` elements) from their gradient,
+        with `plus` (the downlink's error-feedback residual of those elements) added in the same pass.
 
         The PS steps the model one chunk at a time, so no whole-model temporary exists."""
         buf = self.buf.get(name)
         if buf is None:
             buf = self.buf[name] = np.zeros(size, np.float32)
-        b = buf[part]
-        b *= self.momentum                                           # b <- m b + g, in place
-        b += g
-        return -self.lr * (g + self.momentum * b)                    # Nesterov look-ahead
+        out = np.empty(g.size, np.float32)
+        nesterov_step(buf[part], np.ascontiguousarray(g, np.float32), self.lr, self.momentum, plus, out)
+        return out
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.buf.items()}

@@ -93,11 +93,17 @@ class Codec:
 
     def encode(self, x: np.ndarray, stats: EncodeStats | None = None) -> tuple[Encoded, np.ndarray]:
         """(what travels, what the receiver will decode) for a flat float32 array."""
+        enc, sent = self.compress(x, stats)
+        return enc, sent.values()
+
+    def compress(self, x: np.ndarray, stats: EncodeStats | None = None) -> tuple[Encoded, Extracted]:
+        """(what travels, what the receiver will extract from it): encode() without dequantizing,
+        for a sender that applies the int8 symbols itself (the PS's round, aggregate.py)."""
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         mode = self.cfg.mode
         if mode == "fp32":
             enc = Encoded("fp32", x.size, 0, b"", x.astype("<f4").tobytes())
-            decoded = x.copy()
+            sent = Extracted(x.copy(), None, 0)
         else:
             q, scales = quantize_int8(x, self.cfg.quant_block)
             if mode == "int8":
@@ -107,14 +113,14 @@ class Codec:
                 if stats is not None:
                     stats.huffman_bits += 8 * len(payload)
             enc = Encoded(mode, x.size, self.cfg.quant_block, scales.astype("<f4").tobytes(), payload)
-            decoded = dequantize_int8(q, scales, self.cfg.quant_block)
+            sent = Extracted(q, scales, self.cfg.quant_block)
             if stats is not None:
                 stats.symbols += q.size
         if stats is not None:
             stats.raw_bytes += 4 * x.size
             stats.wire_bytes += enc.wire_bytes
             stats.chunks += 1
-        return enc, decoded
+        return enc, sent
 
     @staticmethod
     def extract_many(encs: list[Encoded]) -> list[Extracted]:

@@ -27,22 +27,10 @@ class ErrorFeedback:
 
     def prepare(self, sizes: dict[str, int]) -> None:
         """Create a zero residual for every tensor in `sizes` that has none, so that parts of one
-        tensor can then be recorded from several threads (record_part never adds a key)."""
+        tensor can then be written from several threads (the PS's round, aggregate.py)."""
         for name, size in sizes.items():
             if name not in self.residuals:
                 self.residuals[name] = np.zeros(size, np.float32)
-
-    def compensate_part(self, name: str, part: slice, value: np.ndarray) -> np.ndarray:
-        """compensate() for elements `part` of tensor `name`."""
-        residual = self.residuals.get(name)
-        return value.copy() if residual is None else value + residual[part]
-
-    def record_part(self, name: str, size: int, part: slice, corrected: np.ndarray, sent: np.ndarray) -> None:
-        """record() for elements `part` of tensor `name` (of `size` elements)."""
-        residual = self.residuals.get(name)
-        if residual is None:
-            residual = self.residuals[name] = np.zeros(size, np.float32)
-        residual[part] = corrected - sent
 
     def carry(self, sent: dict[str, np.ndarray]) -> None:
         """Values that were sent but never applied (a late delta the PS dropped) go out again next time."""
