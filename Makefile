@@ -39,11 +39,19 @@ test: $(STAMP)
 	$(BIN)/mypy
 	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15
 
+# Every benchmark, then the table of issue 12's figures from what they measured in this run
+# (bench/table.py). LARGE=1 adds the llama3-1b round (bench/large_model.py: minutes, and a PS of several GB).
+LARGE ?= 0
 bench: $(STAMP)
+	rm -f bench/results/*.json
 	$(BIN)/python bench/codec_bench.py
-	$(BIN)/python bench/server_bench.py
+	$(BIN)/python bench/aggregate_bench.py --preset gpt2
+	$(BIN)/python bench/server_bench.py --preset gpt2 --rounds 3
+	$(BIN)/python bench/site_restart.py
 	$(BIN)/python bench/proxy_bench.py
 	$(BIN)/python bench/dashboard_bench.py
+	if [ "$(LARGE)" = 1 ]; then $(BIN)/python bench/large_model.py --preset llama3-1b --push; fi
+	$(BIN)/python bench/table.py
 
 # The full soak: 30 rounds of 50 inner steps with 8 random site kills and one PS kill against the
 # same run without faults; passes when the final validation losses are within 2 % (about 8 minutes).

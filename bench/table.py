@@ -1,0 +1,104 @@
+"""The data-path figures of issue 12 side by side: as the issue measured them, as this machine
+measures them now (bench/results/*.json, written by the benchmarks `make bench` has just run),
+and the goal. A figure whose benchmark did not run says so; one that nothing measures yet says so.
+
+    python bench/table.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def server(fmt: str) -> Callable[[], str | None]:
+    def get() -> str | None:
+        r = load("server")
+        if r is None or r.get("preset") != "gpt2":
+            return None
+        return fmt.format(**r["durable"], **{"vs_none": r["round_durable_vs_none"],
+                                             "raw": r["raw_tcp_loopback_MBps"], "none": r["no_durability"]})
+    return get
+
+
+def codec(fmt: str) -> Callable[[], str | None]:
+    def get() -> str | None:
+        r = load("codec")
+        if r is None:
+            return None
+        s = r["results"][max(r["results"])]["MBps_per_core"]    # the delta after the most inner steps
+        return fmt.format(enc=s["huffman encode"], dec=s["huffman decode"], np_enc=s["numpy huffman encode (before)"],
+                          np_dec=s["numpy huffman decode (before)"], z_enc=s["zstd1 compress"], z_dec=s["zstd1 decompress"])
+    return get
+
+
+def restart() -> str | None:
+    r = load("site_restart")
+    if r is None:
+        return None
+    m = r["median"]
+    return (f"{m['start_to_ready_s']:.1f} s to ready ({r['preset']}: join {m['start_to_join_s']:.1f} + "
+            f"{m['join_to_ready_s']:.1f}); floor (torch + AdamW) {r['floor_s']:.1f} s")
+
+
+def large() -> str | None:
+    r = load("large_model_llama3-1b")
+    if r is None or "round_s" not in r:
+        return None
+    return f"{r['round_s']:.0f} s (one site), peak {r['ps_peak_during_round_x_model']:.1f}x the fp32 model"
+
+
+def aggregate() -> str | None:
+    r = load("aggregate")
+    if r is None:
+        return None
+    m = r["median_s"]
+    return f"{m['compiled']:.1f} s alone (numpy step {m['numpy']:.1f} s: {r['speedup']:.1f}x), {r['cores']} cores"
+
+
+def not_built() -> str | None:
+    return "not measured yet (nothing built for it)"
+
+
+ROWS: list[tuple[str, str, Callable[[], str | None], str]] = [
+    ("PS round, gpt2, 3 sites", "20.7 s", server("{ps_round_s_median:.1f} s"), "<= 2 s"),
+    ("  checkpoint in the round", "8.4-10.2 s before the announce",
+     server("background ({checkpoint_s_median:.1f} s); round {vs_none:.2f}x one without "
+            "durability"), "off the critical path"),
+    ("  aggregate + outer step + encode", "5.4 s (encode 3.5)",
+     server("{aggregate_s_median:.1f} s (encode {update_encode_s_summed_median:.1f} summed)"),
+     "about 1 s"),
+    ("  the same, alone (bench/aggregate_bench.py)", "", aggregate, "about 1 s"),
+    ("PS peak memory, gpt2 round", "4.7 GB", server("{ps_peak_rss_MB:.0f} MB"), "<= 2.5 GB"),
+    ("PS round, llama3-1b", "183 s (one site)", large, "<= 20 s, 3 sites"),
+    ("PS ingest, 3 sites", "401-438 MB/s",
+     server("{ingest_MBps_median:.0f} MB/s (raw TCP here {raw:.0f})"), ">= 1 GB/s"),
+    ("Huffman encode / decode per core", "78-82 / 114-119 MB/s",
+     codec("{enc:.0f} / {dec:.0f} MB/s (numpy {np_enc:.0f} / {np_dec:.0f}, zstd-1 {z_enc:.0f} / {z_dec:.0f})"),
+     ">= 300 / 300"),
+    ("site restart (SIGKILL) to ready to train, tiny", "4.7-6.7 s", restart, "<= 3 s"),
+    ("fastest site's share of a round computing", "47.6 %", not_built, ">= 90 %"),
+    ("bytes to a joining site", "full fp32, one stream", not_built, "link rate, fewer bytes"),
+]
+
+
+def main() -> int:
+    rows = [(name, before, get() or "benchmark not run", goal) for name, before, get, goal in ROWS]
+    widths = [max(len(r[i]) for r in [("figure", "issue 12 (before)", "now (this run)", "goal"), *rows])
+              for i in range(4)]
+    for r in [("figure", "issue 12 (before)", "now (this run)", "goal"), tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(c.ljust(w) for c, w in zip(r, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
