@@ -46,7 +46,6 @@ def restarts(preset: str, count: int) -> list[dict]:
                                  "train.round_budget_s": 1.0, "train.batch_size": 4, "train.eval_batches": 1})
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp, Run(cfg, run_dir=tmp, sites=["a", "b"], tls=False) as run:
-        run.start()
         started, want = 0.0, "round_end"
         for ev in run.follow(timeout_s=600):
             if want == "round_end" and ev["kind"] == "round_end" and ev["round"] >= 1 + 3 * len(rows):
