@@ -7,31 +7,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import sys
+from pathlib import Path
+
 from wantrain import aggregate_kernels as kernels
 from wantrain.aggregate import apply_sent, weighted_mean
 from wantrain.codec import Codec, Extracted, dequantize_int8, quantize_int8
-from wantrain.codec.quantize import QMAX, TINY, num_blocks
 from wantrain.config import CodecConfig
 from wantrain.outer import OuterNesterov
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from baseline_aggregate import quantize as numpy_quantize  # the numpy rule, kept for the bench
 
 pytestmark = pytest.mark.timeout(300)
 
 finite = st.floats(-2.0 ** 100, 2.0 ** 100, allow_nan=False, allow_infinity=False, allow_subnormal=True, width=32)
-
-
-def numpy_quantize(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first quantizer (numpy, whole blocks at once): the rule the compiled one keeps."""
-    n = x.size
-    nb = num_blocks(n, block)
-    padded = np.zeros(nb * block, dtype=np.float32)
-    padded[:n] = x
-    blocks = padded.reshape(nb, block)
-    absmax = np.max(np.abs(blocks), axis=1)
-    scales = np.where(absmax >= TINY, absmax / np.float32(QMAX), np.float32(0)).astype(np.float32)
-    safe = np.where(scales > 0, scales, np.float32(1))
-    q = np.rint(blocks / safe[:, None])
-    np.clip(q, -QMAX, QMAX, out=q)
-    return q.astype(np.int8).reshape(-1)[:n], scales
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
