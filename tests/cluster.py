@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from wantrain.config import RunConfig
@@ -80,6 +85,27 @@ class Cluster:
     def close(self) -> None:
         for p in self.procs:
             p.kill()
+
+
+@contextlib.contextmanager
+def link_proxy(port: int) -> Iterator[tuple[int, Callable[[], int]]]:
+    """A userspace link (5 ms, unlimited rate) in front of the PS at `port`, on its own event loop:
+    yields the port to dial and a function that resets every connection through it (returns how many)."""
+    from testbed.proxy import LinkProxy
+    from testbed.trace import Trace
+
+    loop = asyncio.new_event_loop()
+    proxy = LinkProxy(("127.0.0.1", port), Trace.constant(5, math.inf))
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def reset() -> int:
+        return proxy.reset()
+    try:
+        yield (asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(10),
+               lambda: asyncio.run_coroutine_threadsafe(reset(), loop).result(10))
+    finally:
+        asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
 
 
 def check_run(events: list[dict], rounds: int) -> None:

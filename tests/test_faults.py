@@ -5,16 +5,13 @@ every replica that reports a hash agrees with the PS bit for bit. Stalls (`--sta
 hold a process at a precise point of its protocol so that the kill lands there.
 """
 
-import asyncio
-import math
-import threading
 import time
 
 import pytest
 
 from wantrain.telemetry import rows
 
-from .cluster import Cluster, check_run
+from .cluster import Cluster, check_run, link_proxy
 from .helpers import small_config
 
 ROUNDS = 6
@@ -96,31 +93,20 @@ def test_link_reset_mid_transfer(tmp_path):
     """A site's connection is reset while its delta is half sent: it reconnects and the run goes on.
     The next round waits for it (a long quorum wait): with the default 1 s, a busy machine once let
     a and c finish every round before b was back."""
-    from testbed.proxy import LinkProxy
-    from testbed.trace import Trace
-
     c = Cluster(tmp_path, config(**{"train.quorum_wait_s": 60.0}))
-    loop = asyncio.new_event_loop()
-    proxy = LinkProxy(("127.0.0.1", c.port), Trace.constant(5, math.inf))     # 5 ms, unlimited rate
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    proxy_port = asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(10)
     try:
-        c.start_ps().wait_for("listening on")
-        c.start_site("a"), c.start_site("c")
-        b = c._proc("b", "worker", "--ps", f"127.0.0.1:{proxy_port}", "--site", "b", "--threads", "1",
-                    "--stall", "push@2=3")
-        c.sites["b"] = b
-        b.wait_for("stalling")
-        async def reset():
-            return proxy.reset()
-        resets = asyncio.run_coroutine_threadsafe(reset(), loop).result(10)
-        assert resets >= 1
-        t_reset = time.time()
-        events = c.finish()
+        with link_proxy(c.port) as (proxy_port, reset):
+            c.start_ps().wait_for("listening on")
+            c.start_site("a"), c.start_site("c")
+            b = c._proc("b", "worker", "--ps", f"127.0.0.1:{proxy_port}", "--site", "b", "--threads", "1",
+                        "--stall", "push@2=3")
+            c.sites["b"] = b
+            b.wait_for("stalling")
+            assert reset() >= 1
+            t_reset = time.time()
+            events = c.finish()
     finally:
         c.close()
-        asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
     check_run(events, ROUNDS)
     left = [e for e in rows(events, "leave") if e["site"] == "b" and e["t"] >= t_reset - 1]
     back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > t_reset]

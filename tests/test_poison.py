@@ -244,7 +244,7 @@ def test_a_site_given_a_broken_model_says_so(tmp_path):
     with pytest.raises(CorruptModelError, match="update of round 0 .* global model is corrupt"):
         site._apply_update(update, RoundResult(0, "0" * 16))
     with torch_no_grad():
-        site.params[first].view(-1)[0] = float("nan")                 # a replica that is already broken
+        dict(site.model.named_parameters())[first].view(-1)[0] = float("nan")   # parameters already broken
     with pytest.raises(DivergedError, match="training loss became nan at inner step 0 of round 0"):
         site.inner.run(0, 0.0)
 

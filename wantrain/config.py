@@ -24,6 +24,7 @@ CODEC_MODES = ("fp32", "int8", "int8-huffman")
 TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
 LATE_POLICIES = ("drop", "stale")
+SCHEDULES = ("sync", "overlap")
 NORM_ACTIONS = ("reject", "clip")
 AGGREGATES = ("mean", "trimmed_mean")
 
@@ -106,6 +107,10 @@ class TrainConfig:
     staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
     quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
                                      # when some sites are missing (they join it when they return)
+    # "sync": a site waits for the round's update before it trains again. "overlap": it trains the
+    # next round ahead, from where its last round ended, while its delta goes up and the update comes
+    # down, then moves those steps onto the new global model (site/schedule.py).
+    schedule: str = "sync"
 
     def validate(self, prefix: str = "train") -> None:
         for name in ("rounds", "inner_steps", "batch_size"):
@@ -129,6 +134,7 @@ class TrainConfig:
                "must be >= 1", self.deadline_factor)
         _check(self.late_policy in LATE_POLICIES, f"{prefix}.late_policy", f"must be one of {LATE_POLICIES}",
                self.late_policy)
+        _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
         _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",
                self.staleness_discount)
         _check(self.deadline_s == 0 or self.deadline_s > self.round_budget_s, f"{prefix}.deadline_s",

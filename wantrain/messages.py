@@ -78,7 +78,8 @@ class RoundMetrics:
     chunks: int
     emulated_s: float = 0.0
     data_position: int = 0    # batches drawn from the shard so far, this round included
-    wait_s: float = 0.0       # idle between the previous push and this round's start
+    wait_s: float = 0.0       # idle (not computing) between the previous push and this round's start
+    steps_ahead: int = 0      # of `steps`, those taken before the RoundStart (overlap schedule)
 
 
 @dataclass(frozen=True)

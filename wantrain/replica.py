@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from .messages import HASH_HEX_DIGITS
 
-__all__ = ["named_params", "param_hash", "flat_copy", "apply_update", "load_flat"]
+__all__ = ["named_params", "param_hash", "values_hash", "flat_copy", "apply_update", "add_update", "load_flat"]
 
 
 def named_params(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -29,10 +29,15 @@ def flat_copy(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def param_hash(model: nn.Module) -> str:
+    return values_hash({name: p.detach().float().cpu().contiguous().numpy() for name, p in named_params(model).items()})
+
+
+def values_hash(values: dict[str, np.ndarray]) -> str:
+    """The parameter hash of flat float32 values (the same as `param_hash` of a model holding them)."""
     h = hashlib.sha256()
-    for name, p in named_params(model).items():
+    for name, v in values.items():
         h.update(name.encode())
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+        h.update(np.ascontiguousarray(v, np.float32).data)
     return h.hexdigest()[:HASH_HEX_DIGITS]
 
 
@@ -43,6 +48,12 @@ def apply_update(model: nn.Module, update: dict[str, np.ndarray]) -> None:
     for name, u in update.items():
         p = params[name]
         p.add_(torch.from_numpy(u).view(p.shape).to(p.device))
+
+
+def add_update(values: dict[str, np.ndarray], update: dict[str, np.ndarray]) -> None:
+    """values += update for flat float32 replicas: the same one IEEE add per element as `apply_update`."""
+    for name, u in update.items():
+        np.add(values[name], u, out=values[name])
 
 
 @torch.no_grad()

@@ -56,6 +56,8 @@ def check_claims(cfg: RunConfig, m: RoundMetrics, train_s: float, num_params: in
     steps_cap = max_steps(cfg, train_s)
     if not 1 <= m.steps <= steps_cap:
         raise ProtocolError(f"round {m.round} metrics claim {m.steps} inner steps; the round allowed 1 to {steps_cap}")
+    if m.steps_ahead > m.steps:
+        raise ProtocolError(f"round {m.round} metrics claim {m.steps_ahead} of {m.steps} inner steps taken ahead")
     tokens_cap = m.steps * cfg.train.batch_size * cfg.model.block_size
     if not 1 <= m.tokens <= tokens_cap:
         raise ProtocolError(f"round {m.round} metrics claim {m.tokens} tokens; {m.steps} steps of "

@@ -34,7 +34,7 @@ PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_en
             "checkpoint", "restart", "error", "run_end",
             # rounds that do not wait forever, and faults
             "deadline", "late_delta", "quarantine", "stall", "downloads_frozen", "ready",
-            "download")
+            "download", "catchup")
 # What the link emulator logs (testbed/links.py), and faults injected on purpose (Run): reported to the PS.
 LINK_KINDS = ("links_start", "link", "outage_start", "outage_end", "spike", "reset", "command_error")
 REPORTED_KINDS = (*LINK_KINDS, "fault")

@@ -111,7 +111,9 @@ async def commit_round(ps: ParameterServer) -> None:
     round_s = time.time() - ps.rounds.started_at
     ps.recorder.emit("round_end", **round_end(r, result, stats, verdicts, accepted, sorted(ps.late),
                                                 round_s, aggregate_s))
-    # Every site that holds the round's starting model applies the update, late ones included.
+    # Every site that holds the round's starting model applies the update, late ones included; a
+    # site that comes back later holding that model gets it from the catch-up (no await between).
+    ps.catchup.add(r, update_chunks, result)
     for name, link in ps.links.items():
         if name in ps.awaiting_model:               # rejoined during aggregation: gets the model
             continue

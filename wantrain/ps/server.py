@@ -11,7 +11,7 @@ averages them, takes the outer Nesterov step, encodes the update with its own er
 applies exactly the decoded update to its replica (aggregate.py), journals the round, and sends the
 update chunks and a RoundResult (with the new parameter hash) to every site. Late deltas are
 dropped or applied in a later round; a site that (re)joins mid-round trains in it with what is
-left of the budget.
+left of the budget; one that comes back holding an earlier model gets the updates it missed.
 
 Everything a site sends is checked before it touches any state: the message itself (wire.py),
 its place in the protocol (here and rounds.py), its chunks and its delta (uploads.py), its
@@ -38,6 +38,7 @@ from ..limits import Limits, safe_text
 from ..messages import HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart, TensorChunk, Welcome
 from ..screening import Screen, check_claims
 from ..telemetry import Recorder
+from .catchup import Catchup
 from .commit import commit_round
 from .downloads import Downloads
 from .model import GlobalModel
@@ -114,6 +115,8 @@ class ParameterServer:
             if self.journal is not None:        # the base the journal's rounds are replayed onto
                 self.journal.clear()
                 self.checkpoints.write(snapshot(self))
+        # A site that comes back holding an earlier model gets the updates it missed, not the model.
+        self.catchup = Catchup(self.round, max_bytes=2 * self.num_params)
         c = self.corpus_summary
         log.info("corpus %s: %d document(s), %d tokens (%d for training, %d held out)%s", cfg.data.corpus,
                  c["documents"], c["tokens"], c["train_tokens"], c["val_tokens"],
@@ -142,11 +145,14 @@ class ParameterServer:
                                          else len(self.registry))
         link = SiteLink(msg.site, index, msg.device, self.limits)
         self.links[msg.site] = link
+        missed = self.catchup.for_join(msg, self.hashes) if resumed else None
         self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed,
-                           data_position=self.data_positions.get(msg.site, 0))
+                           data_position=self.data_positions.get(msg.site, 0), catchup=missed is not None)
         log.info("site %s joined (index %d, %s)%s", msg.site, index, safe_text(msg.device, 64),
                  " again" if resumed else "")
-        if self.aggregating:       # the model is about to change: send it after the round commits
+        if missed is not None:     # it holds the model of resume_round: only the updates since follow
+            self.send_model(link, (msg.resume_round, missed))
+        elif self.aggregating:     # the model is about to change: send it after the round commits
             self.awaiting_model.add(link.name)
         else:
             self.send_model(link)
@@ -196,12 +202,20 @@ class ParameterServer:
         log.info("site %s left: %s", link.name, reason)
         self._maybe_finish_round()        # the others may all be done already
 
-    def send_model(self, link: SiteLink) -> None:
+    def send_model(self, link: SiteLink, catchup: tuple[int, list] | None = None) -> None:
+        """The Welcome and the model; or, with `catchup` (the round of the model the site holds and the
+        messages since: catchup.py), a Welcome without model chunks and the updates of the rounds it missed."""
         link.ready = False
-        link.base_round = self.round
-        welcome = Welcome(self.run_id, link.index, self.cfg, self.round, self.hash, 0,
+        link.base_round = self.round if catchup is None else catchup[0]
+        welcome = Welcome(self.run_id, link.index, self.cfg, link.base_round, self.hashes[link.base_round], 0,
                           self.data_positions.get(link.name, 0))
-        link.outbox.put_nowait(self.downloads.start(link.name, welcome))
+        if catchup is None:
+            link.outbox.put_nowait(self.downloads.start(link.name, welcome))
+            return
+        for m in (welcome, *catchup[1]):
+            link.outbox.put_nowait(m)
+        self.recorder.emit("catchup", site=link.name, round=catchup[0], rounds=self.catchup.next_round - catchup[0],
+                           mb=self.catchup.wire_bytes_since(catchup[0]) / 1e6, model_mb=4 * self.num_params / 1e6)
 
     # ------------------------------------------------------------ rounds
 
@@ -293,11 +307,9 @@ class ParameterServer:
             self.rounds.stale[site] = up
 
     def _maybe_finish_round(self) -> None:
-        """Aggregate once every site in the round has sent its delta, or at the deadline those that did.
-
-        The aggregation runs as its own task: it must not belong to the stream of the site whose
-        delta happened to complete the round (if that site's connection drops, its stream's
-        tasks are cancelled, and the round with them)."""
+        """Aggregate once every site in the round has sent its delta, or at the deadline those that did,
+        in a task of its own: not one of the stream of the site whose delta completed the round (if that
+        site's connection drops, its stream's tasks are cancelled, and the round with them)."""
         if self.rounds.close():
             self.round_task = asyncio.create_task(self._finish_round())
 
@@ -335,6 +347,3 @@ class ParameterServer:
             self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")
             self.rounds.finish()
             self.maybe_start_round()
-
-    def evaluate(self) -> float:
-        return self.global_model.evaluate()

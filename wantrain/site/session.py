@@ -35,10 +35,11 @@ from ..faults import Stalls
 from ..messages import (DELTA, MAX_STALENESS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
                         RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from ..models import build_model
-from ..replica import apply_update, named_params, param_hash
+from ..replica import add_update, flat_copy, named_params, values_hash
 from ..tls import TLSClient
 from .progress import DownloadProgress
 from .retry import FAILURES, Reconnect
+from .schedule import Schedule
 from .train import InnerLoop
 
 __all__ = ["Site", "SiteOptions", "default_device"]
@@ -80,6 +81,8 @@ class Site:
         self.cfg: RunConfig | None = None
         self.model: torch.nn.Module | None = None
         self.inner: InnerLoop | None = None
+        self.schedule: Schedule | None = None
+        self.replica: dict[str, np.ndarray] = {}    # the global model, flat float32 (the model trains)
         self.feedback: ErrorFeedback | None = None
         self.codec: Codec | None = None
         self.round = 0               # committed rounds this replica holds
@@ -154,7 +157,12 @@ class Site:
             if isinstance(msg, ErrorMessage):
                 raise RejectedError(Reject.from_wire(msg.code), msg.message)
             if isinstance(msg, Welcome):
+                if self.schedule is not None:
+                    await self.schedule.discard()      # a new global model: steps ahead belong to no round
                 await asyncio.to_thread(self._on_welcome, msg)
+                if msg.model_chunks == 0:       # the PS lets it keep its replica; missed updates follow
+                    await call.write(wire.site_message(Ready(self.round, self.hash)))
+                    continue
                 expected_model, model_specs = msg.model_chunks, []
                 progress = DownloadProgress(self.opts.name, expected_model)
             elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
@@ -169,7 +177,7 @@ class Site:
                     model_specs = []
                     await call.write(wire.site_message(Ready(self.round, self.hash)))
                     if self.round >= self._config().train.rounds:   # joined as the run ended: the final model
-                        self.finished = True
+                        await self._finish()
             elif isinstance(msg, RoundStart):
                 if msg.model_hash != self.hash:
                     raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
@@ -184,10 +192,17 @@ class Site:
                 await call.write(wire.site_message(HashReport(msg.round, self.hash)))
                 await self._flush_probes(call)
                 if self.round >= self._config().train.rounds:
-                    self.finished = True
+                    await self._finish()
+                elif self.schedule is not None:
+                    await self.schedule.moved_to(self.replica)
             else:
                 raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
         await call.done_writing()
+
+    async def _finish(self) -> None:
+        self.finished = True
+        if self.schedule is not None:
+            await self.schedule.discard()
 
     # ------------------------------------------------------------ state
 
@@ -204,26 +219,31 @@ class Site:
 
     def _on_welcome(self, w: Welcome) -> None:
         first = self.cfg is None
+        if w.model_chunks == 0 and (first or (w.round, w.model_hash) != (self.round, self.hash)):
+            raise ProtocolError(f"the PS sends no model, as if this site held round {w.round} ({w.model_hash}); "
+                                f"it holds " + ("none" if first else f"round {self.round} ({self.hash})"))
         self.cfg = w.config
         self.run_id, self.index = w.run_id, w.site_index
         if first:
             tok, corpus = load_run_data(w.config.data)
             self.model = build_model(w.config.model.preset, tok.vocab_size, w.config.model.seed, self.device)
-            self.params = named_params(self.model)
-            self.sizes = {k: p.numel() for k, p in self.params.items()}
+            self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}
             shard = corpus.shard(w.site_index, w.config.num_sites, w.config.data.sharding)
             t = w.config.train
             sampler = BatchSampler(shard, t.batch_size, w.config.model.block_size, t.seed + 1000 * w.site_index)
             sampler.seek(w.data_position)     # a restarted site picks up its shard where it left off
             self.inner = InnerLoop(self.model, sampler, t, w.config.model.block_size, self.device, self.opts.name,
                                    self.opts.speed_factor)
+            self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s)
+            self.replica = flat_copy(self.model)
             self.feedback = ErrorFeedback() if w.config.codec.error_feedback else None
             self.codec = Codec(w.config.codec)
             log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
                      w.site_index, w.config.model.preset, self.device, w.data_position)
         self.round = w.round
         self._expected_hash = w.model_hash
-        self.pending = {}         # a fresh model: whatever was in flight is the PS's business now
+        if w.model_chunks:        # a fresh model: whatever was in flight is the PS's business now
+            self.pending = {}     # (kept on a catch-up: the missed rounds' results settle it)
 
     def _join(self, parts: list[TensorChunk]) -> dict[str, np.ndarray]:
         """Decode chunks that cover the whole model into flat arrays (ProtocolError if they don't)."""
@@ -242,28 +262,28 @@ class Site:
         if not np.all(np.isfinite(values)):
             raise CorruptModelError(f"the model the parameter server sent (round {self.round}) holds NaN or Inf in "
                                     f"{c.spec.tensor!r}: the global model is corrupt; this site will not train on it")
-        p = self.params[c.spec.tensor]
-        with torch.no_grad():
-            p.view(-1)[c.spec.offset: c.spec.offset + c.spec.length].copy_(torch.from_numpy(values))
+        self.replica[c.spec.tensor][c.spec.offset: c.spec.offset + c.spec.length] = values
 
     def _finish_model(self, specs: list) -> None:
         try:
             check_coverage(specs, self.sizes)
         except CodecError as e:
             raise ProtocolError(f"model download from the PS: {e}") from None
-        self.hash = param_hash(self._loaded()[1])
+        self.hash = values_hash(self.replica)
         if self.hash != self._expected_hash:
             raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self._expected_hash}")
         log.info("site %s: model at round %d loaded (%s)", self.opts.name, self.round, self.hash)
 
     async def _train_and_push(self, call, start: RoundStart) -> None:
         round_ = start.round
-        wait_s = time.time() - self.pushed_at if self.pushed_at else 0.0
+        since_push_s = time.time() - self.pushed_at if self.pushed_at else 0.0
         log.info("site %s: round %d starts%s", self.opts.name, round_,
                  f" ({start.train_s:.1f} s budget)" if start.train_s else "")
         await self.stalls.asleep("train", round_)
-        _, _, inner, codec = self._loaded()
-        delta, info = await asyncio.to_thread(inner.run, round_, start.train_s, self.hash)
+        codec = self._loaded()[3]
+        assert self.schedule is not None
+        delta, info = await self.schedule.round(round_, start.train_s, self.replica, self.hash)
+        wait_s = max(0.0, since_push_s - info.pop("ahead_s"))     # idle, not computing ahead
         stats = EncodeStats()
         chunks, sent = await asyncio.to_thread(encode_arrays, delta, codec, self.feedback, stats)
         if self.feedback is not None:
@@ -309,11 +329,10 @@ class Site:
             if not np.all(np.isfinite(u)):
                 raise CorruptModelError(f"the update of round {result.round} from the parameter server holds NaN "
                                         f"or Inf in {name!r}: the global model is corrupt; this site stops here")
-        model = self._loaded()[1]
-        apply_update(model, update)
+        add_update(self.replica, update)
         self.last_decode_s = time.perf_counter() - t0
         self.round = result.round + 1
-        self.hash = param_hash(model)
+        self.hash = values_hash(self.replica)
         if self.hash != result.model_hash:
             log.error("site %s: replica hash %s differs from the PS's %s after round %d", self.opts.name,
                       self.hash, result.model_hash, result.round)

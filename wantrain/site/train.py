@@ -1,16 +1,19 @@
 """The inner loop of DiLoCo: AdamW steps of one replica from the global parameters.
 
-`InnerLoop.run` trains for a number of steps or a compute budget and returns the
-pseudo-gradient (start - end) with what the round cost; the replica goes back to the global
-parameters, which the PS's update then moves on. Sites use it every round; study.py uses it
-to make real deltas for the codec's benchmarks.
+`InnerLoop.train` takes a round's steps (a number of them or a compute budget), possibly in
+several pieces (a `Segment` keeps the count), and `InnerLoop.delta` returns the pseudo-gradient
+(start - end) with what the round cost. Sites use them through their schedule (schedule.py);
+`InnerLoop.run` is one whole round, which study.py uses to make real deltas for the codec's
+benchmarks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,7 +24,7 @@ from ..data import BatchSampler
 from ..errors import DivergedError
 from ..replica import flat_copy, load_flat
 
-__all__ = ["InnerLoop", "lr_at"]
+__all__ = ["InnerLoop", "Segment", "lr_at"]
 
 
 def lr_at(t: TrainConfig, step: int, progress: float) -> float:
@@ -37,8 +40,23 @@ def lr_at(t: TrainConfig, step: int, progress: float) -> float:
     return t.inner_lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
+@dataclass
+class Segment:
+    """One round's inner steps so far (the overlap schedule takes some before the round's RoundStart)."""
+
+    round: int
+    train_s: float                   # > 0: a compute budget in seconds; 0: the configured inner_steps
+    steps: int = 0
+    compute_s: float = 0.0           # emulated compute included (a slow machine's padding)
+    emulated_s: float = 0.0
+    losses: list[float] = field(default_factory=list)
+
+    def done(self, t: TrainConfig) -> bool:
+        return self.compute_s >= self.train_s if self.train_s > 0 else self.steps >= t.inner_steps
+
+
 class InnerLoop:
-    """A replica's inner optimizer and data: `run` takes one round of inner steps."""
+    """A replica's inner optimizer and data: `train` takes a round's inner steps, `delta` measures them."""
 
     def __init__(self, model: torch.nn.Module, sampler: BatchSampler, train: TrainConfig, block_size: int,
                  device: torch.device, name: str = "site", speed_factor: float = 1.0) -> None:
@@ -49,20 +67,27 @@ class InnerLoop:
         self.steps = 0                 # inner steps of this optimizer, over every round
 
     def run(self, round_: int, train_s: float = 0.0, start_hash: str = "") -> tuple[dict[str, np.ndarray], dict]:
-        """Inner steps from the current (global) parameters; returns the pseudo-gradient and the
-        round's figures. train_s > 0: step until that much (emulated) compute time has passed, at
-        least once; otherwise take the configured inner_steps."""
-        t = self.t
+        """One whole round from the current parameters, which it then restores; returns the
+        pseudo-gradient and the round's figures (what study.py needs)."""
         start = flat_copy(self.model)
+        seg = Segment(round_, train_s)
+        self.train(seg, start_hash=start_hash)
+        delta, info = self.delta(start, seg, start_hash)
+        load_flat(self.model, start)
+        return delta, info
+
+    def train(self, seg: Segment, stop: threading.Event | None = None, start_hash: str = "") -> None:
+        """Inner steps from the current parameters until the segment's budget is spent (at least one
+        step in a round) or `stop` is set: train_s > 0 steps until that much (emulated) compute time
+        has passed; otherwise it takes the configured inner_steps."""
+        t = self.t
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
                     else contextlib.nullcontext())
         self.model.train()
-        losses: list[float] = []
-        emulated, i, t0 = 0.0, 0, time.perf_counter()
-        while (time.perf_counter() - t0 < train_s) if train_s > 0 else (i < t.inner_steps):
+        while not seg.done(t) and not (stop is not None and stop.is_set()):
             t_step = time.perf_counter()
-            frac = (t_step - t0) / train_s if train_s > 0 else i / t.inner_steps
-            lr = lr_at(t, self.steps, round_ + frac)
+            frac = seg.compute_s / seg.train_s if seg.train_s > 0 else seg.steps / t.inner_steps
+            lr = lr_at(t, self.steps, seg.round + frac)
             self.steps += 1
             for g in self.opt.param_groups:
                 g["lr"] = lr
@@ -76,28 +101,34 @@ class InnerLoop:
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
             self.opt.step()
-            losses.append(loss.item())
-            if not math.isfinite(losses[-1]):
-                raise DivergedError(f"site {self.name}: the training loss became {losses[-1]} at inner step {i} "
-                                    f"of round {round_} (learning rate {lr:.3g}), starting from the global model "
-                                    f"{start_hash}; this site stops rather than send a broken delta")
+            seg.losses.append(loss.item())
+            if not math.isfinite(seg.losses[-1]):
+                raise DivergedError(f"site {self.name}: the training loss became {seg.losses[-1]} at inner step "
+                                    f"{seg.steps} of round {seg.round} (learning rate {lr:.3g}), starting from the "
+                                    f"global model {start_hash}; this site stops rather than send a broken delta")
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
+            pad = 0.0
             if self.speed_factor > 1:   # act like a machine speed_factor times slower
                 pad = (self.speed_factor - 1) * (time.perf_counter() - t_step)
-                if train_s > 0:              # never pad past the budget
-                    pad = max(0.0, min(pad, train_s - (time.perf_counter() - t0)))
+                if seg.train_s > 0:              # never pad past the budget
+                    pad = max(0.0, min(pad, seg.train_s - (seg.compute_s + time.perf_counter() - t_step)))
                 time.sleep(pad)
-                emulated += pad
-            i += 1
-        compute_s = time.perf_counter() - t0
+            seg.emulated_s += pad
+            seg.compute_s += time.perf_counter() - t_step
+            seg.steps += 1
+
+    def delta(self, start: dict[str, np.ndarray], seg: Segment, start_hash: str = "") -> tuple[dict[str, np.ndarray],
+                                                                                              dict]:
+        """The pseudo-gradient start - (current parameters) and the round's figures; DivergedError
+        rather than a delta that holds NaN or Inf."""
         end = flat_copy(self.model)
         delta = {k: start[k] - end[k] for k in start}
         bad = next((k for k, v in delta.items() if not np.all(np.isfinite(v))), None)
         if bad is not None:
-            raise DivergedError(f"site {self.name}: the delta of round {round_} holds NaN or Inf in {bad!r} "
-                                f"after {i} inner steps from the global model {start_hash}; not sending it")
-        load_flat(self.model, start)      # back to the global parameters; the PS's update moves it on
-        return delta, dict(train_loss=float(np.mean(losses)), last_train_loss=losses[-1],
-                           tokens=i * t.batch_size * self.block_size, steps=i, compute_s=compute_s,
-                           emulated_s=emulated, data_position=self.sampler.batches_drawn)
+            raise DivergedError(f"site {self.name}: the delta of round {seg.round} holds NaN or Inf in {bad!r} "
+                                f"after {seg.steps} inner steps from the global model {start_hash}; not sending it")
+        t = self.t
+        return delta, dict(train_loss=float(np.mean(seg.losses)), last_train_loss=seg.losses[-1],
+                           tokens=seg.steps * t.batch_size * self.block_size, steps=seg.steps,
+                           compute_s=seg.compute_s, emulated_s=seg.emulated_s, data_position=self.sampler.batches_drawn)

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14wantrain/v1/ps.proto\x12\x0bwantrain.v1\"\xf8\x01\n\x05\x43hunk\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.wantrain.v1.ChunkKind\x12\r\n\x05round\x18\x02 \x01(\x04\x12\r\n\x05index\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x0e\n\x06tensor\x18\x05 \x01(\t\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x0e\n\x06length\x18\x07 \x01(\r\x12\'\n\x08\x65ncoding\x18\x08 \x01(\x0e\x32\x15.wantrain.v1.Encoding\x12\x13\n\x0bquant_block\x18\t \x01(\r\x12\x0e\n\x06scales\x18\n \x01(\x0c\x12\x0f\n\x07payload\x18\x0b \x01(\x0c\x12\r\n\x05\x63rc32\x18\x0c \x01(\r\"x\n\x04Join\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x14\n\x0cresume_round\x18\x03 \x01(\x04\x12\x13\n\x0bresume_hash\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05token\x18\x06 \x01(\t\"\x92\x01\n\x07Welcome\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsite_index\x18\x02 \x01(\r\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x04\x12\x12\n\nmodel_hash\x18\x05 \x01(\t\x12\x14\n\x0cmodel_chunks\x18\x06 \x01(\r\x12\x15\n\rdata_position\x18\x07 \x01(\x04\"@\n\nRoundStart\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\nmodel_hash\x18\x02 \x01(\t\x12\x0f\n\x07train_s\x18\x03 \x01(\x01\"\xc3\x02\n\x0cRoundMetrics\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\ntrain_loss\x18\x02 \x01(\x01\x12\x17\n\x0flast_train_loss\x18\x03 \x01(\x01\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05steps\x18\x05 \x01(\r\x12\x11\n\traw_bytes\x18\x06 \x01(\x04\x12\x12\n\nwire_bytes\x18\x07 \x01(\x04\x12\x1f\n\x17huffman_bits_per_symbol\x18\x08 \x01(\x01\x12\x10\n\x08\x65ncode_s\x18\t \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\n \x01(\x01\x12\x11\n\tcompute_s\x18\x0b \x01(\x01\x12\x0e\n\x06\x63omm_s\x18\x0c \x01(\x01\x12\x0e\n\x06\x63hunks\x18\r \x01(\r\x12\x12\n\nemulated_s\x18\x0e \x01(\x01\x12\x15\n\rdata_position\x18\x0f \x01(\x04\x12\x0e\n\x06wait_s\x18\x10 \x01(\x01\"e\n\x0bRoundResult\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\nmodel_hash\x18\x02 \x01(\t\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x10\n\x08val_loss\x18\x04 \x01(\x01\x12\x12\n\nlate_sites\x18\x05 \x03(\t\"*\n\x05Ready\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\nmodel_hash\x18\x02 \x01(\t\"/\n\nHashReport\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\nmodel_hash\x18\x02 \x01(\t\"&\n\tLinkProbe\x12\t\n\x01t\x18\x01 \x03(\x01\x12\x0e\n\x06rtt_ms\x18\x02 \x03(\x01\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8e\x02\n\x0bSiteMessage\x12!\n\x04join\x18\x01 \x01(\x0b\x32\x11.wantrain.v1.JoinH\x00\x12#\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.wantrain.v1.ChunkH\x00\x12,\n\x07metrics\x18\x03 \x01(\x0b\x32\x19.wantrain.v1.RoundMetricsH\x00\x12.\n\x0bhash_report\x18\x04 \x01(\x0b\x32\x17.wantrain.v1.HashReportH\x00\x12,\n\nlink_probe\x18\x05 \x01(\x0b\x32\x16.wantrain.v1.LinkProbeH\x00\x12#\n\x05ready\x18\x06 \x01(\x0b\x32\x12.wantrain.v1.ReadyH\x00\x42\x06\n\x04\x62ody\"\xec\x01\n\rServerMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.wantrain.v1.WelcomeH\x00\x12#\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.wantrain.v1.ChunkH\x00\x12.\n\x0bround_start\x18\x03 \x01(\x0b\x32\x17.wantrain.v1.RoundStartH\x00\x12\x30\n\x0cround_result\x18\x04 \x01(\x0b\x32\x18.wantrain.v1.RoundResultH\x00\x12#\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.wantrain.v1.ErrorH\x00\x42\x06\n\x04\x62ody\" \n\x0cWatchRequest\x12\x10\n\x08\x66rom_seq\x18\x01 \x01(\x04\"\x1b\n\x0bPingRequest\x12\x0c\n\x04site\x18\x01 \x01(\t\" \n\tPingReply\x12\x13\n\x0bserver_time\x18\x01 \x01(\x01\"\x1f\n\rReportRequest\x12\x0e\n\x06\x65vents\x18\x01 \x03(\t\" \n\x0bReportReply\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\"+\n\x0eTelemetryEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04json\x18\x02 \x01(\t*e\n\x08\x45ncoding\x12\x18\n\x14\x45NCODING_UNSPECIFIED\x10\x00\x12\x11\n\rENCODING_FP32\x10\x01\x12\x11\n\rENCODING_INT8\x10\x02\x12\x19\n\x15\x45NCODING_INT8_HUFFMAN\x10\x03*j\n\tChunkKind\x12\x1a\n\x16\x43HUNK_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HUNK_KIND_MODEL\x10\x01\x12\x14\n\x10\x43HUNK_KIND_DELTA\x10\x02\x12\x15\n\x11\x43HUNK_KIND_UPDATE\x10\x03\x32\x93\x02\n\x0fParameterServer\x12\x43\n\x07Session\x12\x18.wantrain.v1.SiteMessage\x1a\x1a.wantrain.v1.ServerMessage(\x01\x30\x01\x12\x41\n\x05Watch\x12\x19.wantrain.v1.WatchRequest\x1a\x1b.wantrain.v1.TelemetryEvent0\x01\x12\x38\n\x04Ping\x12\x18.wantrain.v1.PingRequest\x1a\x16.wantrain.v1.PingReply\x12>\n\x06Report\x12\x1a.wantrain.v1.ReportRequest\x1a\x18.wantrain.v1.ReportReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14wantrain/v1/ps.proto\x12\x0bwantrain.v1\"\xf8\x01\n\x05\x43hunk\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.wantrain.v1.ChunkKind\x12\r\n\x05round\x18\x02 \x01(\x04\x12\r\n\x05index\x18\x03 \x01(\r\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x0e\n\x06tensor\x18\x05 \x01(\t\x12\x0e\n\x06offset\x18\x06 \x01(\x04\x12\x0e\n\x06length\x18\x07 \x01(\r\x12\'\n\x08\x65ncoding\x18\x08 \x01(\x0e\x32\x15.wantrain.v1.Encoding\x12\x13\n\x0bquant_block\x18\t \x01(\r\x12\x0e\n\x06scales\x18\n \x01(\x0c\x12\x0f\n\x07payload\x18\x0b \x01(\x0c\x12\r\n\x05\x63rc32\x18\x0c \x01(\r\"x\n\x04Join\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x14\n\x0cresume_round\x18\x03 \x01(\x04\x12\x13\n\x0bresume_hash\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\r\n\x05token\x18\x06 \x01(\t\"\x92\x01\n\x07Welcome\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nsite_index\x18\x02 \x01(\r\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t\x12\r\n\x05round\x18\x04 \x01(\x04\x12\x12\n\nmodel_hash\x18\x05 \x01(\t\x12\x14\n\x0cmodel_chunks\x18\x06 \x01(\r\x12\x15\n\rdata_position\x18\x07 \x01(\x04\"@\n\nRoundStart\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\nmodel_hash\x18\x02 \x01(\t\x12\x0f\n\x07train_s\x18\x03 \x01(\x01\"\xd8\x02\n\x0cRoundMetrics\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\ntrain_loss\x18\x02 \x01(\x01\x12\x17\n\x0flast_train_loss\x18\x03 \x01(\x01\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\r\n\x05steps\x18\x05 \x01(\r\x12\x11\n\traw_bytes\x18\x06 \x01(\x04\x12\x12\n\nwire_bytes\x18\x07 \x01(\x04\x12\x1f\n\x17huffman_bits_per_symbol\x18\x08 \x01(\x01\x12\x10\n\x08\x65ncode_s\x18\t \x01(\x01\x12\x10\n\x08\x64\x65\x63ode_s\x18\n \x01(\x01\x12\x11\n\tcompute_s\x18\x0b \x01(\x01\x12\x0e\n\x06\x63omm_s\x18\x0c \x01(\x01\x12\x0e\n\x06\x63hunks\x18\r \x01(\r\x12\x12\n\nemulated_s\x18\x0e \x01(\x01\x12\x15\n\rdata_position\x18\x0f \x01(\x04\x12\x0e\n\x06wait_s\x18\x10 \x01(\x01\x12\x13\n\x0bsteps_ahead\x18\x11 \x01(\r\"e\n\x0bRoundResult\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\nmodel_hash\x18\x02 \x01(\t\x12\r\n\x05sites\x18\x03 \x03(\t\x12\x10\n\x08val_loss\x18\x04 \x01(\x01\x12\x12\n\nlate_sites\x18\x05 \x03(\t\"*\n\x05Ready\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\nmodel_hash\x18\x02 \x01(\t\"/\n\nHashReport\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x12\n\nmodel_hash\x18\x02 \x01(\t\"&\n\tLinkProbe\x12\t\n\x01t\x18\x01 \x03(\x01\x12\x0e\n\x06rtt_ms\x18\x02 \x03(\x01\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x8e\x02\n\x0bSiteMessage\x12!\n\x04join\x18\x01 \x01(\x0b\x32\x11.wantrain.v1.JoinH\x00\x12#\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.wantrain.v1.ChunkH\x00\x12,\n\x07metrics\x18\x03 \x01(\x0b\x32\x19.wantrain.v1.RoundMetricsH\x00\x12.\n\x0bhash_report\x18\x04 \x01(\x0b\x32\x17.wantrain.v1.HashReportH\x00\x12,\n\nlink_probe\x18\x05 \x01(\x0b\x32\x16.wantrain.v1.LinkProbeH\x00\x12#\n\x05ready\x18\x06 \x01(\x0b\x32\x12.wantrain.v1.ReadyH\x00\x42\x06\n\x04\x62ody\"\xec\x01\n\rServerMessage\x12\'\n\x07welcome\x18\x01 \x01(\x0b\x32\x14.wantrain.v1.WelcomeH\x00\x12#\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x12.wantrain.v1.ChunkH\x00\x12.\n\x0bround_start\x18\x03 \x01(\x0b\x32\x17.wantrain.v1.RoundStartH\x00\x12\x30\n\x0cround_result\x18\x04 \x01(\x0b\x32\x18.wantrain.v1.RoundResultH\x00\x12#\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x12.wantrain.v1.ErrorH\x00\x42\x06\n\x04\x62ody\" \n\x0cWatchRequest\x12\x10\n\x08\x66rom_seq\x18\x01 \x01(\x04\"\x1b\n\x0bPingRequest\x12\x0c\n\x04site\x18\x01 \x01(\t\" \n\tPingReply\x12\x13\n\x0bserver_time\x18\x01 \x01(\x01\"\x1f\n\rReportRequest\x12\x0e\n\x06\x65vents\x18\x01 \x03(\t\" \n\x0bReportReply\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\"+\n\x0eTelemetryEvent\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04json\x18\x02 \x01(\t*e\n\x08\x45ncoding\x12\x18\n\x14\x45NCODING_UNSPECIFIED\x10\x00\x12\x11\n\rENCODING_FP32\x10\x01\x12\x11\n\rENCODING_INT8\x10\x02\x12\x19\n\x15\x45NCODING_INT8_HUFFMAN\x10\x03*j\n\tChunkKind\x12\x1a\n\x16\x43HUNK_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HUNK_KIND_MODEL\x10\x01\x12\x14\n\x10\x43HUNK_KIND_DELTA\x10\x02\x12\x15\n\x11\x43HUNK_KIND_UPDATE\x10\x03\x32\x93\x02\n\x0fParameterServer\x12\x43\n\x07Session\x12\x18.wantrain.v1.SiteMessage\x1a\x1a.wantrain.v1.ServerMessage(\x01\x30\x01\x12\x41\n\x05Watch\x12\x19.wantrain.v1.WatchRequest\x1a\x1b.wantrain.v1.TelemetryEvent0\x01\x12\x38\n\x04Ping\x12\x18.wantrain.v1.PingRequest\x1a\x16.wantrain.v1.PingReply\x12>\n\x06Report\x12\x1a.wantrain.v1.ReportRequest\x1a\x18.wantrain.v1.ReportReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'wantrain.v1.ps_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENCODING']._serialized_start=1948
-  _globals['_ENCODING']._serialized_end=2049
-  _globals['_CHUNKKIND']._serialized_start=2051
-  _globals['_CHUNKKIND']._serialized_end=2157
+  _globals['_ENCODING']._serialized_start=1969
+  _globals['_ENCODING']._serialized_end=2070
+  _globals['_CHUNKKIND']._serialized_start=2072
+  _globals['_CHUNKKIND']._serialized_end=2178
   _globals['_CHUNK']._serialized_start=38
   _globals['_CHUNK']._serialized_end=286
   _globals['_JOIN']._serialized_start=288
@@ -44,33 +44,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUNDSTART']._serialized_start=559
   _globals['_ROUNDSTART']._serialized_end=623
   _globals['_ROUNDMETRICS']._serialized_start=626
-  _globals['_ROUNDMETRICS']._serialized_end=949
-  _globals['_ROUNDRESULT']._serialized_start=951
-  _globals['_ROUNDRESULT']._serialized_end=1052
-  _globals['_READY']._serialized_start=1054
-  _globals['_READY']._serialized_end=1096
-  _globals['_HASHREPORT']._serialized_start=1098
-  _globals['_HASHREPORT']._serialized_end=1145
-  _globals['_LINKPROBE']._serialized_start=1147
-  _globals['_LINKPROBE']._serialized_end=1185
-  _globals['_ERROR']._serialized_start=1187
-  _globals['_ERROR']._serialized_end=1225
-  _globals['_SITEMESSAGE']._serialized_start=1228
-  _globals['_SITEMESSAGE']._serialized_end=1498
-  _globals['_SERVERMESSAGE']._serialized_start=1501
-  _globals['_SERVERMESSAGE']._serialized_end=1737
-  _globals['_WATCHREQUEST']._serialized_start=1739
-  _globals['_WATCHREQUEST']._serialized_end=1771
-  _globals['_PINGREQUEST']._serialized_start=1773
-  _globals['_PINGREQUEST']._serialized_end=1800
-  _globals['_PINGREPLY']._serialized_start=1802
-  _globals['_PINGREPLY']._serialized_end=1834
-  _globals['_REPORTREQUEST']._serialized_start=1836
-  _globals['_REPORTREQUEST']._serialized_end=1867
-  _globals['_REPORTREPLY']._serialized_start=1869
-  _globals['_REPORTREPLY']._serialized_end=1901
-  _globals['_TELEMETRYEVENT']._serialized_start=1903
-  _globals['_TELEMETRYEVENT']._serialized_end=1946
-  _globals['_PARAMETERSERVER']._serialized_start=2160
-  _globals['_PARAMETERSERVER']._serialized_end=2435
+  _globals['_ROUNDMETRICS']._serialized_end=970
+  _globals['_ROUNDRESULT']._serialized_start=972
+  _globals['_ROUNDRESULT']._serialized_end=1073
+  _globals['_READY']._serialized_start=1075
+  _globals['_READY']._serialized_end=1117
+  _globals['_HASHREPORT']._serialized_start=1119
+  _globals['_HASHREPORT']._serialized_end=1166
+  _globals['_LINKPROBE']._serialized_start=1168
+  _globals['_LINKPROBE']._serialized_end=1206
+  _globals['_ERROR']._serialized_start=1208
+  _globals['_ERROR']._serialized_end=1246
+  _globals['_SITEMESSAGE']._serialized_start=1249
+  _globals['_SITEMESSAGE']._serialized_end=1519
+  _globals['_SERVERMESSAGE']._serialized_start=1522
+  _globals['_SERVERMESSAGE']._serialized_end=1758
+  _globals['_WATCHREQUEST']._serialized_start=1760
+  _globals['_WATCHREQUEST']._serialized_end=1792
+  _globals['_PINGREQUEST']._serialized_start=1794
+  _globals['_PINGREQUEST']._serialized_end=1821
+  _globals['_PINGREPLY']._serialized_start=1823
+  _globals['_PINGREPLY']._serialized_end=1855
+  _globals['_REPORTREQUEST']._serialized_start=1857
+  _globals['_REPORTREQUEST']._serialized_end=1888
+  _globals['_REPORTREPLY']._serialized_start=1890
+  _globals['_REPORTREPLY']._serialized_end=1922
+  _globals['_TELEMETRYEVENT']._serialized_start=1924
+  _globals['_TELEMETRYEVENT']._serialized_end=1967
+  _globals['_PARAMETERSERVER']._serialized_start=2181
+  _globals['_PARAMETERSERVER']._serialized_end=2456
 # @@protoc_insertion_point(module_scope)
