@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/site_restart.py
 	$(BIN)/python bench/proxy_bench.py
 	$(BIN)/python bench/dashboard_bench.py
+	$(BIN)/python bench/time_to_target.py
 	if [ "$(LARGE)" = 1 ]; then $(BIN)/python bench/large_model.py --preset llama3-1b --push; fi
 	$(BIN)/python bench/table.py
 

@@ -1,0 +1,166 @@
+"""Time to a target loss: the same scenario, seeds and target under several ways of training.
+
+Each arm is a whole run (a real PS and three real site processes, the links emulated from the
+scenario's traces by the embedded testbed), stopped once a round's validation loss reaches the
+target or when the arm's wall-clock cap is spent. Figures per arm (wantrain.compare): time from
+round 0's start to the target, the bytes it took both ways, and each site's compute utilization.
+
+Arms:
+    sync-dp              every inner step through the PS: 1 step a round, fp32 both ways, outer SGD
+                         with lr 1 and no momentum (the global model moves by the average of the
+                         sites' AdamW steps), as many rounds as DiLoCo takes inner steps
+    diloco-fp32          DiLoCo, fixed inner steps, no compression
+    diloco-int8          ... int8 deltas and updates
+    diloco-int8-huffman  ... int8 + Huffman (the default codec)
+    time-budget          ... rounds of a fixed compute time: fast sites take more steps
+    overlap              ... time-budgeted, and sites train the next round while the delta and the
+                         update are in transit (train.schedule = "overlap")
+
+    python bench/time_to_target.py [--quick] [--seeds 3] [--arms overlap,time-budget]
+
+`--quick` (CI runs it, tests/test_time_to_target.py) is one seed of short runs; the default is
+three seeds of the `make demo` scenario.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save
+
+from wantrain.compare import Outcome, time_to_target
+from wantrain.config import RunConfig
+from wantrain.run import Run, describe_scenario
+
+ARMS: dict[str, dict] = {
+    "sync-dp": {"codec.mode": "fp32", "train.outer_lr": 1.0, "train.outer_momentum": 0.0},
+    "diloco-fp32": {"codec.mode": "fp32"},
+    "diloco-int8": {"codec.mode": "int8"},
+    "diloco-int8-huffman": {},
+    "time-budget": {"budget": True},
+    "overlap": {"budget": True, "train.schedule": "overlap"},
+}
+EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer (--arms)
+    "overlap-steps": {"train.schedule": "overlap"},
+}
+
+# quick: short runs that still separate the arms; full: the `make demo` run.
+SIZES = {
+    "quick": dict(rounds=3, inner_steps=8, budget_s=1.0, target=3.3, cap_s=20.0, seeds=1),
+    "full": dict(rounds=12, inner_steps=25, budget_s=3.0, target=2.6, cap_s=150.0, seeds=3),
+}
+
+
+def arm_config(arm: str, size: dict, seed: int, sites: list[str]) -> RunConfig:
+    spec = {**ARMS, **EXTRA_ARMS}[arm]
+    changes = {k: v for k, v in spec.items() if k != "budget"}
+    steps = size["inner_steps"]
+    if arm == "sync-dp":
+        changes.update({"train.rounds": size["rounds"] * steps, "train.inner_steps": 1})
+    else:
+        changes.update({"train.rounds": size["rounds"], "train.inner_steps": steps})
+    if spec.get("budget"):
+        changes["train.round_budget_s"] = size["budget_s"]
+    return RunConfig().replace(num_sites=len(sites), sites=sites, **{"train.seed": seed, "model.seed": seed,
+                                                                     "train.quorum_wait_s": 60.0, **changes})
+
+
+def run_arm(arm: str, size: dict, seed: int, scenario: str, folder: Path) -> tuple[Outcome | None, float]:
+    """One arm's run, stopped at the target or its cap; (outcome, wall seconds)."""
+    sites = describe_scenario(scenario).names
+    cfg = arm_config(arm, size, seed, sites)
+    t0 = time.time()
+    with Run(cfg, run_dir=folder / f"{arm}-{seed}", site_threads=1, scenario=scenario) as run:
+        try:
+            for ev in run.follow(timeout_s=size["cap_s"] + 60):
+                if ev["kind"] == "round_end" and ev["val_loss"] <= size["target"]:
+                    break
+                if ev["kind"] == "round_start" and ev["round"] == 0:
+                    t0 = time.time()
+                if time.time() - t0 > size["cap_s"]:
+                    break
+        finally:
+            events = list(run.events)
+    return time_to_target(events, size["target"]), time.time() - t0
+
+
+def summary(outcomes: list[Outcome]) -> dict:
+    reached = [o for o in outcomes if o.reached]
+    util = {s: statistics.mean(o.utilization.get(s, 0.0) for o in outcomes) for s in outcomes[0].utilization}
+    return {
+        "reached": f"{len(reached)}/{len(outcomes)}",
+        "time_s": statistics.median(o.time_s for o in reached) if reached else None,
+        "time_s_all": [round(o.time_s, 2) for o in outcomes],
+        "rounds": [o.round + 1 for o in outcomes],
+        "val_loss": [round(o.val_loss, 4) for o in outcomes],
+        "mb": statistics.median(o.mb for o in outcomes),
+        "uplink_mb": statistics.median(o.uplink_mb for o in outcomes),
+        "utilization": util,
+        "curves": [o.curve for o in outcomes],
+    }
+
+
+def table(results: dict, target: float, slowest: str) -> str:
+    lines = [f"time to validation loss <= {target} (median over the seeds that reached it)",
+             f"{'arm':<20} {'reached':>7} {'time s':>8} {'rounds':>10} {'MB':>8} {'min util':>8} "
+             f"{'util ' + slowest:>{6 + len(slowest)}}"]
+    for arm, r in results.items():
+        t = f"{r['time_s']:.1f}" if r["time_s"] is not None else "-"
+        util = r["utilization"]
+        lines.append(f"{arm:<20} {r['reached']:>7} {t:>8} {','.join(map(str, r['rounds'])):>10} {r['mb']:>8.2f} "
+                     f"{min(util.values()):>8.1%} {util.get(slowest, 0.0):>{6 + len(slowest)}.1%}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="one seed of short runs (what CI runs)")
+    p.add_argument("--seeds", type=int, help="seeds per arm (quick: 1, full: 3)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--target", type=float, help="target validation loss")
+    p.add_argument("--scenario", default="three-sites")
+    p.add_argument("--out", default="time_to_target",
+                   help="result name under bench/results, or a path ending in .json")
+    args = p.parse_args()
+    size = dict(SIZES["quick" if args.quick else "full"])
+    if args.target is not None:
+        size["target"] = args.target
+    arms = args.arms.split(",")
+    unknown = set(arms) - set(ARMS) - set(EXTRA_ARMS)
+    if unknown:
+        p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    seeds = range(args.seeds or size["seeds"])
+    slowest = describe_scenario(args.scenario).names[-1]     # the scenario lists its slowest link last
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="wantrain-ttt-") as tmp:
+        for arm in arms:
+            outcomes = []
+            for seed in seeds:
+                outcome, wall = run_arm(arm, size, seed, args.scenario, Path(tmp))
+                if outcome is None:
+                    raise SystemExit(f"{arm}, seed {seed}: no round committed within {wall:.0f} s")
+                outcomes.append(outcome)
+                print(f"{arm} seed {seed}: {'reached' if outcome.reached else 'did not reach'} {size['target']} "
+                      f"at round {outcome.round} after {outcome.time_s:.1f} s (val loss {outcome.val_loss:.4f}), "
+                      f"{outcome.mb:.2f} MB, utilization " + ", ".join(f"{s} {u:.1%}" for s, u in
+                                                                       outcome.utilization.items()), flush=True)
+            results[arm] = summary(outcomes)
+    print()
+    print(table(results, size["target"], slowest))
+    result = {"size": "quick" if args.quick else "full", "scenario": args.scenario, "slowest_site": slowest,
+              "target": size["target"], "seeds": len(seeds), "arms": results}
+    if args.out.endswith(".json"):
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    else:
+        save(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

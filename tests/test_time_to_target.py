@@ -1,0 +1,61 @@
+"""The time-to-target harness (bench/time_to_target.py) in its quick form, as CI runs it: every arm is
+a real run (a PS, three sites, the emulated links of the three-sites scenario). What it checks is
+what does not depend on how busy the machine is: every arm ran and was measured, and the bytes
+each arm's codec and schedule put on the wire per round stand in the order they must."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wantrain.compare import time_to_target
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _event(kind, t, **fields):
+    return {"kind": kind, "t": t, **fields}
+
+
+def test_time_to_target_from_events():
+    events = []
+    for r, (loss, start, end) in enumerate([(4.0, 10.0, 12.0), (3.0, 12.5, 15.0), (2.5, 15.5, 19.0)]):
+        events.append(_event("round_start", start, round=r))
+        for site, compute in (("a", 1.5), ("b", 2.5)):
+            events.append(_event("site_round", end - 0.5, round=r, site=site, compute_s=compute, wire_bytes=1_000_000))
+        events.append(_event("round_end", end, round=r, val_loss=loss, wire_bytes=500_000))
+    o = time_to_target(events, 3.0)
+    assert o.reached and o.round == 1 and o.time_s == 5.0 and o.val_loss == 3.0
+    assert o.uplink_mb == 4.0 and o.downlink_mb == 2 * 1.0 and o.mb == 6.0
+    # compute seconds / the rounds' wall time (round 0: 10 -> 12.5, the next start; round 1, the
+    # target's: 12.5 -> 15, its commit)
+    assert o.utilization == pytest.approx({"a": 3.0 / 5.0, "b": 5.0 / 5.0})
+    missed = time_to_target(events, 1.0)
+    assert not missed.reached and missed.round == 2 and missed.time_s == 9.0
+    assert time_to_target([], 3.0) is None
+
+
+@pytest.mark.timeout(900)
+def test_quick_harness_measures_every_arm(tmp_path):
+    out = tmp_path / "ttt.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "time_to_target.py"), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=840, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    arms = r["arms"]
+    assert list(arms) == ["sync-dp", "diloco-fp32", "diloco-int8", "diloco-int8-huffman", "time-budget", "overlap"]
+    for name, a in arms.items():
+        assert name in proc.stdout
+        (rounds,) = a["rounds"]
+        assert rounds >= 1 and all(math.isfinite(v) for v in a["val_loss"])
+        assert set(a["utilization"]) == {"us-west", "eu-west", "ap-southeast"}
+        assert all(0 < u <= 1.05 for u in a["utilization"].values()), (name, a["utilization"])
+    per_round = {name: a["mb"] / a["rounds"][0] for name, a in arms.items()}
+    # fp32 both ways is about 4x int8 (one fp32 scale per block of int8); Huffman takes a bit more off.
+    assert 3.5 < per_round["diloco-fp32"] / per_round["diloco-int8"] < 4.1, per_round
+    assert per_round["diloco-int8-huffman"] < 0.99 * per_round["diloco-int8"], per_round
+    # A round of sync-dp (one inner step, fp32) costs what a round of DiLoCo fp32 costs.
+    assert per_round["sync-dp"] == pytest.approx(per_round["diloco-fp32"], rel=0.01)

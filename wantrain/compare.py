@@ -1,0 +1,64 @@
+"""Comparing runs by what they cost: time to a target validation loss, the bytes it took, and how
+much of that time each site spent computing.
+
+Every figure comes from a run's telemetry (the PS's clock), so runs of different schedules,
+codecs and round lengths are measured alike:
+
+    time to target   from round 0's start to the commit of the first round whose validation loss
+                     is at or below the target (process start-up and the first model download are
+                     the same for every arm, and left out)
+    bytes            delta bytes the sites sent and update bytes the PS sent each site, up to and
+                     including that round
+    utilization      per site, over the rounds up to that one: seconds of inner steps (emulated
+                     slowness included) over the rounds' wall time (telemetry.utilization); the
+                     rest is waiting for the network, the PS or slower sites. Steps a site takes
+                     ahead (overlap schedule) count in the round they belong to.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .telemetry import rows, utilization
+
+__all__ = ["Outcome", "time_to_target"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One run measured against a target validation loss."""
+
+    target: float
+    reached: bool
+    round: int                     # the first round at or below the target (the last round if none)
+    time_s: float                  # round 0's start -> that round's commit
+    val_loss: float                # the validation loss after that round
+    uplink_mb: float
+    downlink_mb: float             # to every site together
+    utilization: dict[str, float] = field(default_factory=dict)
+    curve: list[tuple[float, float]] = field(default_factory=list)   # (seconds, validation loss) per round
+
+    @property
+    def mb(self) -> float:
+        return self.uplink_mb + self.downlink_mb
+
+
+def time_to_target(events: list[dict], target: float) -> Outcome | None:
+    """The run's outcome against `target`; None when no round committed."""
+    ends = rows(events, "round_end")
+    starts = {e["round"]: e for e in rows(events, "round_start")}
+    if not ends or 0 not in starts:
+        return None
+    hit = next((e for e in ends if math.isfinite(e["val_loss"]) and e["val_loss"] <= target), None)
+    last = hit or ends[-1]
+    t0, upto = starts[0]["t"], last["round"]
+    pushes = [e for e in rows(events, "site_round") if e["round"] <= upto]
+    receivers = len({e["site"] for e in pushes})
+    upto_events = [e for e in events if e.get("round", 0) <= upto]
+    return Outcome(
+        target=target, reached=hit is not None, round=upto, time_s=last["t"] - t0, val_loss=last["val_loss"],
+        uplink_mb=sum(e["wire_bytes"] for e in pushes) / 1e6,
+        downlink_mb=receivers * sum(e["wire_bytes"] for e in ends if e["round"] <= upto) / 1e6,
+        utilization={s: u["utilization"] for s, u in sorted(utilization(upto_events).items())},
+        curve=[(round(e["t"] - t0, 3), e["val_loss"]) for e in ends])
