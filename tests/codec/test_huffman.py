@@ -49,6 +49,25 @@ def test_code_lengths_are_limited_and_prefix_free():
     assert (2.0 ** -lengths.astype(float)).sum() <= 1.0 + 1e-12
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 2 ** 40), min_size=2, max_size=256), st.integers(8, 16))
+@example([5] * 256, 8)                                       # every weight tied
+@example([1] * 255 + [2 ** 40], 12)                          # one symbol dwarfs the rest
+def test_compiled_package_merge_gives_the_numpy_lengths(weights, max_len):
+    """The compiled package-merge picks exactly the lengths the numpy one did (ties included), so
+    payloads keep their bytes (the golden fixtures check those too)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from baseline_huffman import package_merge
+
+    from wantrain.codec.huffman_codes import _package_merge
+    w = np.sort(np.array(weights, np.int64))
+    if w.size > 2 ** max_len:
+        return
+    assert np.array_equal(_package_merge(w, max_len), package_merge(w, max_len))
+
+
 def test_code_is_optimal_when_unconstrained():
     # Dyadic probabilities: Huffman lengths equal -log2(p) exactly.
     counts = np.zeros(256, np.int64)

@@ -25,6 +25,7 @@ cost of one byte per block.
 from __future__ import annotations
 
 import struct
+import sys
 
 import numpy as np
 
@@ -39,6 +40,7 @@ MAX_TABLES = 4
 DEFAULT_BLOCK = 2048
 DEFAULT_TABLES = 2
 _HEADER = struct.Struct("<BBHI")
+_LITTLE_ENDIAN = sys.byteorder == "little"
 _LENGTHS_BYTES = 128
 
 
@@ -69,10 +71,10 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAUL
     words = np.empty(-(-total_bits // 32), np.uint32)
     block_bits = np.empty(nblocks, "<u2")
     entries = (codes.astype(np.int64) << 5) | lengths
-    kernels.encode_blocks(sym, block, group, entries, words, block_bits)
+    kernels.encode_blocks(sym, block, group, entries, words, block_bits, _LITTLE_ENDIAN)   # words big-endian
     header = _HEADER.pack(VERSION, T, block, n) + b"".join(pack_lengths(ln) for ln in lengths)
     block_tables = group.astype(np.uint8).tobytes() if T > 1 else b""
-    return header + block_tables + block_bits.tobytes() + words.astype(">u4").tobytes()
+    return b"".join((header, block_tables, block_bits.data, words.data))     # one copy of the stream
 
 
 def _block_groups(sym: np.ndarray, block: int, tables: int) -> np.ndarray:

@@ -50,11 +50,21 @@ def count_symbols(sym: np.ndarray, block: int, group: np.ndarray, tables: int) -
     return counts
 
 
+@njit(inline="always")
+def _word(value: np.int64, swap: bool) -> np.uint32:
+    """The u32 whose bytes in memory are `value`'s 32 bits big-endian (swap on a little-endian machine)."""
+    v = value & 0xFFFFFFFF
+    if swap:
+        v = ((v >> 24) & 0xFF) | ((v >> 8) & 0xFF00) | ((v << 8) & 0xFF0000) | ((v << 24) & 0xFF000000)
+    return np.uint32(v)
+
+
 @njit(nogil=True, cache=True)
 def encode_blocks(sym: np.ndarray, block: int, group: np.ndarray, entries: np.ndarray,
-                  words: np.ndarray, block_bits: np.ndarray) -> int:
+                  words: np.ndarray, block_bits: np.ndarray, swap: bool) -> int:
     """Write the codes of `sym` (block b coded with table group[b]) as one bit stream into `words`
-    (native u32, most significant bit first) and each block's bit length into `block_bits`.
+    (u32 words, most significant bit first, stored big-endian: the payload's bytes as they are, with
+    `swap` true on a little-endian machine) and each block's bit length into `block_bits`.
 
     `entries` is (T, 256) int64: code << 5 | length. Symbols go in pairs; an odd count is padded
     with a second copy of the last symbol, coded in the last block (the format's first coder
@@ -78,11 +88,11 @@ def encode_blocks(sym: np.ndarray, block: int, group: np.ndarray, entries: np.nd
             bits += l0 + l1
             if pending >= 32:
                 pending -= 32
-                words[w] = np.uint32((acc >> pending) & 0xFFFFFFFF)
+                words[w] = _word(acc >> pending, swap)
                 w += 1
         block_bits[b] = bits
     if pending > 0:
-        words[w] = np.uint32((acc << (32 - pending)) & 0xFFFFFFFF)
+        words[w] = _word(acc << (32 - pending), swap)
         w += 1
     return w
 
