@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .config import CODEC_MODES
+from .config import CODEC_MODES, SCHEDULES
 from .errors import ConfigError, DataError, WantrainError
 from .faults import parse_stalls
 
@@ -118,7 +118,7 @@ def _demo_config(args: argparse.Namespace):
 
     cfg = RunConfig()
     changes = {"num_sites": args.sites, "model.preset": args.preset, "data.corpus": args.corpus,
-               "data.tokenizer": args.tokenizer, "codec.mode": args.codec}
+               "data.tokenizer": args.tokenizer, "codec.mode": args.codec, "train.schedule": args.schedule}
     if args.rounds is not None:
         changes["train.rounds"] = args.rounds
     if args.inner_steps is not None:
@@ -148,7 +148,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     run = Run(cfg, run_dir=args.run_dir, site_threads=1, scenario=scenario, sites=sites)
     work = (f"{cfg.train.round_budget_s:g} s of compute" if cfg.train.round_budget_s
-            else f"{cfg.train.inner_steps} inner steps")
+            else f"{cfg.train.inner_steps} inner steps") + (", overlapped" if cfg.train.schedule == "overlap" else "")
     print(f"wantrain demo: {cfg.num_sites} sites x {cfg.train.rounds} rounds x {work}, "
           f"model {cfg.model.preset}, codec {cfg.codec.mode}, scenario {scenario or 'none (direct loopback)'}, "
           f"TLS with a development CA, run folder {run.run_dir}")
@@ -233,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--inner-steps", type=int, default=None)
     d.add_argument("--round-budget", type=float, default=None, metavar="SECONDS",
                    help="time-budgeted rounds: every site trains this long per round (steps vary by speed)")
+    d.add_argument("--schedule", default="sync", choices=SCHEDULES,
+                   help="overlap: sites train the next round while the delta and the update are in transit")
     d.add_argument("--preset", default="tiny")
     d.add_argument("--corpus", default="shakespeare", help="'shakespeare' or a text file or folder")
     d.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])

@@ -18,7 +18,8 @@ from typing import Any
 from .errors import ConfigError
 from .presets import PRESETS
 
-__all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustConfig", "RunConfig", "CODEC_MODES", "check_site_name"]
+__all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustConfig", "RunConfig", "CODEC_MODES", "SCHEDULES",
+           "check_site_name"]
 
 CODEC_MODES = ("fp32", "int8", "int8-huffman")
 TOKENIZERS = ("byte", "gpt2")
