@@ -2,8 +2,11 @@
 
 The site opens one gRPC stream to the PS (outbound only) and follows the PS's lead:
 
-    Welcome + model chunks   load the global parameters (a fresh join, a rejoin or a resync)
-    RoundStart(r)            train `inner_steps` steps from the global model, send the
+    Welcome + model chunks   load the global parameters (a fresh join, a rejoin or a resync); a
+                             Welcome without chunks: keep them, the updates missed follow
+                             (a catch-up, after the stream broke)
+    RoundStart(r)            train `inner_steps` steps (or `train_s` seconds) from the global
+                             model (schedule.py: with "overlap", some were taken ahead), send the
                              pseudo-gradient (start - end) through the codec with error
                              feedback, then the round's metrics
     update chunks + result   add exactly the decoded update, hash, report the hash
