@@ -108,6 +108,25 @@ def link_proxy(port: int) -> Iterator[tuple[int, Callable[[], int]]]:
         loop.call_soon_threadsafe(loop.stop)
 
 
+def reset_b_while_it_pushes(c: Cluster, stall: str) -> tuple[list[dict], float]:
+    """Run the cluster with a and c dialing the PS and b dialing through a link proxy; b stalls as
+    `stall` says (for example "push@2=3": after its first delta chunk of round 2, for 3 s) and the
+    proxy resets b's connection there. Returns the run's events and the time of the reset."""
+    try:
+        with link_proxy(c.port) as (proxy_port, reset):
+            c.start_ps().wait_for("listening on")
+            c.start_site("a"), c.start_site("c")
+            b = c._proc("b", "worker", "--ps", f"127.0.0.1:{proxy_port}", "--site", "b", "--threads", "1",
+                        "--stall", stall)
+            c.sites["b"] = b
+            b.wait_for("stalling")
+            assert reset() >= 1
+            t_reset = time.time()
+            return c.finish(), t_reset
+    finally:
+        c.close()
+
+
 def check_run(events: list[dict], rounds: int) -> None:
     """Training completed, every committed round exactly once, all replicas bit-identical."""
     ends = [e["round"] for e in rows(events, "round_end")]

@@ -1,6 +1,5 @@
 """A site that comes back holding the model of an earlier round gets the updates it missed, not the model."""
 
-import time
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ from wantrain.messages import UPDATE, RoundResult, TensorChunk
 from wantrain.ps.catchup import Catchup
 from wantrain.telemetry import rows
 
-from .cluster import Cluster, check_run, link_proxy
+from .cluster import Cluster, check_run, reset_b_while_it_pushes
 from .helpers import small_config
 
 
@@ -44,20 +43,7 @@ def test_a_site_whose_link_resets_gets_only_the_rounds_it_missed(tmp_path):
     cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 20,
                           "train.quorum_wait_s": 60.0, "train.deadline_min_s": 15.0,
                           "train.deadline_initial_s": 60.0})
-    c = Cluster(tmp_path, cfg)
-    try:
-        with link_proxy(c.port) as (proxy_port, reset):
-            c.start_ps().wait_for("listening on")
-            c.start_site("a"), c.start_site("c")
-            b = c._proc("b", "worker", "--ps", f"127.0.0.1:{proxy_port}", "--site", "b", "--threads", "1",
-                        "--stall", "push@2=8")
-            c.sites["b"] = b
-            b.wait_for("stalling")
-            assert reset() >= 1
-            t_reset = time.time()
-            events = c.finish()
-    finally:
-        c.close()
+    events, t_reset = reset_b_while_it_pushes(Cluster(tmp_path, cfg), "push@2=8")
     check_run(events, rounds)
     back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > t_reset]
     assert len(back) == 1 and back[0]["resumed"] and back[0]["catchup"], back

@@ -11,7 +11,7 @@ import pytest
 
 from wantrain.telemetry import rows
 
-from .cluster import Cluster, check_run, link_proxy
+from .cluster import Cluster, check_run, reset_b_while_it_pushes
 from .helpers import small_config
 
 ROUNDS = 6
@@ -93,20 +93,8 @@ def test_link_reset_mid_transfer(tmp_path):
     """A site's connection is reset while its delta is half sent: it reconnects and the run goes on.
     The next round waits for it (a long quorum wait): with the default 1 s, a busy machine once let
     a and c finish every round before b was back."""
-    c = Cluster(tmp_path, config(**{"train.quorum_wait_s": 60.0}))
-    try:
-        with link_proxy(c.port) as (proxy_port, reset):
-            c.start_ps().wait_for("listening on")
-            c.start_site("a"), c.start_site("c")
-            b = c._proc("b", "worker", "--ps", f"127.0.0.1:{proxy_port}", "--site", "b", "--threads", "1",
-                        "--stall", "push@2=3")
-            c.sites["b"] = b
-            b.wait_for("stalling")
-            assert reset() >= 1
-            t_reset = time.time()
-            events = c.finish()
-    finally:
-        c.close()
+    events, t_reset = reset_b_while_it_pushes(Cluster(tmp_path, config(**{"train.quorum_wait_s": 60.0})),
+                                              "push@2=3")
     check_run(events, ROUNDS)
     left = [e for e in rows(events, "leave") if e["site"] == "b" and e["t"] >= t_reset - 1]
     back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > t_reset]

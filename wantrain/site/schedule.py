@@ -63,9 +63,10 @@ class Schedule:
             seg = Segment(round_, train_s)
         self.ahead = None
         await asyncio.to_thread(self.inner.train, seg, None, start_hash)
-        delta, info = await asyncio.to_thread(self.inner.delta, replica, seg, start_hash)
+        end = await asyncio.to_thread(flat_copy, self.inner.model)
+        delta, info = await asyncio.to_thread(self.inner.delta, replica, end, seg, start_hash)
         if self.overlap:
-            self.base = await asyncio.to_thread(flat_copy, self.inner.model)    # steps ahead go on from here
+            self.base = end                   # the steps ahead go on from here
             self.ahead = Segment(round_ + 1, self.budget_s)
             self._resume(start_hash)
         return delta, {**info, **ahead}

@@ -72,7 +72,7 @@ class InnerLoop:
         start = flat_copy(self.model)
         seg = Segment(round_, train_s)
         self.train(seg, start_hash=start_hash)
-        delta, info = self.delta(start, seg, start_hash)
+        delta, info = self.delta(start, flat_copy(self.model), seg, start_hash)
         load_flat(self.model, start)
         return delta, info
 
@@ -118,11 +118,10 @@ class InnerLoop:
             seg.compute_s += time.perf_counter() - t_step
             seg.steps += 1
 
-    def delta(self, start: dict[str, np.ndarray], seg: Segment, start_hash: str = "") -> tuple[dict[str, np.ndarray],
-                                                                                              dict]:
-        """The pseudo-gradient start - (current parameters) and the round's figures; DivergedError
-        rather than a delta that holds NaN or Inf."""
-        end = flat_copy(self.model)
+    def delta(self, start: dict[str, np.ndarray], end: dict[str, np.ndarray], seg: Segment, start_hash: str = ""
+              ) -> tuple[dict[str, np.ndarray], dict]:
+        """The pseudo-gradient start - end (flat copies of the parameters) and the round's figures;
+        DivergedError rather than a delta that holds NaN or Inf."""
         delta = {k: start[k] - end[k] for k in start}
         bad = next((k for k, v in delta.items() if not np.all(np.isfinite(v))), None)
         if bad is not None:
