@@ -87,6 +87,57 @@ class Cluster:
             p.kill()
 
 
+class ShardedCluster(Cluster):
+    """A PS of `shards` processes (shard i on its own port and run folder) and named sites that dial all."""
+
+    def __init__(self, tmp: Path, cfg: RunConfig, shards: int, **kw) -> None:
+        super().__init__(tmp, cfg, **kw)
+        self.ports = [self.port] + [free_port() for _ in range(shards - 1)]
+        self.run_dirs = [tmp / f"shard-{i}" for i in range(shards)]
+        self.shards: list[Proc | None] = [None] * shards
+
+    def start_shard(self, i: int, *extra: str) -> Proc:
+        p = self._proc(f"ps{i}", "ps", "--config", str(self.tmp / "config.json"), "--port", str(self.ports[i]),
+                       "--run-dir", str(self.run_dirs[i]), "--shard", f"{i}/{len(self.ports)}", "--run-id", "sharded-run",
+                       *self.ps_args, *extra)
+        self.shards[i] = self.ps = p
+        return p
+
+    def start_site(self, name: str, *extra: str) -> Proc:
+        ps = ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        self.sites[name] = self._proc(name, *site_args(ps, name, threads=1, extra=(*self.site_args, *extra)))
+        return self.sites[name]
+
+    def start(self) -> ShardedCluster:
+        for i in range(len(self.ports)):
+            self.start_shard(i).wait_for("listening on")
+        for name in self.cfg.sites:
+            self.start_site(name)
+        return self
+
+    def shard_events(self, i: int) -> list[dict]:
+        path = self.run_dirs[i] / "events.jsonl"
+        return read_events(path) if path.exists() else []
+
+    def wait_shard_event(self, i: int, kind: str, timeout: float = 120, **match) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for e in rows(self.shard_events(i), kind):
+                if all(e.get(k) == v for k, v in match.items()):
+                    return e
+            time.sleep(0.1)
+        raise AssertionError(f"no {kind} event matching {match} from shard {i} within {timeout} s")
+
+    def finish(self, timeout: float = 300) -> list[list[dict]]:
+        """Wait until every live site and every shard exit 0; returns each shard's events."""
+        deadline = time.time() + timeout
+        for p in [*self.sites.values(), *self.shards]:
+            assert p is not None
+            code = p.p.wait(max(1, deadline - time.time()))
+            assert code == 0, f"{p.log.name} exited {code}:\n{p.text()[-3000:]}"
+        return [self.shard_events(i) for i in range(len(self.ports))]
+
+
 @contextlib.contextmanager
 def link_proxy(port: int) -> Iterator[tuple[int, Callable[[], int]]]:
     """A userspace link (5 ms, unlimited rate) in front of the PS at `port`, on its own event loop:

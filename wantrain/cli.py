@@ -30,6 +30,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from .limits import Limits
     from .ps import ParameterServer, serve
     from .run import new_run_dir
+    from .shards import parse_shard
     from .tls import TLSServer
 
     _setup_logging()
@@ -59,8 +60,11 @@ def cmd_ps(args: argparse.Namespace) -> int:
         log.warning(
             "serving plaintext on %s: sites' tokens and deltas cross the network unencrypted; "
             "use --tls-cert/--tls-key (wantrain tls-dev makes a development CA)", args.host)
-    ps = ParameterServer(cfg, run_dir=run_dir, exit_when_done=not args.keep_running, auth=auth,
-                         stalls=parse_stalls(args.stall), limits=limits)
+    shard = parse_shard(args.shard)
+    if shard[1] > 1 and not args.run_id:
+        raise ConfigError("a sharded PS needs --run-id, the same for every shard of the run")
+    ps = ParameterServer(cfg, run_dir=run_dir, run_id=args.run_id, exit_when_done=not args.keep_running, auth=auth,
+                         stalls=parse_stalls(args.stall), limits=limits, shard=shard)
     asyncio.run(serve(ps, args.host, args.port, args.port_file, tls=tls))
     return 0
 
@@ -253,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port-file", default=None, help="write the bound port here once listening")
     s.add_argument("--run-dir", default=None, help="telemetry folder for events.jsonl (default runs/<time>)")
     s.add_argument("--keep-running", action="store_true", help="keep serving after the last round")
+    s.add_argument("--run-id", default=None, help="the run's identifier (default: the time and a random suffix)")
+    s.add_argument("--shard", default="0/1", metavar="I/N",
+                   help="serve shard I of N of the model's tensors (from 0; each shard its own process, port and "
+                        "run folder; sites list every shard's address in order)")
     s.add_argument("--tokens", default=None, help="JSON file: site name -> token; only these sites may join")
     s.add_argument("--shared-secret-file", default=None, help="file holding one secret every site must present")
     s.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS (see `wantrain tls-dev`)")
@@ -273,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_ps)
 
     w = sub.add_parser("worker", help="run one site")
-    w.add_argument("--ps", required=True, help="HOST:PORT of the parameter server")
+    w.add_argument("--ps", required=True,
+                   help="HOST:PORT of the parameter server; of a sharded one, every shard's, in order, with commas")
     w.add_argument("--site", required=True, help="this site's name, unique within the run")
     w.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     w.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")

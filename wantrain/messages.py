@@ -42,6 +42,8 @@ class Welcome:
     model_hash: str
     model_chunks: int
     data_position: int = 0    # batches this site has drawn from its shard, as the PS last heard
+    shard: int = 0            # which PS shard sent it (shards.py), of `shards`
+    shards: int = 1
 
 
 @dataclass(frozen=True)

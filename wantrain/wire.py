@@ -88,7 +88,8 @@ def server_message(obj: Welcome | TensorChunk | RoundStart | RoundResult | Error
     if isinstance(obj, Welcome):
         return pb.ServerMessage(welcome=pb.Welcome(
             run_id=obj.run_id, site_index=obj.site_index, config_json=obj.config.to_json(), round=obj.round,
-            model_hash=obj.model_hash, model_chunks=obj.model_chunks, data_position=obj.data_position))
+            model_hash=obj.model_hash, model_chunks=obj.model_chunks, data_position=obj.data_position,
+            shard_index=obj.shard, shard_count=obj.shards))
     if isinstance(obj, TensorChunk):
         return pb.ServerMessage(chunk=chunk_to_proto(obj))
     if isinstance(obj, RoundStart):
@@ -259,8 +260,11 @@ def server_message_from_proto(m: pb.ServerMessage) -> Welcome | TensorChunk | Ro
             raise ProtocolError(f"welcome carries a bad run config: {e}") from None
         if not w.run_id.isprintable() or len(w.run_id) > MAX_NAME_LEN:
             raise ProtocolError(f"welcome names an unprintable or overlong run {safe_text(w.run_id, 60)!r}")
+        shards = w.shard_count or 1
+        if w.shard_index >= shards:
+            raise ProtocolError(f"welcome from shard {w.shard_index} of {shards}")
         return Welcome(w.run_id, w.site_index, cfg, w.round, _hash(w.model_hash, "welcome model_hash"),
-                       w.model_chunks, w.data_position)
+                       w.model_chunks, w.data_position, w.shard_index, shards)
     if which == "chunk":
         return chunk_from_proto(m.chunk)
     if which == "round_start":

@@ -10,6 +10,7 @@ one extra copy of the model per round that committed during a download still in 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -20,7 +21,7 @@ from ..codec import Codec, plan_chunks
 from ..errors import Reject, RejectedError
 from ..limits import Limits
 from ..messages import MODEL, TensorChunk, Welcome
-from ..replica import flat_copy, named_params
+from ..replica import named_params
 from ..telemetry import Recorder
 
 __all__ = ["ModelDownload", "Downloads", "live_views"]
@@ -42,8 +43,7 @@ class ModelDownload:
                  on_progress: Callable[[int, int, int], None] | None = None) -> None:
         self.codec = codec
         self.plan = plan_chunks({k: v.size for k, v in source.items()}, codec.cfg.chunk_elements())
-        self.welcome = Welcome(welcome.run_id, welcome.site_index, welcome.config, welcome.round,
-                               welcome.model_hash, len(self.plan), welcome.data_position)
+        self.welcome = dataclasses.replace(welcome, model_chunks=len(self.plan))
         self.source = source
         self.frozen = False       # True once `source` is a copy, no longer the live parameters
         self.sent = 0
@@ -74,8 +74,9 @@ class Downloads:
     A download costs the PS the model's size in bandwidth, so a site gets a bounded number per
     window (`Limits.downloads_allowed`)."""
 
-    def __init__(self, model, codec: Codec, limits: Limits, recorder: Recorder, num_params: int) -> None:
-        self.model, self.codec, self.limits, self.recorder = model, codec, limits, recorder
+    def __init__(self, views: dict[str, np.ndarray], codec: Codec, limits: Limits, recorder: Recorder,
+                 num_params: int) -> None:
+        self.views, self.codec, self.limits, self.recorder = views, codec, limits, recorder   # live parameters
         self.model_bytes = 4 * num_params
         self.in_flight: list[ModelDownload] = []     # reading the live parameters, or a frozen copy
         self.started: dict[str, deque[float]] = {}  # when each site's recent downloads began
@@ -97,7 +98,7 @@ class Downloads:
         def progress(sent: int, chunks: int, nbytes: int) -> None:     # for watchers: a tenth more is out
             self.recorder.emit("download", site=site, chunks=sent, of=chunks, mb=nbytes / 1e6)
 
-        download = ModelDownload(welcome, live_views(self.model), self.codec, on_progress=progress)
+        download = ModelDownload(welcome, self.views, self.codec, on_progress=progress)
         self.in_flight = [d for d in self.in_flight if not d.finished] + [download]
         return download
 
@@ -108,7 +109,7 @@ class Downloads:
         self.in_flight = [d for d in self.in_flight if not d.finished]
         live = [d for d in self.in_flight if not d.frozen]
         if live:
-            frozen = await asyncio.to_thread(flat_copy, self.model)
+            frozen = await asyncio.to_thread(lambda: {k: v.copy() for k, v in self.views.items()})
             for d in live:
                 d.freeze(frozen)
             self.recorder.emit("downloads_frozen", round=round_, downloads=len(live))

@@ -1,5 +1,8 @@
 """The global model at the parameter server: its parameters, outer optimizer and update codec.
 
+A sharded PS (shards.py) holds the whole model but owns, aggregates, hashes and sends only its
+shard's tensors (`views`); it cannot evaluate the model (its other tensors never move).
+
 A round's commit changes it in one call, `apply` (in a worker thread): the pure aggregation of
 aggregate.py writes exactly the decoded update into the parameters, then the new hash, norm
 and validation loss are taken.
@@ -19,8 +22,9 @@ from ..data import eval_batches
 from ..messages import TensorChunk
 from ..models import build_model, count_parameters
 from ..outer import OuterNesterov
-from ..replica import flat_copy, load_flat, named_params, param_hash
+from ..replica import load_flat, named_params, values_hash
 from ..screening import l2_norm
+from ..shards import ShardLayout
 from .downloads import live_views
 
 __all__ = ["GlobalModel"]
@@ -29,11 +33,16 @@ __all__ = ["GlobalModel"]
 class GlobalModel:
     """The parameters every site starts each round from, and what moves them."""
 
-    def __init__(self, cfg: RunConfig, vocab_size: int, val_tokens) -> None:
+    def __init__(self, cfg: RunConfig, vocab_size: int, val_tokens, shard: tuple[int, int] = (0, 1)) -> None:
         self.cfg = cfg
         self.model = build_model(cfg.model.preset, vocab_size, cfg.model.seed)
-        self.val = eval_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size, cfg.train.eval_batches)
-        self.shapes = {k: p.numel() for k, p in named_params(self.model).items()}
+        self.shard = shard
+        sharded = shard[1] > 1
+        self.val = [] if sharded else eval_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size,
+                                                   cfg.train.eval_batches)
+        self.layout = ShardLayout.balanced({k: p.numel() for k, p in named_params(self.model).items()}, shard[1])
+        self.views = self.layout.part(live_views(self.model), shard[0])   # what this PS owns, live
+        self.shapes = {k: v.size for k, v in self.views.items()}
         self.num_params = sum(self.shapes.values())
         self.plan = plan_chunks(self.shapes, cfg.codec.chunk_elements())   # every delta and update
         self.codec = Codec(cfg.codec)
@@ -45,11 +54,11 @@ class GlobalModel:
         return count_parameters(self.model)
 
     def hash(self) -> str:
-        return param_hash(self.model)
+        return values_hash(self.views)
 
     def l2_norm(self) -> float:
         """L2 norm of the parameters (float64): the scale every delta is bounded against."""
-        return l2_norm(live_views(self.model).values())
+        return l2_norm(self.views.values())
 
     def apply(self, round_: int, contributions: dict[str, Contribution]
               ) -> tuple[list[TensorChunk], EncodeStats, str]:
@@ -57,7 +66,7 @@ class GlobalModel:
         returns the update's chunks, its encoding stats and the new hash. (Evaluation is separate:
         a replayed round takes its validation loss from its commit record.)"""
         robust = self.cfg.robust
-        msgs, stats = aggregate_round(round_, self.plan, self.shapes, live_views(self.model), contributions,
+        msgs, stats = aggregate_round(round_, self.plan, self.shapes, self.views, contributions,
                                       self.outer, self.feedback, self.codec, robust.aggregate, robust.trim_fraction)
         self.norm = self.l2_norm()
         return msgs, stats, self.hash()
@@ -76,9 +85,9 @@ class GlobalModel:
         """Parameters, outer momentum and downlink residual as flat float32 arrays: copies, or
         (copy=False) the live arrays, for a writer that holds the next round off until it is done."""
         if not copy:
-            return {"params_np": live_views(self.model), "outer_np": dict(self.outer.buf),
+            return {"params_np": dict(self.views), "outer_np": dict(self.outer.buf),
                     "feedback_np": dict(self.feedback.residuals) if self.feedback else {}}
-        return {"params_np": flat_copy(self.model), "outer_np": self.outer.state_dict(),
+        return {"params_np": {k: v.copy() for k, v in self.views.items()}, "outer_np": self.outer.state_dict(),
                 "feedback_np": self.feedback.state_dict() if self.feedback else {}}
 
     def load_state_dict(self, saved: dict) -> None:

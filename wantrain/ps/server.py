@@ -58,7 +58,8 @@ class ParameterServer:
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, run_id: str | None = None,
                  exit_when_done: bool = True, resume: bool = True, auth: Authenticator | None = None,
-                 stalls: dict[str, float] | None = None, limits: Limits | None = None) -> None:
+                 stalls: dict[str, float] | None = None, limits: Limits | None = None,
+                 shard: tuple[int, int] = (0, 1)) -> None:
         self.cfg = cfg
         self.auth = auth or Authenticator()
         self.limits = limits or Limits()
@@ -71,11 +72,11 @@ class ParameterServer:
 
         tok, corpus = load_run_data(cfg.data)
         self.corpus_summary = corpus.summary()
-        self.global_model = g = GlobalModel(cfg, tok.vocab_size, corpus.val)
+        self.global_model = g = GlobalModel(cfg, tok.vocab_size, corpus.val, shard)
         self.model, self.shapes, self.num_params, self.plan = g.model, g.shapes, g.num_params, g.plan
         model_codec = Codec(CodecConfig(mode="fp32", chunk_bytes=cfg.codec.chunk_bytes,
                                         quant_block=cfg.codec.quant_block))
-        self.downloads = Downloads(self.model, model_codec, self.limits, self.recorder, self.num_params)
+        self.downloads = Downloads(g.views, model_codec, self.limits, self.recorder, self.num_params)
         self.clock = RoundClock(cfg.train)
         self.screen = Screen(cfg)
 
@@ -97,6 +98,8 @@ class ParameterServer:
         # Durability (state.py): a journal record per round, full state every checkpoint_every rounds.
         self.journal = Journal(self.run_dir / JOURNAL_DIR) if self.run_dir and cfg.train.checkpoint_every else None
         self.checkpoints = CheckpointWriter(self)
+        # A site that comes back holding an earlier model gets the updates it missed, not the model.
+        self.catchup = Catchup(self.round, max_bytes=2 * self.num_params)
         saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
         if saved is not None:
             restore(self, saved)
@@ -115,8 +118,6 @@ class ParameterServer:
             if self.journal is not None:        # the base the journal's rounds are replayed onto
                 self.journal.clear()
                 self.checkpoints.write(snapshot(self))
-        # A site that comes back holding an earlier model gets the updates it missed, not the model.
-        self.catchup = Catchup(self.round, max_bytes=2 * self.num_params)
         c = self.corpus_summary
         log.info("corpus %s: %d document(s), %d tokens (%d for training, %d held out)%s", cfg.data.corpus,
                  c["documents"], c["tokens"], c["train_tokens"], c["val_tokens"],
@@ -208,7 +209,7 @@ class ParameterServer:
         link.ready = False
         link.base_round = self.round if catchup is None else catchup[0]
         welcome = Welcome(self.run_id, link.index, self.cfg, link.base_round, self.hashes[link.base_round], 0,
-                          self.data_positions.get(link.name, 0))
+                          self.data_positions.get(link.name, 0), *self.global_model.shard)
         if catchup is None:
             link.outbox.put_nowait(self.downloads.start(link.name, welcome))
             return

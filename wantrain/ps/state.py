@@ -17,7 +17,9 @@ from ..aggregate import Contribution
 from ..checkpoint import save_checkpoint
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
+from ..messages import RoundResult
 from ..screening import Verdict, clipped
+from .catchup import Catchup
 from .rounds import MAX_STALENESS
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ def restore(ps: ParameterServer, saved: dict) -> None:
     ps.data_positions = {k: int(v) for k, v in saved.get("data_positions", {}).items()}
     ps.screen.load_state_dict(saved.get("screen_norms", []))
     ps.hash = ps.global_model.hash()
+    ps.catchup = Catchup(ps.round, ps.catchup.max_bytes)    # replayed rounds are kept for catch-ups
     if ps.hash != ps.hashes.get(ps.round):
         raise ConfigError(f"{ps.ckpt_path} is damaged: its parameters hash to {ps.hash}, "
                           f"it says {ps.hashes.get(ps.round)}")
@@ -84,7 +87,7 @@ def replay(ps: ParameterServer) -> int:
         for c in rec["contributions"]:
             delta = ps.journal.read_delta(c["upload_round"], c["site"])
             parts[c["key"]] = Contribution(delta if c["factor"] is None else clipped(delta, c["factor"]), c["weight"])
-        _, _, model_hash = ps.global_model.apply(rec["round"], parts)
+        msgs, _, model_hash = ps.global_model.apply(rec["round"], parts)
         if model_hash != rec["hash"]:
             raise CheckpointError(f"{ps.journal.folder}: replaying round {rec['round']} gives parameters hashing to "
                                   f"{model_hash}, the round committed {rec['hash']}")
@@ -93,6 +96,9 @@ def replay(ps: ParameterServer) -> int:
         ps.registry = dict(rec["registry"])
         ps.data_positions = {k: int(v) for k, v in rec["data_positions"].items()}
         ps.screen.load_state_dict(rec["screen_norms"])
+        keys = [c["key"] for c in rec["contributions"]]     # the round's result, as the sites got it
+        ps.catchup.add(rec["round"], msgs, RoundResult(rec["round"], model_hash, tuple(k for k in keys if "@" not in k),
+                                                       ps.val_loss, tuple(k.partition("@")[0] for k in keys if "@" in k)))
     return len(records)
 
 

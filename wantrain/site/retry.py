@@ -59,7 +59,9 @@ class Reconnect:
         why = (rpc.details() or rpc.code().name) if rpc is not None else str(e) or type(e).__name__
         now = time.time()
         if self.first_failure is None and rpc is not None and rpc.code() == grpc.StatusCode.UNAVAILABLE:
-            self.cause = await asyncio.to_thread(net.explain_unreachable, self.ps, self.tls, self.tls_server_name)
+            self.cause = "; ".join(filter(None, [await asyncio.to_thread(net.explain_unreachable, a, self.tls,
+                                                                         self.tls_server_name)
+                                                 for a in self.ps.split(",")]))
         first = self.first_failure = self.first_failure or now
         because = f": {self.cause}" if self.cause else ""
         if now - first > self.timeout_s:

@@ -1,6 +1,7 @@
 """A site: dials the parameter server, trains inner AdamW steps, pushes its delta, applies updates.
 
-The site opens one gRPC stream to the PS (outbound only) and follows the PS's lead:
+The site opens one gRPC stream to the PS, or one to each shard of a sharded PS (stream.py), always
+outbound, and follows the PS's lead:
 
     Welcome + model chunks   load the global parameters (a fresh join, a rejoin or a resync); a
                              Welcome without chunks: keep them, the updates missed follow
@@ -23,26 +24,26 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import grpc
 import numpy as np
 import torch
 
-from .. import net, wire
-from ..auth import bearer
 from ..codec import Codec, EncodeStats, ErrorFeedback, check_coverage, check_fits, encode_arrays, join_chunks
 from ..config import RunConfig
 from ..data import BatchSampler, load_run_data
-from ..errors import (CodecError, ConfigError, ConnectionLostError, CorruptModelError, ProtocolError, Reject,
+from ..errors import (CodecError, ConfigError, CorruptModelError, ProtocolError, Reject,
                       RejectedError, ReplicaMismatchError)
 from ..faults import Stalls
 from ..messages import (DELTA, MAX_STALENESS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
                         RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from ..models import build_model
-from ..replica import add_update, flat_copy, named_params, values_hash
+from ..replica import add_update, flat_copy, named_params
+from ..shards import ShardLayout, combine_hashes
 from ..tls import TLSClient
 from .progress import DownloadProgress
 from .retry import FAILURES, Reconnect
 from .schedule import Schedule
+from .sharded import ShardMemory
+from .stream import Stream, addresses, probe_rtt, session_stream
 from .train import InnerLoop
 
 __all__ = ["Site", "SiteOptions", "default_device"]
@@ -56,7 +57,7 @@ def default_device() -> str:
 
 @dataclass(frozen=True)
 class SiteOptions:
-    ps: str                        # host:port of the parameter server
+    ps: str                        # host:port of the parameter server (of each shard, comma-separated)
     name: str                      # unique within the run
     device: str = "auto"           # "auto" | "cpu" | "cuda" | "cuda:1" ...
     connect_timeout_s: float = 120.0  # give up if the PS cannot be reached for this long
@@ -78,6 +79,12 @@ class Site:
         if opts.probe_interval_s and not opts.probe_interval_s >= 0.05:
             raise ConfigError(f"probe interval must be 0 (no probes) or at least 0.05 s, got {opts.probe_interval_s}")
         self.opts = opts
+        self.addresses = addresses(opts.ps)
+        if not self.addresses:
+            raise ConfigError("no parameter server address given")
+        self.shard_memory = ShardMemory()      # for a sharded PS (sharded.py)
+        self.layout: ShardLayout | None = None
+        self.part_hashes: list[str] = []       # the replica's hash per shard (one: the hash)
         self.device = torch.device(default_device() if opts.device == "auto" else opts.device)
         if opts.threads:
             torch.set_num_threads(opts.threads)
@@ -114,49 +121,30 @@ class Site:
                 self.finished = await retry.failed(e, joined_before=self.cfg is not None)
 
     async def _session(self) -> None:
-        channel = net.site_channel(self.opts.ps, self.opts.tls, self.opts.tls_server_name, self.opts.link_rtt_ms,
-                                   self.opts.link_mbps)
-        async with channel:
-            stub = net.stub(channel)
-            call = stub.Session(wait_for_ready=False)
-            prober = asyncio.create_task(self._probe(stub)) if self.opts.probe_interval_s > 0 else None
+        async with session_stream(self) as (stream, stub):
+            prober = asyncio.create_task(probe_rtt(stub, self.opts, self.probes)) if self.opts.probe_interval_s > 0 else None
             try:
-                await self._follow(call)
+                await self._follow(stream)
             finally:
                 if prober:
                     prober.cancel()
 
-    async def _probe(self, stub) -> None:
-        """Time a Ping on the site's own channel every probe_interval_s (through the real path)."""
-        while True:
-            await asyncio.sleep(self.opts.probe_interval_s)
-            t0 = time.perf_counter()
-            try:
-                await stub.Ping(wire.ping_request(self.opts.name), metadata=bearer(self.opts.token),
-                                timeout=max(30.0, 10 * self.opts.probe_interval_s))
-            except grpc.aio.AioRpcError:
-                continue
-            self.probes.append((time.time(), (time.perf_counter() - t0) * 1000))
-
-    async def _flush_probes(self, call) -> None:
+    async def _flush_probes(self, stream: Stream) -> None:
         """Report RTT samples, at most once a second (the PS limits probe messages, not rounds)."""
         if self.probes and time.monotonic() - self._probes_sent_at >= 1.0:
             self._probes_sent_at = time.monotonic()
             batch, self.probes = self.probes[:1000], self.probes[1000:]
-            await call.write(wire.site_message(LinkProbe(tuple(t for t, _ in batch), tuple(r for _, r in batch))))
+            await stream.send(LinkProbe(tuple(t for t, _ in batch), tuple(r for _, r in batch)))
 
-    async def _follow(self, call) -> None:
+    async def _follow(self, stream: Stream) -> None:
         """Handle what the PS sends until the run is finished or the stream breaks."""
-        await call.write(wire.site_message(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
-                                                device=str(self.device), token=self.opts.token)))
+        await stream.send(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
+                               device=str(self.device), token=self.opts.token))
         model_specs: list = []           # model chunks placed so far (each straight into the model)
         update_parts: list[TensorChunk] = []
         expected_model = 0
         while not self.finished:
-            raw = await call.read()
-            if raw is grpc.aio.EOF:
-                raise ConnectionLostError("the stream ended")
-            msg = wire.server_message_from_proto(raw)
+            msg = await stream.receive()
             if isinstance(msg, ErrorMessage):
                 raise RejectedError(Reject.from_wire(msg.code), msg.message)
             if isinstance(msg, Welcome):
@@ -164,7 +152,7 @@ class Site:
                     await self.schedule.discard()      # a new global model: steps ahead belong to no round
                 await asyncio.to_thread(self._on_welcome, msg)
                 if msg.model_chunks == 0:       # the PS lets it keep its replica; missed updates follow
-                    await call.write(wire.site_message(Ready(self.round, self.hash)))
+                    await stream.send(Ready(self.round, self.hash))
                     continue
                 expected_model, model_specs = msg.model_chunks, []
                 progress = DownloadProgress(self.opts.name, expected_model)
@@ -178,29 +166,29 @@ class Site:
                     progress.close()
                     await asyncio.to_thread(self._finish_model, model_specs)
                     model_specs = []
-                    await call.write(wire.site_message(Ready(self.round, self.hash)))
+                    await stream.send(Ready(self.round, self.hash))
                     if self.round >= self._config().train.rounds:   # joined as the run ended: the final model
                         await self._finish()
             elif isinstance(msg, RoundStart):
                 if msg.model_hash != self.hash:
                     raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
                                                f"this replica has {self.hash}")
-                await self._train_and_push(call, msg)
+                await self._train_and_push(stream, msg)
             elif isinstance(msg, TensorChunk) and msg.kind == UPDATE:
                 update_parts.append(msg)
             elif isinstance(msg, RoundResult):
                 await asyncio.to_thread(self._apply_update, update_parts, msg)
                 self._settle_pending(msg)
                 update_parts = []
-                await call.write(wire.site_message(HashReport(msg.round, self.hash)))
-                await self._flush_probes(call)
+                await stream.send(HashReport(msg.round, self.hash))
+                await self._flush_probes(stream)
                 if self.round >= self._config().train.rounds:
                     await self._finish()
                 elif self.schedule is not None:
                     await self.schedule.moved_to(self.replica)
             else:
                 raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
-        await call.done_writing()
+        await stream.close()
 
     async def _finish(self) -> None:
         self.finished = True
@@ -222,6 +210,9 @@ class Site:
 
     def _on_welcome(self, w: Welcome) -> None:
         first = self.cfg is None
+        if w.shards != len(self.addresses):
+            raise ProtocolError(f"the parameter server is sharded {w.shards} way(s); this site was given "
+                                f"{len(self.addresses)} address(es): give every shard's, in order")
         if w.model_chunks == 0 and (first or (w.round, w.model_hash) != (self.round, self.hash)):
             raise ProtocolError(f"the PS sends no model, as if this site held round {w.round} ({w.model_hash}); "
                                 f"it holds " + ("none" if first else f"round {self.round} ({self.hash})"))
@@ -231,6 +222,7 @@ class Site:
             tok, corpus = load_run_data(w.config.data)
             self.model = build_model(w.config.model.preset, tok.vocab_size, w.config.model.seed, self.device)
             self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}
+            self.layout = ShardLayout.balanced(self.sizes, w.shards)
             shard = corpus.shard(w.site_index, w.config.num_sites, w.config.data.sharding)
             t = w.config.train
             sampler = BatchSampler(shard, t.batch_size, w.config.model.block_size, t.seed + 1000 * w.site_index)
@@ -247,6 +239,11 @@ class Site:
         self._expected_hash = w.model_hash
         if w.model_chunks:        # a fresh model: whatever was in flight is the PS's business now
             self.pending = {}     # (kept on a catch-up: the missed rounds' results settle it)
+
+    def _rehash(self) -> None:
+        assert self.layout is not None
+        self.part_hashes = self.layout.hashes(self.replica)
+        self.hash = combine_hashes(self.part_hashes)
 
     def _join(self, parts: list[TensorChunk]) -> dict[str, np.ndarray]:
         """Decode chunks that cover the whole model into flat arrays (ProtocolError if they don't)."""
@@ -272,12 +269,12 @@ class Site:
             check_coverage(specs, self.sizes)
         except CodecError as e:
             raise ProtocolError(f"model download from the PS: {e}") from None
-        self.hash = values_hash(self.replica)
+        self._rehash()
         if self.hash != self._expected_hash:
             raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self._expected_hash}")
         log.info("site %s: model at round %d loaded (%s)", self.opts.name, self.round, self.hash)
 
-    async def _train_and_push(self, call, start: RoundStart) -> None:
+    async def _train_and_push(self, stream: Stream, start: RoundStart) -> None:
         round_ = start.round
         since_push_s = time.time() - self.pushed_at if self.pushed_at else 0.0
         log.info("site %s: round %d starts%s", self.opts.name, round_,
@@ -293,15 +290,15 @@ class Site:
             self.pending[round_] = sent
         t0 = time.perf_counter()
         for i, (spec, enc) in enumerate(chunks):
-            await call.write(wire.site_message(TensorChunk(DELTA, round_, i, len(chunks), spec, enc)))
+            await stream.send(TensorChunk(DELTA, round_, i, len(chunks), spec, enc))
             if i == 0:
                 await self.stalls.asleep("push", round_)
         comm_s = time.perf_counter() - t0
-        await self._flush_probes(call)
-        await call.write(wire.site_message(RoundMetrics(
+        await self._flush_probes(stream)
+        await stream.send(RoundMetrics(
             round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
             huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
-            decode_s=self.last_decode_s, comm_s=comm_s, chunks=len(chunks), wait_s=wait_s, **info)))
+            decode_s=self.last_decode_s, comm_s=comm_s, chunks=len(chunks), wait_s=wait_s, **info))
         self.pushed_at = time.time()
         log.info("site %s: round %d pushed, %d steps, loss %.4f, %.2f MB on the wire (%.2fx)", self.opts.name, round_,
                  info["steps"], info["train_loss"], stats.wire_bytes / 1e6, stats.ratio)
@@ -335,7 +332,7 @@ class Site:
         add_update(self.replica, update)
         self.last_decode_s = time.perf_counter() - t0
         self.round = result.round + 1
-        self.hash = values_hash(self.replica)
+        self._rehash()
         if self.hash != result.model_hash:
             log.error("site %s: replica hash %s differs from the PS's %s after round %d", self.opts.name,
                       self.hash, result.model_hash, result.round)

@@ -73,7 +73,7 @@ class Join(_message.Message):
     def __init__(self, site: _Optional[str] = ..., protocol_version: _Optional[int] = ..., resume_round: _Optional[int] = ..., resume_hash: _Optional[str] = ..., device: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("run_id", "site_index", "config_json", "round", "model_hash", "model_chunks", "data_position")
+    __slots__ = ("run_id", "site_index", "config_json", "round", "model_hash", "model_chunks", "data_position", "shard_index", "shard_count")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_INDEX_FIELD_NUMBER: _ClassVar[int]
     CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,8 @@ class Welcome(_message.Message):
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
     MODEL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DATA_POSITION_FIELD_NUMBER: _ClassVar[int]
+    SHARD_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SHARD_COUNT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     site_index: int
     config_json: str
@@ -88,7 +90,9 @@ class Welcome(_message.Message):
     model_hash: str
     model_chunks: int
     data_position: int
-    def __init__(self, run_id: _Optional[str] = ..., site_index: _Optional[int] = ..., config_json: _Optional[str] = ..., round: _Optional[int] = ..., model_hash: _Optional[str] = ..., model_chunks: _Optional[int] = ..., data_position: _Optional[int] = ...) -> None: ...
+    shard_index: int
+    shard_count: int
+    def __init__(self, run_id: _Optional[str] = ..., site_index: _Optional[int] = ..., config_json: _Optional[str] = ..., round: _Optional[int] = ..., model_hash: _Optional[str] = ..., model_chunks: _Optional[int] = ..., data_position: _Optional[int] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ...) -> None: ...
 
 class RoundStart(_message.Message):
     __slots__ = ("round", "model_hash", "train_s")

@@ -1,0 +1,91 @@
+"""The session's transport: domain messages to and from the parameter server.
+
+session.py speaks to one PS through `send`, `receive` and `close`. `SingleStream` is one gRPC
+Session stream; `ShardedStream` (sharded.py) is one stream per shard of a sharded PS, merged so
+that the session sees one PS. `open_stream` picks by the number of addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import grpc
+
+from .. import net, wire
+from ..auth import bearer
+from ..errors import ConnectionLostError
+from .sharded import ShardedStream
+
+__all__ = ["Stream", "SingleStream", "addresses", "session_stream", "probe_rtt"]
+
+
+def addresses(ps: str) -> list[str]:
+    """The PS's address, or a sharded PS's shard addresses in shard order (comma-separated)."""
+    return [a.strip() for a in ps.split(",") if a.strip()]
+
+
+class Stream(Protocol):
+    async def send(self, msg) -> None: ...
+    async def receive(self): ...
+    async def close(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class SingleStream:
+    """One Session stream to an unsharded PS."""
+
+    def __init__(self, call) -> None:
+        self.call = call
+
+    async def send(self, msg) -> None:
+        await self.call.write(wire.site_message(msg))
+
+    async def receive(self):
+        raw = await self.call.read()
+        if raw is grpc.aio.EOF:
+            raise ConnectionLostError("the stream ended")
+        return wire.server_message_from_proto(raw)
+
+    async def close(self) -> None:
+        await self.call.done_writing()
+
+    def stop(self) -> None:
+        """Nothing runs beside the call (the channel's closing ends it)."""
+
+
+@contextlib.asynccontextmanager
+async def session_stream(site) -> AsyncIterator[tuple[Stream, object]]:
+    """Channels and Session calls to the PS or to each of its shards (`site.addresses`), as one
+    stream, and a stub of the first for pings; everything is closed on the way out."""
+    opts = site.opts
+    channels = [net.site_channel(a, opts.tls, opts.tls_server_name, opts.link_rtt_ms, opts.link_mbps)
+                for a in site.addresses]
+    try:
+        stubs = [net.stub(c) for c in channels]
+        calls = [s.Session(wait_for_ready=False) for s in stubs]
+        stream = SingleStream(calls[0]) if len(calls) == 1 else ShardedStream(calls, site, site.shard_memory)
+        try:
+            yield stream, stubs[0]
+        finally:
+            stream.stop()
+    finally:
+        for c in channels:
+            await c.close()
+
+
+async def probe_rtt(stub, opts, samples: list[tuple[float, float]]) -> None:
+    """Time a Ping on the site's own channel every `opts.probe_interval_s` (through the real path);
+    appends (Unix time, RTT ms) to `samples` until cancelled."""
+    while True:
+        await asyncio.sleep(opts.probe_interval_s)
+        t0 = time.perf_counter()
+        try:
+            await stub.Ping(wire.ping_request(opts.name), metadata=bearer(opts.token),
+                            timeout=max(30.0, 10 * opts.probe_interval_s))
+        except grpc.aio.AioRpcError:
+            continue
+        samples.append((time.time(), (time.perf_counter() - t0) * 1000))
