@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/codec_bench.py
 	$(BIN)/python bench/aggregate_bench.py --preset gpt2
 	$(BIN)/python bench/server_bench.py --preset gpt2 --rounds 3
+	$(BIN)/python bench/shard_ingest.py --preset gpt2 --rounds 3
 	$(BIN)/python bench/site_restart.py
 	$(BIN)/python bench/proxy_bench.py
 	$(BIN)/python bench/dashboard_bench.py

@@ -41,6 +41,14 @@ def codec(fmt: str) -> Callable[[], str | None]:
     return get
 
 
+def shards() -> str | None:
+    r = load("shard_ingest")
+    if r is None:
+        return None
+    arms = ", ".join(f"{a['shards']}: {a['ingest_MBps_median']:.0f} ({a['vs_one_shard']:.2f}x)" for a in r["arms"])
+    return f"{arms} MB/s ({r['preset']}, {r['cores']} cores for shards and clients together)"
+
+
 def restart() -> str | None:
     r = load("site_restart")
     if r is None:
@@ -106,6 +114,7 @@ ROWS: list[tuple[str, str, Callable[[], str | None], str]] = [
     ("PS round, llama3-1b", "183 s (one site)", large, "<= 20 s, 3 sites"),
     ("PS ingest, 3 sites", "401-438 MB/s",
      server("{ingest_MBps_median:.0f} MB/s (raw TCP here {raw:.0f})"), ">= 1 GB/s"),
+    ("  with N PS shards (bench/shard_ingest.py)", "one PS", shards, "N shards ~ N x one"),
     ("Huffman encode / decode per core", "78-82 / 114-119 MB/s",
      codec("{enc:.0f} / {dec:.0f} MB/s (numpy {np_enc:.0f} / {np_dec:.0f}, zstd-1 {z_enc:.0f} / {z_dec:.0f})"),
      ">= 300 / 300"),

@@ -50,9 +50,10 @@ def _same_rounds(shards: list[list[dict]], rounds: int) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_two_shards_train_and_agree(tmp_path):
+@pytest.mark.parametrize("schedule", ["sync", "overlap"])
+def test_two_shards_train_and_agree(tmp_path, schedule):
     rounds = 3
-    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds})
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.schedule": schedule})
     c = ShardedCluster(tmp_path, cfg, shards=2)
     try:
         shards = c.start().finish()
@@ -92,3 +93,22 @@ def test_a_shard_killed_mid_round_loses_and_doubles_no_round(tmp_path, killed):
     (restart,) = rows(shards[killed], "restart")
     assert restart["round"] in (2, 3)
     assert not rows(shards[1 - killed], "restart")
+
+
+@pytest.mark.timeout(120)
+def test_a_site_given_the_shards_out_of_order_says_so(tmp_path):
+    cfg = small_config(**{"sites": ["a"], "num_sites": 1, "train.rounds": 1})
+    c = ShardedCluster(tmp_path, cfg, shards=2)
+    try:
+        for i in range(2):
+            c.start_shard(i).wait_for("listening on")
+        c.ports.reverse()
+        site = c.start_site("a")
+        assert site.p.wait(60) != 0
+        assert "shard 1 of 2; list the 2 shards' addresses in shard order" in site.text()
+        c.ports = [c.ports[1]]                  # one address for a sharded PS
+        site = c.start_site("a")
+        assert site.p.wait(60) != 0
+        assert "sharded 2 way(s); this site was given 1 address(es)" in site.text()
+    finally:
+        c.close()

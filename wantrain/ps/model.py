@@ -1,7 +1,7 @@
 """The global model at the parameter server: its parameters, outer optimizer and update codec.
 
-A sharded PS (shards.py) holds the whole model but owns, aggregates, hashes and sends only its
-shard's tensors (`views`); it cannot evaluate the model (its other tensors never move).
+A sharded PS (shards.py) holds, aggregates, hashes and sends only its shard's tensors (`views`;
+the model's other parameters are emptied), so it cannot evaluate the model.
 
 A round's commit changes it in one call, `apply` (in a worker thread): the pure aggregation of
 aggregate.py writes exactly the decoded update into the parameters, then the new hash, norm
@@ -41,6 +41,10 @@ class GlobalModel:
         self.val = [] if sharded else eval_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size,
                                                    cfg.train.eval_batches)
         self.layout = ShardLayout.balanced({k: p.numel() for k, p in named_params(self.model).items()}, shard[1])
+        if sharded:       # the other shards' tensors: never read here, so not held either
+            for name, p in named_params(self.model).items():
+                if self.layout.shard_of(name) != shard[0]:
+                    p.data = torch.empty(0)
         self.views = self.layout.part(live_views(self.model), shard[0])   # what this PS owns, live
         self.shapes = {k: v.size for k, v in self.views.items()}
         self.num_params = sum(self.shapes.values())
