@@ -99,7 +99,7 @@ class ShardedCluster(Cluster):
     def start_shard(self, i: int, *extra: str) -> Proc:
         p = self._proc(f"ps{i}", "ps", "--config", str(self.tmp / "config.json"), "--port", str(self.ports[i]),
                        "--run-dir", str(self.run_dirs[i]), "--shard", f"{i}/{len(self.ports)}", "--run-id", "sharded-run",
-                       *self.ps_args, *extra)
+                       *(("--report-to", f"127.0.0.1:{self.ports[0]}") if i else ()), *self.ps_args, *extra)
         self.shards[i] = self.ps = p
         return p
 

@@ -29,6 +29,7 @@ def cmd_ps(args: argparse.Namespace) -> int:
     from .config import RunConfig
     from .limits import Limits
     from .ps import ParameterServer, serve
+    from .relay import shard_relay
     from .run import new_run_dir
     from .shards import parse_shard
     from .tls import TLSServer
@@ -60,12 +61,17 @@ def cmd_ps(args: argparse.Namespace) -> int:
         log.warning(
             "serving plaintext on %s: sites' tokens and deltas cross the network unencrypted; "
             "use --tls-cert/--tls-key (wantrain tls-dev makes a development CA)", args.host)
-    shard = parse_shard(args.shard)
-    if shard[1] > 1 and not args.run_id:
+    if (shard := parse_shard(args.shard))[1] > 1 and not args.run_id:
         raise ConfigError("a sharded PS needs --run-id, the same for every shard of the run")
     ps = ParameterServer(cfg, run_dir=run_dir, run_id=args.run_id, exit_when_done=not args.keep_running, auth=auth,
                          stalls=parse_stalls(args.stall), limits=limits, shard=shard)
-    asyncio.run(serve(ps, args.host, args.port, args.port_file, tls=tls))
+    relay = shard_relay(args.report_to, auth.observer_token or auth.shared_secret, run_dir / "events.jsonl",
+                        shard[0], args.report_tls_ca) if args.report_to else None    # one stream for the run
+    try:
+        asyncio.run(serve(ps, args.host, args.port, args.port_file, tls=tls))
+    finally:
+        if relay is not None:
+            relay.close()
     return 0
 
 
@@ -78,8 +84,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     token = read_secret(args.token_file) if args.token_file else ""
     if (args.tls_cert or args.tls_key) and not args.tls_ca:
         raise ConfigError("a TLS client certificate needs --tls-ca as well")
-    tls = TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None
-    if tls is not None:
+    if (tls := TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None) is not None:
         tls.credentials()
     site = Site(SiteOptions(token=token, tls=tls, tls_server_name=args.tls_server_name, stalls=tuple(parse_stalls(args.stall).items()),
                             ps=args.ps, name=args.site, device=args.device, threads=args.threads,
@@ -257,10 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port-file", default=None, help="write the bound port here once listening")
     s.add_argument("--run-dir", default=None, help="telemetry folder for events.jsonl (default runs/<time>)")
     s.add_argument("--keep-running", action="store_true", help="keep serving after the last round")
+    s.add_argument("--report-to", metavar="HOST:PORT", help="a shard after the first: report its events to shard "
+                   "0 there (with --observer-token-file: the token of shard 0's observers)")
+    s.add_argument("--report-tls-ca", default=None, help="PEM CA of shard 0's certificate, if it serves TLS")
     s.add_argument("--run-id", default=None, help="the run's identifier (default: the time and a random suffix)")
-    s.add_argument("--shard", default="0/1", metavar="I/N",
-                   help="serve shard I of N of the model's tensors (from 0; each shard its own process, port and "
-                        "run folder; sites list every shard's address in order)")
+    s.add_argument("--shard", default="0/1", metavar="I/N", help="serve shard I of N of the model's tensors (from 0; "
+                   "each shard its own process, port and run folder; sites list all shards' addresses in order)")
     s.add_argument("--tokens", default=None, help="JSON file: site name -> token; only these sites may join")
     s.add_argument("--shared-secret-file", default=None, help="file holding one secret every site must present")
     s.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS (see `wantrain tls-dev`)")

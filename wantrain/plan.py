@@ -184,6 +184,11 @@ class JsonlTail:
         self._offset = 0
         self._lock = threading.Lock()
 
+    def skip(self) -> None:
+        """Read only what is appended from now on."""
+        with self._lock:
+            self._offset = self.path.stat().st_size if self.path is not None and self.path.exists() else 0
+
     def read(self) -> list[dict]:
         if self.path is None:
             return []

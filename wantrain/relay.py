@@ -1,9 +1,10 @@
 """Events of a run that happen outside the PS, relayed into its telemetry (the Report RPC).
 
-The link emulator appends what its links do to links.jsonl; `Run` injects faults on purpose.
-An `EventRelay` thread sends both to the PS, in order, so the PS's log and Watch stream hold
-every event of the run and a watcher anywhere (a dashboard given only the PS's address) sees
-them. While the PS is away (a restart) events wait and go when it is back.
+The link emulator appends what its links do to links.jsonl; `Run` injects faults on purpose; each
+shard but the first of a sharded PS writes its own events.jsonl. An `EventRelay` thread sends
+them to the PS (shard 0), in order, so its log and Watch stream hold every event of the run and
+a watcher anywhere (a dashboard given only the PS's address) sees them. While the PS is away (a
+restart) events wait and go when it is back.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from pathlib import Path
 
 import grpc
 
+from . import net
 from .plan import JsonlTail
+from .tls import TLSClient
 from .watch import report_events
 from .wire import MAX_REPORTED_EVENTS
 
-__all__ = ["EventRelay"]
+__all__ = ["EventRelay", "shard_relay"]
 
 log = logging.getLogger("wantrain.run")
 
@@ -28,8 +31,8 @@ class EventRelay:
     """Tails a JSONL log and takes single events (`add`); reports them to the PS every `interval_s`."""
 
     def __init__(self, open_channel: Callable[[], grpc.Channel], token: str, tail: str | Path | None = None,
-                 interval_s: float = 0.25) -> None:
-        self.open_channel, self.token, self.interval_s = open_channel, token, interval_s
+                 interval_s: float = 0.25, wrap: Callable[[dict], dict] | None = None) -> None:
+        self.open_channel, self.token, self.interval_s, self.wrap = open_channel, token, interval_s, wrap
         self.tail = JsonlTail(tail)
         self.pending: list[dict] = []
         self.sent = 0
@@ -68,7 +71,7 @@ class EventRelay:
     def flush(self) -> None:
         """Report everything waiting now; on failure it waits for the next try (a fresh channel then)."""
         with self._lock:
-            self.pending.extend(self.tail.read())
+            self.pending.extend(map(self.wrap, self.tail.read()) if self.wrap else self.tail.read())
         while True:
             with self._lock:
                 batch = self.pending[:MAX_REPORTED_EVENTS]
@@ -91,3 +94,14 @@ class EventRelay:
                 self.sent += len(batch)
             with self._lock:
                 del self.pending[:len(batch)]
+
+
+def shard_relay(address: str, token: str, events: Path, index: int, tls_ca: str | None = None) -> EventRelay:
+    """A started relay of shard `index`'s events (its `events` file) to shard 0 at `address`: each
+    as the `event` of a `shard` event at the same time. A restarted shard reports only what it writes
+    from now on (its earlier life reported the rest)."""
+    tls = TLSClient(tls_ca) if tls_ca else None
+    relay = EventRelay(lambda: net.observer_channel(address, tls), token, events,
+                       wrap=lambda e: {"kind": "shard", "t": e.get("t"), "shard": index, "event": e})
+    relay.tail.skip()
+    return relay.start()
