@@ -70,6 +70,7 @@ def test_two_shards_train_and_agree(tmp_path, schedule):
     # One telemetry stream: shard 1's events reach shard 0's log (the last ones may come after it closed).
     relayed = [e for e in rows(shards[0], "shard") if e["shard"] == 1]
     assert {e["event"]["round"] for e in relayed if e["event"]["kind"] == "round_end"} >= set(range(rounds - 1))
+    assert relayed[0]["event"]["kind"] == "run_start"
     assert all(e["source"] == "reported" for e in relayed)
 
 

@@ -63,10 +63,10 @@ def cmd_ps(args: argparse.Namespace) -> int:
             "use --tls-cert/--tls-key (wantrain tls-dev makes a development CA)", args.host)
     if (shard := parse_shard(args.shard))[1] > 1 and not args.run_id:
         raise ConfigError("a sharded PS needs --run-id, the same for every shard of the run")
+    relay = shard_relay(args.report_to, auth.observer_token or auth.shared_secret, run_dir / "events.jsonl",
+                        shard[0], args.report_tls_ca) if args.report_to else None   # before the first event
     ps = ParameterServer(cfg, run_dir=run_dir, run_id=args.run_id, exit_when_done=not args.keep_running, auth=auth,
                          stalls=parse_stalls(args.stall), limits=limits, shard=shard)
-    relay = shard_relay(args.report_to, auth.observer_token or auth.shared_secret, run_dir / "events.jsonl",
-                        shard[0], args.report_tls_ca) if args.report_to else None    # one stream for the run
     try:
         asyncio.run(serve(ps, args.host, args.port, args.port_file, tls=tls))
     finally:
