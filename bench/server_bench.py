@@ -29,7 +29,10 @@ from common import save
 SITES = ("us-east", "eu-west", "ap-southeast")
 
 
-def client(address: str, name: str, rounds: int, results: mp.Queue) -> None:
+def client(addresses: list[str], name: str, rounds: int, results: mp.Queue) -> None:
+    """One site's pushes, without training: it joins the PS (or every shard of a sharded one), and
+    each round pushes every shard its part of a pre-encoded delta, to all at once; it puts
+    (name, [(round, push start, push end, wire bytes)]) on `results`."""
     import numpy as np
 
     from wantrain import net, wire
@@ -38,46 +41,72 @@ def client(address: str, name: str, rounds: int, results: mp.Queue) -> None:
                                    TensorChunk, Welcome)
     from wantrain.models import build_model
     from wantrain.replica import named_params
+    from wantrain.shards import ShardLayout
+
+    async def shard(call, i: int, starts: asyncio.Queue, results_q: asyncio.Queue, setup: asyncio.Future) -> None:
+        """Everything but the push on shard i's stream: the model download, Ready, hash reports."""
+        left, welcome = 0, None
+        while True:
+            msg = wire.server_message_from_proto(await call.read())
+            if isinstance(msg, Welcome):
+                welcome, left = msg, msg.model_chunks
+                if not setup.done():
+                    setup.set_result(msg.config)
+            elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
+                left -= 1
+                if left == 0 and welcome is not None:
+                    await call.write(wire.site_message(Ready(welcome.round, welcome.model_hash)))
+            elif isinstance(msg, RoundStart):
+                starts.put_nowait(msg.round)
+            elif isinstance(msg, RoundResult):
+                await call.write(wire.site_message(HashReport(msg.round, msg.model_hash)))
+                results_q.put_nowait(msg.round)
+                if msg.round + 1 >= rounds:
+                    return
+
+    async def push(call, round_: int, chunks, raw: int, wire_bytes: int) -> None:
+        for k, (spec, enc) in enumerate(chunks):
+            await call.write(wire.site_message(TensorChunk(DELTA, round_, k, len(chunks), spec, enc)))
+        await call.write(wire.site_message(RoundMetrics(
+            round=round_, train_loss=1.0, last_train_loss=1.0, tokens=1000, steps=1, raw_bytes=raw,
+            wire_bytes=wire_bytes, huffman_bits_per_symbol=0.0, encode_s=0, decode_s=0, compute_s=0, comm_s=0,
+            chunks=len(chunks))))
 
     async def run() -> None:
-        async with net.channel(address, aio=True) as ch:
-            call = net.stub(ch).Session()
+        n = len(addresses)
+        channels = [net.channel(a, aio=True) for a in addresses]
+        calls = [net.stub(ch).Session() for ch in channels]
+        starts = [asyncio.Queue() for _ in calls]
+        done = [asyncio.Queue() for _ in calls]
+        setup = asyncio.get_running_loop().create_future()
+        for call in calls:
             await call.write(wire.site_message(Join(name)))
-            chunks = None
-            stats = []
-            model_left, welcome = 0, None
-            while True:
-                msg = wire.server_message_from_proto(await call.read())
-                if isinstance(msg, TensorChunk) and msg.kind == MODEL:
-                    model_left -= 1
-                    if model_left == 0 and welcome is not None:   # the model is "loaded": count this site
-                        await call.write(wire.site_message(Ready(welcome.round, welcome.model_hash)))
-                if isinstance(msg, Welcome):
-                    welcome, model_left = msg, msg.model_chunks
-                if isinstance(msg, Welcome) and chunks is None:
-                    cfg = msg.config
-                    model = build_model(cfg.model.preset, 256, cfg.model.seed, "meta")
-                    rng = np.random.default_rng(SITES.index(name))
-                    delta = {k: (rng.standard_normal(p.numel()) * 1e-3).astype(np.float32)
-                             for k, p in named_params(model).items()}
-                    chunks, _ = encode_arrays(delta, Codec(cfg.codec), None)
-                    raw = 4 * sum(v.size for v in delta.values())
-                    wire_bytes = sum(e.wire_bytes for _, e in chunks)
-                elif isinstance(msg, RoundStart):
-                    t0 = time.time()
-                    for i, (spec, enc) in enumerate(chunks):
-                        await call.write(wire.site_message(TensorChunk(DELTA, msg.round, i, len(chunks), spec, enc)))
-                    await call.write(wire.site_message(RoundMetrics(
-                        round=msg.round, train_loss=1.0, last_train_loss=1.0, tokens=1000, steps=1, raw_bytes=raw,
-                        wire_bytes=wire_bytes, huffman_bits_per_symbol=0.0, encode_s=0, decode_s=0, compute_s=0,
-                        comm_s=0, chunks=len(chunks))))
-                    stats.append((msg.round, t0, time.time(), wire_bytes))
-                elif isinstance(msg, RoundResult):
-                    await call.write(wire.site_message(HashReport(msg.round, msg.model_hash)))
-                    if msg.round + 1 >= rounds:
-                        break
+        readers = [asyncio.create_task(shard(c, i, starts[i], done[i], setup)) for i, c in enumerate(calls)]
+        cfg = await setup
+        model = build_model(cfg.model.preset, 256, cfg.model.seed, "meta")
+        rng = np.random.default_rng(SITES.index(name))
+        delta = {k: (rng.standard_normal(p.numel()) * 1e-3).astype(np.float32) for k, p in named_params(model).items()}
+        layout = ShardLayout.balanced({k: v.size for k, v in delta.items()}, n)
+        parts = []
+        for i in range(n):
+            chunks, _ = encode_arrays(layout.part(delta, i), Codec(cfg.codec), None)
+            parts.append((chunks, 4 * sum(v.size for v in layout.part(delta, i).values()),
+                          sum(e.wire_bytes for _, e in chunks)))
+        stats = []
+        for _ in range(rounds):
+            rs = {await q.get() for q in starts}
+            (r,) = rs
+            t0 = time.time()
+            await asyncio.gather(*(push(calls[i], r, *parts[i]) for i in range(n)))
+            stats.append((r, t0, time.time(), sum(p[2] for p in parts)))
+            for q in done:
+                await q.get()
+        await asyncio.gather(*readers)
+        for call in calls:
             await call.done_writing()
-            results.put((name, stats))
+        for ch in channels:
+            await ch.close()
+        results.put((name, stats))
 
     asyncio.run(run())
 
@@ -124,6 +153,16 @@ def peak_rss_mb(pid: int) -> float:
     return int(line.split()[1]) / 1024
 
 
+def ingest_per_round(stats: dict, rounds: int) -> list[float]:
+    """MB/s of each round: all sites' delta bytes over first push start -> last push end."""
+    per_round = []
+    for r in range(rounds):
+        entries = [next(x for x in stats[s] if x[0] == r) for s in SITES]
+        start, end = min(e[1] for e in entries), max(e[2] for e in entries)
+        per_round.append(sum(e[3] for e in entries) / (end - start) / 1e6)
+    return per_round
+
+
 def median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2] if values else float("nan")
 
@@ -150,7 +189,7 @@ def run_ps(preset: str, rounds: int, checkpoint_every: int) -> dict:
             address = f"127.0.0.1:{int(port_file.read_text())}"
             ctx = mp.get_context("spawn")
             q: mp.Queue = ctx.Queue()
-            clients = [ctx.Process(target=client, args=(address, s, rounds, q)) for s in SITES]
+            clients = [ctx.Process(target=client, args=([address], s, rounds, q)) for s in SITES]
             for c in clients:
                 c.start()
             stats: dict = {}
@@ -170,11 +209,7 @@ def run_ps(preset: str, rounds: int, checkpoint_every: int) -> dict:
             if ps.poll() is None:
                 ps.kill()
         events = read_events(tmp)
-    per_round = []
-    for r in range(rounds):
-        entries = [next(x for x in stats[s] if x[0] == r) for s in SITES]
-        start, end = min(e[1] for e in entries), max(e[2] for e in entries)
-        per_round.append(sum(e[3] for e in entries) / (end - start) / 1e6)
+    per_round = ingest_per_round(stats, rounds)
     # Where the PS's part of a round goes: aggregate = outer step + update encode + apply (+ hash);
     # encode_s sums the chunks' encode times over the threads; checkpoint_s: the full state, written
     # in the background (not part of the round since the journal, ps/journal.py).

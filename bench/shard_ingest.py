@@ -14,7 +14,6 @@ the journal's disk writes would measure the disk. Reported as MB/s and as a rati
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing as mp
 import os
 import queue
@@ -26,86 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save
-from server_bench import SITES, median, peak_rss_mb
-
-
-def client(addresses: list[str], name: str, rounds: int, results: mp.Queue) -> None:
-    import numpy as np
-
-    from wantrain import net, wire
-    from wantrain.codec import Codec, encode_arrays
-    from wantrain.messages import (DELTA, MODEL, HashReport, Join, Ready, RoundMetrics, RoundResult, RoundStart,
-                                   TensorChunk, Welcome)
-    from wantrain.models import build_model
-    from wantrain.replica import named_params
-    from wantrain.shards import ShardLayout
-
-    async def shard(call, i: int, starts: asyncio.Queue, results_q: asyncio.Queue, setup: asyncio.Future) -> None:
-        """Everything but the push on shard i's stream: the model download, Ready, hash reports."""
-        left, welcome = 0, None
-        while True:
-            msg = wire.server_message_from_proto(await call.read())
-            if isinstance(msg, Welcome):
-                welcome, left = msg, msg.model_chunks
-                if not setup.done():
-                    setup.set_result(msg.config)
-            elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
-                left -= 1
-                if left == 0 and welcome is not None:
-                    await call.write(wire.site_message(Ready(welcome.round, welcome.model_hash)))
-            elif isinstance(msg, RoundStart):
-                starts.put_nowait(msg.round)
-            elif isinstance(msg, RoundResult):
-                await call.write(wire.site_message(HashReport(msg.round, msg.model_hash)))
-                results_q.put_nowait(msg.round)
-                if msg.round + 1 >= rounds:
-                    return
-
-    async def push(call, round_: int, chunks, raw: int, wire_bytes: int) -> None:
-        for k, (spec, enc) in enumerate(chunks):
-            await call.write(wire.site_message(TensorChunk(DELTA, round_, k, len(chunks), spec, enc)))
-        await call.write(wire.site_message(RoundMetrics(
-            round=round_, train_loss=1.0, last_train_loss=1.0, tokens=1000, steps=1, raw_bytes=raw,
-            wire_bytes=wire_bytes, huffman_bits_per_symbol=0.0, encode_s=0, decode_s=0, compute_s=0, comm_s=0,
-            chunks=len(chunks))))
-
-    async def run() -> None:
-        n = len(addresses)
-        channels = [net.channel(a, aio=True) for a in addresses]
-        calls = [net.stub(ch).Session() for ch in channels]
-        starts = [asyncio.Queue() for _ in calls]
-        done = [asyncio.Queue() for _ in calls]
-        setup = asyncio.get_running_loop().create_future()
-        for call in calls:
-            await call.write(wire.site_message(Join(name)))
-        readers = [asyncio.create_task(shard(c, i, starts[i], done[i], setup)) for i, c in enumerate(calls)]
-        cfg = await setup
-        model = build_model(cfg.model.preset, 256, cfg.model.seed, "meta")
-        rng = np.random.default_rng(SITES.index(name))
-        delta = {k: (rng.standard_normal(p.numel()) * 1e-3).astype(np.float32) for k, p in named_params(model).items()}
-        layout = ShardLayout.balanced({k: v.size for k, v in delta.items()}, n)
-        parts = []
-        for i in range(n):
-            chunks, _ = encode_arrays(layout.part(delta, i), Codec(cfg.codec), None)
-            parts.append((chunks, 4 * sum(v.size for v in layout.part(delta, i).values()),
-                          sum(e.wire_bytes for _, e in chunks)))
-        stats = []
-        for _ in range(rounds):
-            rs = {await q.get() for q in starts}
-            (r,) = rs
-            t0 = time.time()
-            await asyncio.gather(*(push(calls[i], r, *parts[i]) for i in range(n)))
-            stats.append((r, t0, time.time(), sum(p[2] for p in parts)))
-            for q in done:
-                await q.get()
-        await asyncio.gather(*readers)
-        for call in calls:
-            await call.done_writing()
-        for ch in channels:
-            await ch.close()
-        results.put((name, stats))
-
-    asyncio.run(run())
+from server_bench import SITES, client, ingest_per_round, median, peak_rss_mb
 
 
 def run_shards(preset: str, rounds: int, n: int) -> dict:
@@ -152,11 +72,7 @@ def run_shards(preset: str, rounds: int, n: int) -> dict:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-    per_round = []
-    for r in range(rounds):
-        entries = [next(x for x in stats[s] if x[0] == r) for s in SITES]
-        start, end = min(e[1] for e in entries), max(e[2] for e in entries)
-        per_round.append(sum(e[3] for e in entries) / (end - start) / 1e6)
+    per_round = ingest_per_round(stats, rounds)
     return {"shards": n, "ingest_MBps_per_round": per_round, "ingest_MBps_median": median(per_round),
             "wire_MB_per_round_all_sites": sum(stats[s][0][3] for s in SITES) / 1e6, "ps_peak_rss_MB_summed": peak}
 

@@ -74,6 +74,7 @@ class ShardedStream:
         self.results: dict[int, RoundResult] = {}
         self.sent_index: list[int] = []          # delta chunks sent to each shard this round
         self.sent_bytes: list[int] = []
+        self._counts: tuple[list[int], list[int]] | None = None
 
     async def _read(self, i: int, call) -> None:
         try:
@@ -152,7 +153,7 @@ class ShardedStream:
             log.info("site %s: shard %d starts round %d again (it lost the delta pushed to it): replaying it",
                      self.site.opts.name, i, s.round)
             for m in self.mem.pushed[i]:
-                await self.calls[i].write(wire.site_message(m))
+                await self._write(i, m)
             return
         self.starts[i] = s
         if len(self.starts) < self.n:
@@ -228,7 +229,7 @@ class ShardedStream:
 
     def _plan_counts(self) -> tuple[list[int], list[int]]:
         """Each shard's delta chunks and elements: its own plan over its tensors (as its PS plans)."""
-        if not hasattr(self, "_counts"):
+        if self._counts is None:
             sizes, layout = self.site.sizes, self.site.layout
             per = self.site.cfg.codec.chunk_elements()
             self._counts = ([len(plan_chunks({t: sizes[t] for t in names}, per)) for names in layout.tensors],
