@@ -80,8 +80,7 @@ def test_training_continues_through_an_emulated_wan(tmp_path):
     rtts = {}
     for e in rows(events, "link_rtt"):
         rtts.setdefault(e["site"], []).extend(e["rtt_ms"])
-    # (How many samples there are depends on how fast the machine is: a loaded one took 6 and 3.)
-    assert len(rtts["near"]) >= 3 and len(rtts["far"]) >= 3, rtts
+    assert len(rtts["near"]) >= 10 and len(rtts["far"]) >= 10, rtts
     assert 0.9 * 29 <= low_tail(rtts["near"]) <= 29 + 15, rtts["near"]          # Central US - East US
     assert 0.9 * 224 <= low_tail(rtts["far"]) <= 1.25 * 224, rtts["far"]         # Southeast Asia - East US
 

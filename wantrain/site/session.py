@@ -133,7 +133,8 @@ class Site:
         """Report RTT samples, at most once a second (the PS limits probe messages, not rounds)."""
         if self.probes and time.monotonic() - self._probes_sent_at >= 1.0:
             self._probes_sent_at = time.monotonic()
-            batch, self.probes = self.probes[:1000], self.probes[1000:]
+            batch = self.probes[:1000]
+            del self.probes[:1000]      # in place: the prober task appends to this very list
             await stream.send(LinkProbe(tuple(t for t, _ in batch), tuple(r for _, r in batch)))
 
     async def _follow(self, stream: Stream) -> None:
