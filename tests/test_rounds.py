@@ -145,3 +145,35 @@ def test_the_site_carries_an_unapplied_delta_forward():
         carried = policy == "drop" or applied_in is None
         assert np.allclose(site.feedback.residuals["w"], 1.5 if carried else 0.5), policy
         assert site.pending == {}
+
+
+def test_a_delta_some_shards_counted_carries_forward_only_the_other_tensors():
+    """A sharded PS's shards each decide which deltas their round counts: a site counted by the
+    shard of `w` and late at the shard of `v` carries forward `v`'s part only (nothing counted twice)."""
+    from types import SimpleNamespace
+
+    from wantrain.codec import ErrorFeedback
+    from wantrain.shards import ShardLayout
+    from wantrain.site import Site, SiteOptions
+    from wantrain.site.sharded import ShardedStream
+
+    layout = ShardLayout.balanced({"w": 4, "v": 4}, 2)
+    merge = SimpleNamespace(site=SimpleNamespace(layout=layout))
+    per_shard = [("a", "b"), ("a",)] if layout.shard_of("w") == 0 else [("a",), ("a", "b")]
+    everywhere, partial = ShardedStream._counted(merge, per_shard)
+    assert everywhere == ("a",) and partial == (("b", frozenset({"w"})),)
+
+    for policy, late_at_v_next_round in (("drop", False), ("stale", True), ("stale", False)):
+        site = Site(SiteOptions(ps="x:1", name="b"))
+        site.cfg = small_config(**{"train.late_policy": policy})
+        site.feedback = ErrorFeedback()
+        site.feedback.residuals = {"w": np.zeros(4, np.float32), "v": np.zeros(4, np.float32)}
+        site.pending = {0: {"w": np.ones(4, np.float32), "v": np.full(4, 2.0, np.float32)}}
+        site._settle_pending(RoundResult(0, "h", sites=everywhere, partial_sites=partial))
+        late = ((("b", frozenset({"v"})),) if late_at_v_next_round else ())
+        site._settle_pending(RoundResult(1, "h", sites=("a",), partial_late=late))
+        site._settle_pending(RoundResult(2, "h", sites=("a",)))
+        assert np.all(site.feedback.residuals["w"] == 0), policy                  # counted: never again
+        v_carried = 0.0 if late_at_v_next_round else 2.0
+        assert np.all(site.feedback.residuals["v"] == v_carried), (policy, late_at_v_next_round)
+        assert site.pending == {}

@@ -91,6 +91,10 @@ class RoundResult:
     sites: tuple[str, ...] = field(default_factory=tuple)
     val_loss: float = float("nan")
     late_sites: tuple[str, ...] = field(default_factory=tuple)   # late deltas applied, discounted
+    # Only in a sharded PS's merged result (site/sharded.py), never on the wire: a site that some
+    # shards counted and others did not, with the tensors whose part was counted.
+    partial_sites: tuple[tuple[str, frozenset[str]], ...] = ()
+    partial_late: tuple[tuple[str, frozenset[str]], ...] = ()
 
 
 @dataclass(frozen=True)

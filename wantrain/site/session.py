@@ -307,15 +307,23 @@ class Site:
     def _settle_pending(self, result: RoundResult) -> None:
         """After a round's result: were our pushed deltas applied? One that never will be is carried forward."""
         stale = self._config().train.late_policy == "stale"
+        me = self.opts.name
         for r in sorted(self.pending):
-            if (r == result.round and self.opts.name in result.sites) or (
-                    r < result.round and self.opts.name in result.late_sites):
+            if (r == result.round and me in result.sites) or (r < result.round and me in result.late_sites):
+                del self.pending[r]
+                continue
+            # A sharded PS may have counted some tensors' parts: only the others are still pending.
+            counted = dict(result.partial_sites if r == result.round else
+                           result.partial_late if r < result.round else ()).get(me, frozenset())
+            self.pending[r] = {k: v for k, v in self.pending[r].items() if k not in counted}
+            if not self.pending[r]:
                 del self.pending[r]
             elif r <= result.round and not (stale and result.round - r < MAX_STALENESS):
                 sent = self.pending.pop(r)
                 if self.feedback is not None:    # what the PS never applied goes out again next round
                     self.feedback.carry(sent)
-                log.warning("site %s: the delta of round %d was not applied (late); carried forward", self.opts.name, r)
+                log.warning("site %s: the delta of round %d was not applied (late)%s; carried forward", me, r,
+                            f" by the shards of {len(sent)} tensors" if counted else "")
 
     def _apply_update(self, parts: list[TensorChunk], result: RoundResult) -> None:
         if result.round != self.round:

@@ -182,14 +182,27 @@ class ShardedStream:
         for p in parts:
             self.out.extend(replace(c, index=offset + c.index, count=total) for c in p)
             offset += len(p)
+        sites, partial_sites = self._counted([x.sites for x in rs])
+        late, partial_late = self._counted([x.late_sites for x in rs])
         self.out.append(RoundResult(
-            rs[0].round, combine_hashes([x.model_hash for x in rs]),
-            tuple(s for s in rs[0].sites if all(s in x.sites for x in rs)),
-            next((x.val_loss for x in rs if not math.isnan(x.val_loss)), math.nan),
-            tuple(s for s in rs[0].late_sites if all(s in x.late_sites for x in rs))))
+            rs[0].round, combine_hashes([x.model_hash for x in rs]), sites,
+            next((x.val_loss for x in rs if not math.isnan(x.val_loss)), math.nan), late,
+            partial_sites, partial_late))
         self.updates, self.results = [[] for _ in range(self.n)], {}
         if rs[0].round >= self.mem.pushed_round:
             self.mem.pushed, self.mem.complete = [], False
+
+    def _counted(self, per_shard: list[tuple[str, ...]]) -> tuple[tuple[str, ...], tuple[tuple[str, frozenset[str]], ...]]:
+        """(sites every shard counted, (site, tensors of the shards that counted it) for the others).
+
+        Each shard decides alone which deltas its round counts, so a site late at one shard may be
+        counted at another; its session then carries forward only the tensors that were not."""
+        everywhere = tuple(s for s in per_shard[0] if all(s in x for x in per_shard))
+        partial = []
+        for site in dict.fromkeys(s for x in per_shard for s in x if s not in everywhere):
+            partial.append((site, frozenset(t for k, x in enumerate(per_shard) if site in x
+                                            for t in self.site.layout.tensors[k])))
+        return everywhere, tuple(partial)
 
     # ------------------------------------------------------------ to the shards
 
