@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from wantrain.codec.huffman import (_HEADER, DEFAULT_BLOCK, DEFAULT_TABLES, VERSION, _block_groups,
-                                    _Parsed)
+from wantrain.codec import huffman_kernels
+from wantrain.codec.huffman import _HEADER, DEFAULT_BLOCK, DEFAULT_TABLES, VERSION, _Parsed, block_groups
 from wantrain.codec.huffman_codes import MAX_CODE_LEN, canonical_codes, code_lengths, decode_table, pack_lengths
 
 
@@ -54,7 +54,7 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAUL
     sym = np.ascontiguousarray(symbols).view(np.uint8).reshape(-1)
     n = sym.size
     nblocks = -(-n // block)
-    group = _block_groups(sym, block, tables)                  # (nblocks,) table of each block
+    group = block_groups(lambda: huffman_kernels.block_spread(sym.view(np.int8), block), nblocks, tables)
     T = int(group.max()) + 1
     if n % 2:  # pad to whole pairs with a symbol that has a code; the decoder stops at n
         sym = np.concatenate([sym, sym[-1:]])

@@ -49,6 +49,15 @@ def shards() -> str | None:
     return f"{arms} MB/s ({r['preset']}, {r['cores']} cores for shards and clients together)"
 
 
+def device_codec() -> str | None:
+    r = load("device_codec_cuda") or load("device_codec_cpu")
+    if r is None:
+        return None
+    m = r["MBps"]
+    return (f"torch on {r['device']}: encode {m['torch encode']:.0f}, decode {m['torch decode']:.0f} MB/s "
+            f"(compiled CPU {m['compiled encode']:.0f} / {m['compiled decode']:.0f}), bytes identical")
+
+
 def restart() -> str | None:
     r = load("site_restart")
     if r is None:
@@ -118,6 +127,7 @@ ROWS: list[tuple[str, str, Callable[[], str | None], str]] = [
     ("Huffman encode / decode per core", "78-82 / 114-119 MB/s",
      codec("{enc:.0f} / {dec:.0f} MB/s (numpy {np_enc:.0f} / {np_dec:.0f}, zstd-1 {z_enc:.0f} / {z_dec:.0f})"),
      ">= 300 / 300"),
+    ("codec on a site's GPU (bench/device_codec.py)", "none (CPU only)", device_codec, "encode and decode there"),
     ("site restart (SIGKILL) to ready to train, tiny", "4.7-6.7 s", restart, "<= 3 s"),
     ("site compute utilization (time-to-target harness)", "fastest site 47.6 %", utilization,
      "every site >= 90 %; slowest link with overlap >= 95 %"),

@@ -122,6 +122,51 @@ class Codec:
             stats.chunks += 1
         return enc, sent
 
+    def encode_on_device(self, x, stats: EncodeStats | None = None):
+        """encode() of a flat float32 torch tensor where it lives (on_device.py): the same Encoded,
+        byte for byte, and the values the receiver decodes as a tensor on the same device."""
+        from . import on_device
+        t0 = time.perf_counter()
+        x = x.detach().reshape(-1).to(dtype=on_device.torch.float32)
+        mode = self.cfg.mode
+        if mode == "fp32":
+            enc = Encoded("fp32", x.numel(), 0, b"", x.cpu().numpy().astype("<f4").tobytes())
+            sent = x.clone()
+        else:
+            q, scales = on_device.quantize_int8(x, self.cfg.quant_block)
+            payload = (q.cpu().numpy().tobytes() if mode == "int8" else
+                       on_device.huffman_encode(q, self.cfg.huffman_block, self.cfg.huffman_tables))
+            enc = Encoded(mode, x.numel(), self.cfg.quant_block, scales.cpu().numpy().astype("<f4").tobytes(), payload)
+            sent = on_device.dequantize_int8(q, scales, self.cfg.quant_block)
+            if stats is not None:
+                stats.symbols += q.numel()
+                stats.huffman_bits += 8 * len(payload) if mode == "int8-huffman" else 0
+        if stats is not None:
+            stats.raw_bytes += 4 * x.numel()
+            stats.wire_bytes += enc.wire_bytes
+            stats.chunks += 1
+            stats.seconds += time.perf_counter() - t0
+        return enc, sent
+
+    @staticmethod
+    def decode_on_device(encs: list[Encoded], device) -> list:
+        """decode_many() onto a torch device: float32 tensors, the same bits as on the CPU."""
+        from . import on_device
+        torch = on_device.torch
+        for e in encs:
+            e.check()
+        huff = [i for i, e in enumerate(encs) if e.encoding == "int8-huffman"]
+        symbols = dict(zip(huff, on_device.huffman_decode_many([encs[i].payload for i in huff], device)))
+        out = []
+        for i, e in enumerate(encs):
+            if e.encoding == "fp32":
+                out.append(torch.frombuffer(bytearray(e.payload), dtype=torch.float32).to(device))
+                continue
+            q = symbols[i].view(torch.int8) if i in symbols else torch.frombuffer(bytearray(e.payload), dtype=torch.int8).to(device)
+            scales = Extracted.int8(e, np.empty(0, np.int8)).scales                # checked finite
+            out.append(on_device.dequantize_int8(q, torch.from_numpy(scales).to(device), e.quant_block))
+        return out
+
     @staticmethod
     def extract_many(encs: list[Encoded]) -> list[Extracted]:
         """Undo the lossless stages only (Huffman): int8 symbols and scales, or fp32 values.

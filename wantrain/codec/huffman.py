@@ -61,29 +61,39 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAUL
     nblocks = -(-n // block)
     if n == 0:
         return _HEADER.pack(VERSION, 1, block, 0) + pack_lengths(np.zeros(256, np.uint8))
-    group = _block_groups(sym, block, tables)                  # (nblocks,) table of each block
-    T = int(group.max()) + 1
-    counts = kernels.count_symbols(sym, block, group, T)       # (T, 256)
-    lengths = np.stack([code_lengths(c) for c in counts])      # (T, 256) uint8
-    codes = np.stack([canonical_codes(ln) for ln in lengths])  # (T, 256) uint32
+    group = block_groups(lambda: kernels.block_spread(sym.view(np.int8), block), nblocks, tables)
+    counts = kernels.count_symbols(sym, block, group, int(group.max()) + 1)     # (T, 256)
+    lengths, entries = codes_of(counts)
     # An odd count is padded with a second copy of the last symbol (see encode_blocks).
     total_bits = int((counts * lengths).sum()) + (int(lengths[group[-1], sym[-1]]) if n % 2 else 0)
     words = np.empty(-(-total_bits // 32), np.uint32)
     block_bits = np.empty(nblocks, "<u2")
-    entries = (codes.astype(np.int64) << 5) | lengths
     kernels.encode_blocks(sym, block, group, entries, words, block_bits, _LITTLE_ENDIAN)   # words big-endian
+    return assemble(block, n, lengths, group, block_bits, words.data)
+
+
+def codes_of(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(T, 256) symbol counts per table -> (code lengths uint8, entries int64: code << 5 | length)."""
+    lengths = np.stack([code_lengths(c) for c in counts])      # (T, 256) uint8
+    codes = np.stack([canonical_codes(ln) for ln in lengths])  # (T, 256) uint32
+    return lengths, (codes.astype(np.int64) << 5) | lengths
+
+
+def assemble(block: int, n: int, lengths: np.ndarray, group: np.ndarray, block_bits: np.ndarray,
+             stream) -> bytes:
+    """The payload around a coded bit stream (big-endian u32 words, as bytes or a buffer)."""
+    T = lengths.shape[0]
     header = _HEADER.pack(VERSION, T, block, n) + b"".join(pack_lengths(ln) for ln in lengths)
     block_tables = group.astype(np.uint8).tobytes() if T > 1 else b""
-    return b"".join((header, block_tables, block_bits.data, words.data))     # one copy of the stream
+    return b"".join((header, block_tables, np.asarray(block_bits, "<u2").data, stream))   # one copy of the stream
 
 
-def _block_groups(sym: np.ndarray, block: int, tables: int) -> np.ndarray:
-    """Table index of each block: blocks split into `tables` groups by mean |int8 value|."""
-    n = sym.size
-    nblocks = -(-n // block)
+def block_groups(spread, nblocks: int, tables: int) -> np.ndarray:
+    """Table index of each block: blocks split into `tables` groups by mean |int8 value|.
+    `spread()` gives the (nblocks,) float64 means; it is called only when there is a choice."""
     if tables == 1 or nblocks < 2 * tables:
         return np.zeros(nblocks, np.int64)
-    spread = kernels.block_spread(sym.view(np.int8), block)
+    spread = spread()
     cuts = np.quantile(spread, np.arange(1, tables) / tables)
     group = np.searchsorted(cuts, spread, side="right")
     used = np.unique(group)                                    # ties can leave a group empty
