@@ -1,4 +1,5 @@
-"""Launcher conformance (local now; the SSH launcher will run the same checks) and no orphans."""
+"""Launcher conformance: the local and the SSH launcher (a real OpenSSH server, tests/sshd.py)
+pass the same checks (start, log, exit code, stop of the whole group, no orphans)."""
 
 import os
 import signal
@@ -9,47 +10,121 @@ from pathlib import Path
 
 import pytest
 
-from wantrain.errors import ProcessError
+from wantrain.errors import ProcessError, SshError
 from wantrain.launch import LocalLauncher, ProcessSpec
+from wantrain.launch.ssh import LOST, SshLauncher, SshTarget
 
 from .helpers import pid_alive
+from .sshd import SshServer
 
-LAUNCHERS = [LocalLauncher]
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    server = SshServer(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.close()
+
+
+def ssh_launcher(server: SshServer, **target) -> SshLauncher:
+    options = {"key_file": server.key_file, "known_hosts": str(server.known_hosts), **target}
+    return SshLauncher(SshTarget.parse(server.url, **options), python=sys.executable)
+
+
+@pytest.fixture(params=["local", "ssh"])
+def launcher(request):
+    if request.param == "local":
+        yield LocalLauncher()
+        return
+    remote = ssh_launcher(request.getfixturevalue("sshd"))
+    yield remote
+    remote.close()
+
+
+def _wait_for_output(h, timeout_s: float = 30) -> str:
+    deadline = time.time() + timeout_s
+    while not h.log_tail().strip() and time.time() < deadline:
+        time.sleep(0.05)
+    return h.log_tail().strip()
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("launcher_cls", LAUNCHERS)
-def test_start_poll_log_and_exit_code(launcher_cls, tmp_path):
-    h = launcher_cls().start(ProcessSpec("hello", (sys.executable, "-c", "print('hi'); raise SystemExit(3)"),
-                                         log_path=tmp_path / "hello.log"))
+def test_start_poll_log_and_exit_code(launcher, tmp_path):
+    code = "import os; print('hi', os.environ['WANTRAIN_TEST']); raise SystemExit(3)"
+    h = launcher.start(ProcessSpec("hello", (sys.executable, "-c", code), env={"WANTRAIN_TEST": "x"},
+                                   cwd=str(tmp_path), log_path=tmp_path / "hello.log"))
     assert h.wait(30) == 3 and h.poll() == 3
-    assert h.log_tail() == "hi"
+    assert h.log_tail() == "hi x"
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("launcher_cls", LAUNCHERS)
-def test_stop_takes_the_whole_process_group(launcher_cls, tmp_path):
+def test_stop_takes_the_whole_process_group(launcher, tmp_path):
     # The process starts a grandchild that ignores SIGTERM; stopping must still end both.
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
     code = ("import subprocess, sys, time;"
             f"c = subprocess.Popen([sys.executable, '-c', {stubborn!r}]);"
             "print(c.pid, flush=True); time.sleep(600)")
-    h = launcher_cls().start(ProcessSpec("parent", (sys.executable, "-c", code), log_path=tmp_path / "p.log"))
-    deadline = time.time() + 20
-    while not h.log_tail().strip() and time.time() < deadline:
-        time.sleep(0.05)
-    grandchild = int(h.log_tail().strip())
+    h = launcher.start(ProcessSpec("parent", (sys.executable, "-c", code), log_path=tmp_path / "p.log"))
+    grandchild = int(_wait_for_output(h))
     assert h.poll() is None and pid_alive(grandchild)
     with pytest.raises(TimeoutError):
         h.wait(0.2)
     h.stop(grace_s=0.5)
-    time.sleep(0.2)
+    deadline = time.time() + 10
+    while pid_alive(grandchild) and time.time() < deadline:
+        time.sleep(0.05)
     assert h.poll() is not None and not pid_alive(grandchild)
 
 
-def test_start_failure_is_a_process_error(tmp_path):
-    with pytest.raises(ProcessError, match="cannot start"):
-        LocalLauncher().start(ProcessSpec("ghost", ("/no/such/binary",), log_path=tmp_path / "g.log"))
+@pytest.mark.timeout(60)
+def test_start_failure_is_a_process_error(launcher, tmp_path):
+    with pytest.raises(ProcessError, match="cannot start ghost"):
+        launcher.start(ProcessSpec("ghost", ("/no/such/binary",), log_path=tmp_path / "g.log"))
+
+
+@pytest.mark.timeout(90)
+def test_a_dropped_ssh_connection_stops_the_remote_group(sshd, tmp_path):
+    """No orphan on the host: when the connection is cut, the watchdog ends the whole group, and
+    the handle reports the loss (exit code 255, a line in the log)."""
+    remote = ssh_launcher(sshd)
+    try:
+        code = ("import subprocess, sys, time;"
+                "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+                "print(c.pid, flush=True); time.sleep(600)")
+        h = remote.start(ProcessSpec("site", (sys.executable, "-c", code), log_path=tmp_path / "s.log"))
+        grandchild = int(_wait_for_output(h))
+        assert pid_alive(h.pid) and pid_alive(grandchild)
+        sshd.drop_all()
+        assert h.wait(30) == LOST
+        assert "SSH connection to ssh://" in h.log_tail() and "was lost" in h.log_tail()
+        deadline = time.time() + 20
+        while (pid_alive(h.pid) or pid_alive(grandchild)) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(h.pid) and not pid_alive(grandchild)
+        assert remote.run("echo again") == (0, "again\n")          # the launcher connects anew
+    finally:
+        remote.close()
+
+
+@pytest.mark.timeout(60)
+def test_ssh_refusals_name_the_host_and_the_cause(sshd, tmp_path):
+    with pytest.raises(SshError, match=f"ssh://.*:{sshd.port}: the server refused the key .*other_key"):
+        ssh_launcher(sshd, key_file=str(sshd.other_key_file)).run("true")
+    stranger = tmp_path / "known_hosts"
+    other = " ".join(sshd.other_key_file.with_suffix(".pub").read_text().split()[:2])
+    stranger.write_text(f"[127.0.0.1]:{sshd.port} {other}\n")       # the host shows another key
+    with pytest.raises(SshError, match="the host's key is not trusted"):
+        ssh_launcher(sshd, known_hosts=str(stranger)).run("true")
+    assert ssh_launcher(sshd, known_hosts=str(stranger), check_host_key=False).run("echo ok") == (0, "ok\n")
+    with pytest.raises(SshError, match="no known_hosts file at"):
+        ssh_launcher(sshd, known_hosts=str(tmp_path / "missing")).run("true")
+    import socket
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        closed_port = s.getsockname()[1]
+    with pytest.raises(SshError, match="cannot connect"):
+        SshLauncher(SshTarget.parse(f"ssh://nobody@127.0.0.1:{closed_port}", known_hosts=str(sshd.known_hosts)),
+                    connect_timeout_s=5).run("true")
+    with pytest.raises(SshError, match="not an SSH address"):
+        SshLauncher("http://host:22")
 
 
 def _children(pid: int) -> list[int]:

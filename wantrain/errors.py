@@ -20,6 +20,7 @@ __all__ = [
     "RejectedError",
     "ConnectionLostError",
     "ProcessError",
+    "SshError",
     "ReplicaMismatchError",
     "CorruptModelError",
     "DivergedError",
@@ -103,6 +104,11 @@ class ConnectionLostError(WantrainError):
 
 class ProcessError(WantrainError):
     """A process of the run (PS or site) failed to start or exited with an error."""
+
+
+class SshError(ProcessError):
+    """A remote host could not be used over SSH: unreachable, a key or host key refused, a lost
+    connection. The message names the host and what to check; it never holds a secret."""
 
 
 class ReplicaMismatchError(WantrainError):

@@ -1,6 +1,8 @@
-"""Starting the processes of a run: ProcessSpec + Launcher (local now; SSH later)."""
+"""Starting the processes of a run: ProcessSpec + Launcher, on this machine or over SSH."""
 
 from .base import Launcher, ProcessHandle, ProcessSpec
 from .local import LocalLauncher, LocalProcess
+from .ssh import SshLauncher, SshProcess, SshTarget
 
-__all__ = ["Launcher", "ProcessHandle", "ProcessSpec", "LocalLauncher", "LocalProcess"]
+__all__ = ["Launcher", "ProcessHandle", "ProcessSpec", "LocalLauncher", "LocalProcess", "SshLauncher", "SshProcess",
+           "SshTarget"]

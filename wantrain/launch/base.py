@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["ProcessSpec", "ProcessHandle", "Launcher"]
+__all__ = ["ProcessSpec", "ProcessHandle", "Launcher", "stop_gracefully", "log_tail"]
 
 
 @dataclass(frozen=True)
@@ -42,3 +43,20 @@ class ProcessHandle(Protocol):
 
 class Launcher(Protocol):
     def start(self, spec: ProcessSpec) -> ProcessHandle: ...
+
+
+def stop_gracefully(handle: ProcessHandle, grace_s: float) -> int | None:
+    """SIGTERM to the process's group, SIGKILL after `grace_s`; its exit code (None if unknown)."""
+    handle.terminate()
+    deadline = time.time() + grace_s
+    while handle.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    handle.kill()
+    return handle.poll()
+
+
+def log_tail(path: Path | None, lines: int) -> str:
+    """The last lines of a process's log file ("" when it has none yet)."""
+    if not path or not Path(path).exists():
+        return ""
+    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])

@@ -20,12 +20,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from ..errors import ProcessError, WaitTimeoutError
-from .base import ProcessSpec
+from .base import ProcessSpec, log_tail, stop_gracefully
 
 __all__ = ["LocalLauncher", "LocalProcess"]
 
@@ -73,19 +71,11 @@ class LocalProcess:
             self._log_file = None
 
     def stop(self, grace_s: float = 3.0) -> int | None:
-        """SIGTERM, then SIGKILL after `grace_s`; always reaps the process."""
-        self.terminate()
-        deadline = time.time() + grace_s
-        while self.popen.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        self.kill()
-        return self.popen.poll()
+        """SIGTERM to the group, then SIGKILL after `grace_s`; always reaps the process."""
+        return stop_gracefully(self, grace_s)
 
     def log_tail(self, lines: int = 20) -> str:
-        p = self.spec.log_path
-        if not p or not Path(p).exists():
-            return ""
-        return "\n".join(Path(p).read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.spec.log_path, lines)
 
 
 class LocalLauncher:

@@ -1,0 +1,278 @@
+"""SSH launcher: a process of the run on another machine, started over SSH; nothing listens there.
+
+Each SSH launcher holds one asyncssh connection to its host. All of them run on one event loop of
+their own, in a background thread (`_Loop`): the Launcher interface is synchronous (`Run`, the
+panel's buttons and the CLI call it from their threads), and a notebook kernel's own loop cannot
+block on work that it would itself have to run.
+
+On the host, each process runs under a small Python watchdog (`_WATCHDOG`), started with `exec`,
+so it leads the process group sshd made for the session. It reads the command, its environment
+and folder as the first line of its stdin (secrets such as tokens never appear on a command line,
+and sshd's AcceptEnv does not matter), starts it in that group, reports the group, and waits.
+When its stdin ends, which is when the SSH channel closes (Stop, a lost connection, a notebook
+kernel that died), it stops the whole group: a remote site never outlives its connection unseen.
+Stopping is a second command on the same connection (`kill -TERM -- -PGID`): sshd does not pass
+signals to a root session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..errors import ProcessError, SshError, WaitTimeoutError
+from .base import ProcessSpec, log_tail, stop_gracefully
+
+__all__ = ["SshTarget", "SshLauncher", "SshProcess"]
+
+_WATCHDOG = r"""
+import json, os, signal, subprocess, sys, threading, time
+signal.signal(signal.SIGTERM, lambda *_: None)      # a handler, not SIG_IGN: the command gets the default back
+line = b""
+while not line.endswith(b"\n"):                      # unbuffered: the rest of stdin is watched below
+    more = os.read(0, 1)
+    if not more:
+        sys.exit(1)
+    line += more
+spec = json.loads(line)
+try:
+    child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env={**os.environ, **spec["env"]}, stdin=subprocess.DEVNULL)
+except OSError as e:
+    print("wantrain-error", e, flush=True)
+    sys.exit(127)
+print("wantrain-started", os.getpgrp(), child.pid, flush=True)
+def hang_up():
+    while os.read(0, 65536):                         # until EOF: the SSH channel closed
+        pass
+    os.killpg(0, signal.SIGTERM)
+    deadline = time.time() + 5
+    while child.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(0, signal.SIGKILL)
+threading.Thread(target=hang_up, daemon=True).start()
+code = child.wait()
+sys.stdout.flush()
+os._exit(code if code >= 0 else 128 - code)          # not sys.exit: the reader thread holds stdin
+"""
+
+LOST = 255      # the exit code of a process whose connection was lost (as ssh(1) reports it)
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where and as whom: `ssh://user@host[:port]`, a key (None: the agent's and the default
+    keys), and the known_hosts file that the host's key must be in (`check_host_key=False` skips
+    that check, for a throwaway host only)."""
+
+    host: str
+    user: str | None = None
+    port: int = 22
+    key_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    check_host_key: bool = True
+
+    @classmethod
+    def parse(cls, url: str, **options) -> SshTarget:
+        parts = urlsplit(url)
+        try:
+            port = parts.port or 22
+        except ValueError:
+            port = -1
+        if parts.scheme != "ssh" or not parts.hostname or port < 1 or parts.path not in ("", "/"):
+            raise SshError(f"not an SSH address: {url!r} (expected ssh://user@host[:port])")
+        return cls(parts.hostname, parts.username, port, **options)
+
+    def __str__(self) -> str:
+        return f"ssh://{self.user + '@' if self.user else ''}{self.host}:{self.port}"
+
+
+class _Loop:
+    """The event loop of every SSH connection, in a daemon thread started on first use."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(target=self._loop.run_forever, name="wantrain-ssh", daemon=True).start()
+            return self._loop
+
+    def run(self, coro, timeout_s: float):
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+
+_LOOP = _Loop()
+
+
+class SshLauncher:
+    """Starts processes on one remote host over SSH (the same interface as LocalLauncher)."""
+
+    def __init__(self, target: SshTarget | str, python: str = "python3", connect_timeout_s: float = 20.0) -> None:
+        self.target = SshTarget.parse(target) if isinstance(target, str) else target
+        self.python = python            # runs the watchdog on the host
+        self.connect_timeout_s = connect_timeout_s
+        self._conn = None
+
+    def start(self, spec: ProcessSpec) -> SshProcess:
+        return _LOOP.run(self._start(spec), self.connect_timeout_s + 60)
+
+    def run(self, command: str, timeout_s: float = 60.0) -> tuple[int, str]:
+        """A short command on the host: (exit code, stdout and stderr)."""
+        return _LOOP.run(self._run(command), timeout_s)
+
+    def close(self) -> None:
+        """Close the connection: every process started through it is stopped by its watchdog."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            _LOOP.run(self._close(conn), 30)
+
+    @staticmethod
+    async def _close(conn) -> None:
+        conn.close()
+        await conn.wait_closed()
+
+    async def _connection(self):
+        import asyncssh
+
+        if self._conn is not None and not self._conn.is_closed():
+            return self._conn
+        t = self.target
+        if t.check_host_key and not Path(t.known_hosts).expanduser().is_file():
+            raise SshError(f"{t}: no known_hosts file at {t.known_hosts} to check the host's key against "
+                           f"(ssh-keyscan -p {t.port} {t.host} >> {t.known_hosts}, after checking the key)")
+        options = dict(username=t.user, port=t.port, connect_timeout=self.connect_timeout_s,
+                       known_hosts=str(Path(t.known_hosts).expanduser()) if t.check_host_key else None)
+        if t.key_file is not None:
+            options["client_keys"] = [str(Path(t.key_file).expanduser())]
+        try:
+            self._conn = await asyncssh.connect(t.host, **options)
+        except asyncssh.HostKeyNotVerifiable as e:
+            raise SshError(f"{t}: the host's key is not trusted ({e.reason}): add it to {t.known_hosts} "
+                           f"(ssh-keyscan -p {t.port} {t.host}) or turn the check off for a throwaway host") from None
+        except asyncssh.PermissionDenied:
+            raise SshError(f"{t}: the server refused the key "
+                           f"{t.key_file or 'from the SSH agent or ~/.ssh'} for user {t.user or 'of this account'}") from None
+        except (OSError, asyncio.TimeoutError) as e:
+            raise SshError(f"{t}: cannot connect ({e or type(e).__name__})") from None
+        except (asyncssh.Error, ValueError) as e:
+            raise SshError(f"{t}: {getattr(e, 'reason', e)}") from None
+        return self._conn
+
+    async def _run(self, command: str) -> tuple[int, str]:
+        conn = await self._connection()
+        r = await conn.run(command, check=False)
+        return (r.exit_status if r.exit_status is not None else LOST), f"{r.stdout or ''}{r.stderr or ''}"
+
+    async def _start(self, spec: ProcessSpec) -> SshProcess:
+        import shlex
+
+        conn = await self._connection()
+        proc = await conn.create_process(f"exec {shlex.quote(self.python)} -u -c {shlex.quote(_WATCHDOG)} 2>&1",
+                                         encoding=None)
+        proc.stdin.write(json.dumps({"argv": list(spec.argv), "cwd": spec.cwd, "env": spec.env}).encode() + b"\n")
+        said = b""
+        while b"\n" not in said:
+            part = await proc.stdout.read(4096)
+            if not part:
+                break
+            said += part
+        line, _, rest = said.partition(b"\n")
+        words = line.decode(errors="replace").split()
+        if len(words) != 3 or words[0] != "wantrain-started":
+            proc.close()
+            why = " ".join(words[1:]) if words[:1] == ["wantrain-error"] else said.decode(errors="replace").strip()
+            raise ProcessError(f"cannot start {spec.name} on {self.target}: {why or 'the host closed the session'}")
+        handle = SshProcess(spec, self, proc, int(words[1]), int(words[2]))
+        handle._write(rest)
+        handle._pump = asyncio.get_running_loop().create_task(handle._follow())
+        return handle
+
+
+class SshProcess:
+    """A process on a remote host: its output copied into the local log file as it comes."""
+
+    def __init__(self, spec: ProcessSpec, launcher: SshLauncher, proc, pgid: int, pid: int) -> None:
+        self.spec, self.name, self.launcher, self.proc = spec, spec.name, launcher, proc
+        self.pgid, self.pid = pgid, pid            # on the remote host
+        self._log = open(spec.log_path, "ab", buffering=0) if spec.log_path else None
+        self._code: int | None = None
+        self._ended = threading.Event()
+        self._pump: asyncio.Task | None = None
+
+    def _write(self, data: bytes) -> None:
+        if self._log is not None and data:
+            self._log.write(data)
+
+    async def _follow(self) -> None:
+        try:
+            while part := await self.proc.stdout.read(65536):
+                self._write(part)
+            await self.proc.wait_closed()
+            status, signal = self.proc.exit_status, self.proc.exit_signal
+            if status is not None and status >= 0:
+                self._code = status
+            elif signal is not None:
+                self._code = 128 + _signal_number(signal[0])
+            else:
+                self._code = LOST
+                self._write(f"\n[wantrain] the SSH connection to {self.launcher.target} was lost\n".encode())
+        except Exception as e:                     # a broken connection: its watchdog stops the group
+            self._code = LOST
+            self._write(f"\n[wantrain] the SSH connection to {self.launcher.target} was lost: {e}\n".encode())
+        finally:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            self._ended.set()
+
+    def poll(self) -> int | None:
+        return self._code if self._ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise WaitTimeoutError(f"{self.name} (pid {self.pid} on {self.launcher.target}) still running after {timeout} s")
+        assert self._code is not None
+        return self._code
+
+    def _signal_group(self, name: str) -> None:
+        if self.poll() is None:
+            try:
+                self.launcher.run(f"kill -{name} -- -{self.pgid}", timeout_s=30)
+            except (SshError, TimeoutError):
+                pass      # the connection is gone, and with it (its watchdog sees to that) the group
+
+    def terminate(self) -> None:
+        self._signal_group("TERM")
+
+    def kill(self) -> None:
+        self._signal_group("KILL")
+        self._ended.wait(10)
+
+    def stop(self, grace_s: float = 3.0) -> int | None:
+        """SIGTERM to the group, then SIGKILL after `grace_s`; always reaps the process."""
+        return stop_gracefully(self, grace_s)
+
+    def log_tail(self, lines: int = 20) -> str:
+        return log_tail(self.spec.log_path, lines)
+
+
+def _signal_number(name: str) -> int:
+    import signal
+
+    try:
+        return int(getattr(signal, "SIG" + name))
+    except AttributeError:
+        return 0
