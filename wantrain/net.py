@@ -145,6 +145,15 @@ def explain_unreachable(address: str, tls: TLSClient | None, server_name: str = 
 
     gRPC reports a failed TLS handshake as "unavailable" and leaves the reason to its own log;
     a site that says "not reachable" when its CA is wrong sends its user looking at the network."""
+    if address.startswith("unix:"):              # a reverse forward over SSH (launch/ssh.py)
+        path = address[len("unix:"):]
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(timeout_s)
+                s.connect(path)
+        except OSError as e:
+            return f"cannot connect to the socket {path}: {e.strerror or e} (did its SSH connection end?)"
+        return f"the socket {path} accepts connections, but no PS answers through it"
     host, _, port_text = address.rpartition(":")
     host = host.strip("[]")
     try:

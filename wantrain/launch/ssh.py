@@ -125,6 +125,7 @@ class SshLauncher:
         self.python = python            # runs the watchdog on the host
         self.connect_timeout_s = connect_timeout_s
         self._conn = None
+        self._folders: list[str] = []      # on the host, for the sockets of reverse forwards
 
     def start(self, spec: ProcessSpec) -> SshProcess:
         return _LOOP.run(self._start(spec), self.connect_timeout_s + 60)
@@ -133,9 +134,37 @@ class SshLauncher:
         """A short command on the host: (exit code, stdout and stderr)."""
         return _LOOP.run(self._run(command), timeout_s)
 
+    def reverse_forward(self, dest_host: str, dest_port: int) -> str:
+        """An address on the host (`unix:PATH`) that leads to dest_host:dest_port on this side,
+        through this connection: how a remote site reaches a PS next to the notebook. It is a Unix
+        socket in a folder of mode 0700, not a TCP port: nothing on the host listens on the network,
+        and no other account there can use it. It lasts as long as the connection."""
+        return _LOOP.run(self._reverse_forward(dest_host, dest_port), self.connect_timeout_s + 30)
+
+    async def _reverse_forward(self, dest_host: str, dest_port: int) -> str:
+        code, out = await self._run("umask 077 && mktemp -d /tmp/wantrain-XXXXXXXX")
+        if code != 0:
+            raise SshError(f"{self.target}: cannot make a folder for the PS's socket: {out.strip()}")
+        self._folders.append(out.strip())
+        path = out.strip() + "/ps.sock"
+        conn = await self._connection()
+        try:
+            await conn.forward_remote_path_to_port(path, dest_host, dest_port)
+        except Exception as e:        # asyncssh raises ChannelListenError when the server says no
+            raise SshError(f"{self.target}: the server refused to forward a socket to {dest_host}:{dest_port} "
+                           f"({getattr(e, 'reason', e)}); is AllowStreamLocalForwarding off?") from None
+        return "unix:" + path
+
     def close(self) -> None:
-        """Close the connection: every process started through it is stopped by its watchdog."""
+        """Close the connection: every process started through it is stopped by its watchdog, and
+        its forwards end."""
         if self._conn is not None:
+            if self._folders:
+                try:
+                    self.run("rm -rf " + " ".join(self._folders), timeout_s=30)
+                except (SshError, TimeoutError):
+                    pass          # a lost connection: the folders stay in /tmp, empty but for a dead socket
+                self._folders = []
             conn, self._conn = self._conn, None
             _LOOP.run(self._close(conn), 30)
 

@@ -1,0 +1,65 @@
+"""Sites over SSH (issue 13, deployment shape a): the PS runs here, next to the notebook; three
+sites start on an SSH "host" (a real OpenSSH server, tests/sshd.py) and reach the PS through
+reverse forwards on their own connections. Nothing on the site side listens on the network."""
+
+import subprocess
+import sys
+
+import pytest
+
+from wantrain.launch import ProcessSpec, SshLauncher, SshTarget
+from wantrain.launch.argv import site_args
+from wantrain.telemetry import rows
+
+from .cluster import Cluster, check_run
+from .helpers import small_config
+from .sshd import SshServer
+
+
+def _listening_tcp_pids() -> set[int]:
+    """Processes that hold a listening TCP socket (ss -ltnp)."""
+    out = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, check=True).stdout
+    return {int(p.split("=")[1]) for line in out.splitlines() for p in line.split("users:")[-1].split(",")
+            if p.startswith("pid=")}
+
+
+def _group(pgid: int) -> set[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,pgid="], capture_output=True, text=True, check=True).stdout
+    return {int(a) for a, b in (line.split() for line in out.splitlines()) if int(b) == pgid}
+
+
+@pytest.mark.timeout(300)
+def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
+    rounds = 3
+    cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds})
+    server = SshServer(tmp_path / "sshd")
+    c = Cluster(tmp_path, cfg)
+    launchers = []
+    try:
+        c.start_ps().wait_for("listening on")
+        handles = []
+        for name in cfg.sites:
+            remote = SshLauncher(SshTarget.parse(server.url, key_file=server.key_file,
+                                                 known_hosts=str(server.known_hosts)), python=sys.executable)
+            launchers.append(remote)
+            ps = remote.reverse_forward("127.0.0.1", c.port)
+            assert ps.startswith("unix:/tmp/wantrain-")
+            argv = (sys.executable, "-m", "wantrain", *site_args(ps, name, threads=1))
+            handles.append(remote.start(ProcessSpec(name, argv, log_path=tmp_path / f"{name}.log")))
+        c.wait_event("round_start", round=1)
+        listening = _listening_tcp_pids()
+        assert c.ps.p.pid in listening                         # the check sees listeners: the PS's
+        site_side = set().union(*(_group(h.pgid) for h in handles), (p.pid for p in server.sessions))
+        assert len(site_side) >= 6 and not site_side & listening      # no site, no sshd of theirs listens
+        for h in handles:
+            assert h.wait(180) == 0, h.log_tail(40)
+        events = c.finish()
+    finally:
+        for remote in launchers:
+            remote.close()
+        c.close()
+        server.close()
+    check_run(events, rounds)
+    assert all(e["sites"] == ["a", "b", "c"] for e in rows(events, "round_end"))
+    joins = rows(events, "join")
+    assert {j["site"] for j in joins} == {"a", "b", "c"}
