@@ -174,3 +174,30 @@ def test_interrupted_demo_leaves_no_process_behind(tmp_path, sig):
                 os.kill(pid, signal.SIGKILL)
         if demo.poll() is None:
             demo.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_host_is_inspected_before_use(sshd, tmp_path):
+    """Its Python, torch and GPUs are reported; a missing or old Python, or too few GPUs, is refused by name."""
+    import torch
+
+    from wantrain.launch.host import inspect_host
+
+    remote = ssh_launcher(sshd)
+    try:
+        info = inspect_host(remote, python=sys.executable)
+        assert info.python[:2] == sys.version_info[:2] and info.torch == torch.__version__
+        assert info.describe().startswith(f"Python {sys.version.split()[0]}, torch {torch.__version__}")
+        with pytest.raises(SshError, match="cannot run /no/python there .* Python 3.10 or newer"):
+            inspect_host(remote, python="/no/python")
+        old = tmp_path / "python-3.8"            # a Python that reports itself as 3.8
+        old.write_text(f"#!/bin/sh\nexec {sys.executable} -c "
+                       "\"import sys; sys.version_info = (3, 8, 10); exec(sys.argv[2])\" -- \"$2\"\n")
+        old.chmod(0o755)
+        with pytest.raises(SshError, match="is Python 3.8.10; a site needs 3.10 or newer"):
+            inspect_host(remote, python=str(old))
+        if not torch.cuda.is_available():
+            with pytest.raises(SshError, match="1 GPU.s. asked for, but torch .* sees 0 CUDA device"):
+                inspect_host(remote, python=sys.executable, gpus=1)
+    finally:
+        remote.close()
