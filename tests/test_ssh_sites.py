@@ -1,6 +1,7 @@
 """Sites over SSH (issue 13, deployment shape a): the PS runs here, next to the notebook; three
-sites start on an SSH "host" (a real OpenSSH server, tests/sshd.py) and reach the PS through
-reverse forwards on their own connections. Nothing on the site side listens on the network."""
+sites start on an SSH "host" (a real OpenSSH server, tests/sshd.py) from this checkout's version
+installed there, and reach the PS through reverse forwards on their own connections. Nothing on
+the site side listens on the network."""
 
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 
 from wantrain.launch import ProcessSpec, SshLauncher, SshTarget
 from wantrain.launch.argv import site_args
+from wantrain.launch.install import install_on_host
 from wantrain.telemetry import rows
 
 from .cluster import Cluster, check_run
@@ -37,20 +39,28 @@ def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
     launchers = []
     try:
         c.start_ps().wait_for("listening on")
-        handles = []
+        handles, said = [], []
         for name in cfg.sites:
             remote = SshLauncher(SshTarget.parse(server.url, key_file=server.key_file,
                                                  known_hosts=str(server.known_hosts)), python=sys.executable)
             launchers.append(remote)
+            # This checkout's version, installed on the "host" in a venv of its own (the first
+            # site's install builds it; the others find it there). The host's torch is reused.
+            python = install_on_host(remote, sys.executable, reuse_site_packages=True,
+                                     venvs=str(tmp_path / "venvs"), progress=said.append)
+            assert python.startswith(str(tmp_path / "venvs"))
             ps = remote.reverse_forward("127.0.0.1", c.port)
             assert ps.startswith("unix:/tmp/wantrain-")
-            argv = (sys.executable, "-m", "wantrain", *site_args(ps, name, threads=1))
+            argv = (python, "-m", "wantrain", *site_args(ps, name, threads=1))
             handles.append(remote.start(ProcessSpec(name, argv, log_path=tmp_path / f"{name}.log")))
         c.wait_event("round_start", round=1)
         listening = _listening_tcp_pids()
         assert c.ps.p.pid in listening                         # the check sees listeners: the PS's
         site_side = set().union(*(_group(h.pgid) for h in handles), (p.pid for p in server.sessions))
         assert len(site_side) >= 6 and not site_side & listening      # no site, no sshd of theirs listens
+        assert sum("creating" in m for m in said) == 1 and sum("already installed" in m for m in said) == 2, said
+        probe = launchers[0].run(f"{python} -c 'import wantrain; print(wantrain.__file__)'")
+        assert probe[0] == 0 and probe[1].startswith(str(tmp_path / "venvs")), probe    # not the checkout's
         for h in handles:
             assert h.wait(180) == 0, h.log_tail(40)
         events = c.finish()

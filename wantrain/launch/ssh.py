@@ -134,6 +134,20 @@ class SshLauncher:
         """A short command on the host: (exit code, stdout and stderr)."""
         return _LOOP.run(self._run(command), timeout_s)
 
+    def put(self, data: bytes, path: str) -> None:
+        """Write a file on the host, readable by its owner only (through a command's stdin: the host
+        needs no SFTP). For tokens and CA files too: they never appear on a command line."""
+        _LOOP.run(self._put(data, path), 600)
+
+    async def _put(self, data: bytes, path: str) -> None:
+        import shlex
+
+        conn = await self._connection()
+        r = await conn.run(f"umask 077 && cat > {shlex.quote(path)}", input=data, encoding=None, check=False)
+        if r.exit_status != 0:
+            why = (r.stderr or b"").decode(errors="replace").strip()
+            raise SshError(f"{self.target}: cannot write {path} ({why or f'exit {r.exit_status}'})")
+
     def reverse_forward(self, dest_host: str, dest_port: int) -> str:
         """An address on the host (`unix:PATH`) that leads to dest_host:dest_port on this side,
         through this connection: how a remote site reaches a PS next to the notebook. It is a Unix

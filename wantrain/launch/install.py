@@ -1,0 +1,95 @@
+"""The exact project version on a remote host: a wheel of this checkout, installed over SSH into a
+virtual environment of its own, named by the content it holds and reused while that is unchanged.
+
+The wheel is built once per content (the package sources, pyproject.toml and constraints.txt,
+hashed) and cached here. On the host it goes into `~/.wantrain/venvs/<hash>` with the same
+constraints as `make test`; a file `installed` marks a finished install, so a warm start is one
+`test -f`. A host whose Python already has a working torch (a GPU box with its CUDA build) keeps
+it: `reuse_site_packages=True` lets the venv see that Python's packages, and torch is then taken
+from there instead of the CPU build the constraints pin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import ProcessError, SshError
+
+__all__ = ["project_wheel", "install_on_host", "CHECKOUT"]
+
+CHECKOUT = Path(__file__).resolve().parents[2]          # where pyproject.toml is, for an editable install
+_CACHE = Path.home() / ".cache" / "wantrain" / "wheels"
+
+
+def _content_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    files = [root / "pyproject.toml", root / "constraints.txt"]
+    for package in ("wantrain", "testbed"):
+        files += sorted(p for p in (root / package).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                        and p.suffix not in (".nbi", ".nbc", ".pyc"))
+    for f in files:
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def project_wheel(root: Path = CHECKOUT) -> Path:
+    """A wheel of the checkout at `root`, built once per content."""
+    if not (root / "pyproject.toml").is_file():
+        raise ProcessError(f"wantrain is not installed from a checkout ({root} has no pyproject.toml): "
+                           "a remote install needs the sources")
+    out = _CACHE / _content_hash(root)
+    wheels = sorted(out.glob("wantrain-*.whl"))
+    if not wheels:
+        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(out), str(root)], capture_output=True, text=True)
+        wheels = sorted(out.glob("wantrain-*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise ProcessError(f"cannot build a wheel of {root}: {(r.stderr or r.stdout).strip()[-500:]}")
+    return wheels[-1]
+
+
+def install_on_host(launcher, python: str = "python3", *, reuse_site_packages: bool = False,
+                    venvs: str = "~/.wantrain/venvs", progress: Callable[[str], None] = lambda _: None,
+                    timeout_s: float = 3600.0) -> str:
+    """Install this checkout's version on the launcher's host, in a venv under `venvs` (there; `~`
+    is the home folder); returns the venv's Python."""
+    wheel = project_wheel()
+    digest = wheel.parent.name + ("-reuse" if reuse_site_packages else "")
+    target = launcher.target
+
+    def run(command: str, what: str, timeout: float = 600.0) -> str:
+        code, out = launcher.run(command, timeout_s=timeout)
+        if code != 0:
+            raise SshError(f"{target}: {what} failed (exit {code}): {out.strip()[-800:] or 'no output'}")
+        return out
+
+    if venvs.startswith("~"):
+        venvs = run("cd && pwd", "finding the home folder").strip() + venvs[1:]
+    venv = f"{venvs}/{digest}"
+    if launcher.run(f"test -f {shlex.quote(venv)}/installed", timeout_s=60)[0] == 0:
+        progress(f"{target}: wantrain {digest} already installed")
+        return f"{venv}/bin/python"
+    progress(f"{target}: creating {venv}")
+    q = shlex.quote(venv)
+    run(f"rm -rf {q} && mkdir -p {q} && {shlex.quote(python)} -m venv {q}", "creating the virtual environment")
+    constraints = (CHECKOUT / "constraints.txt").read_text()
+    if reuse_site_packages:               # the host's own packages (its torch) come first
+        purelib = run(f"{shlex.quote(python)} -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'",
+                      "finding the host Python's packages").strip()
+        site = run(f"{q}/bin/python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])'",
+                   "finding the venv's packages").strip()
+        launcher.put(f"{purelib}\n".encode(), f"{site}/wantrain-host-packages.pth")
+        constraints = "".join(ln for ln in constraints.splitlines(keepends=True) if not ln.startswith("torch=="))
+    launcher.put(wheel.read_bytes(), f"{venv}/{wheel.name}")
+    launcher.put(constraints.encode(), f"{venv}/constraints.txt")
+    progress(f"{target}: installing {wheel.name} and its dependencies (minutes the first time)")
+    run(f"cd {q} && bin/python -m pip install -q --disable-pip-version-check -c constraints.txt {wheel.name} 2>&1",
+        "installing wantrain", timeout_s)
+    run(f"{q}/bin/python -c 'import wantrain' && touch {q}/installed", "checking the install")
+    progress(f"{target}: installed")
+    return f"{venv}/bin/python"
