@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,13 +28,18 @@ CHECKOUT = Path(__file__).resolve().parents[2]          # where pyproject.toml i
 _CACHE = Path.home() / ".cache" / "wantrain" / "wheels"
 
 
-def _content_hash(root: Path) -> str:
-    h = hashlib.sha256()
-    files = [root / "pyproject.toml", root / "constraints.txt"]
+def _sources(root: Path) -> list[Path]:
+    """The files a wheel is built from (not caches, not compiled-code caches)."""
+    files = [root / "pyproject.toml", root / "README.md", root / "constraints.txt"]
     for package in ("wantrain", "testbed"):
         files += sorted(p for p in (root / package).rglob("*") if p.is_file() and "__pycache__" not in p.parts
                         and p.suffix not in (".nbi", ".nbc", ".pyc"))
-    for f in files:
+    return [f for f in files if f.is_file()]
+
+
+def _content_hash(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in _sources(root):
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
@@ -45,8 +52,14 @@ def project_wheel(root: Path = CHECKOUT) -> Path:
     out = _CACHE / _content_hash(root)
     wheels = sorted(out.glob("wantrain-*.whl"))
     if not wheels:
-        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(out), str(root)], capture_output=True, text=True)
+        # Built from a copy of exactly those files: the checkout's own build/ folder could hold
+        # files since deleted, and nothing is written into the checkout.
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in _sources(root):
+                (Path(tmp) / f.relative_to(root)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, Path(tmp) / f.relative_to(root))
+            r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                                "-w", str(out), tmp], capture_output=True, text=True)
         wheels = sorted(out.glob("wantrain-*.whl"))
         if r.returncode != 0 or not wheels:
             raise ProcessError(f"cannot build a wheel of {root}: {(r.stderr or r.stdout).strip()[-500:]}")
