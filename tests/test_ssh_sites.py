@@ -11,7 +11,7 @@ import pytest
 from wantrain.launch import ProcessSpec, SshLauncher, SshTarget
 from wantrain.launch.argv import site_args
 from wantrain.launch.install import install_on_host
-from wantrain.telemetry import rows
+from wantrain.telemetry import read_events, rows
 
 from .cluster import Cluster, check_run
 from .helpers import small_config
@@ -30,7 +30,7 @@ def _group(pgid: int) -> set[int]:
     return {int(a) for a, b in (line.split() for line in out.splitlines()) if int(b) == pgid}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)     # the install on the "host" takes a minute on a loaded machine
 def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
     rounds = 3
     cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds})
@@ -73,3 +73,35 @@ def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
     assert all(e["sites"] == ["a", "b", "c"] for e in rows(events, "round_end"))
     joins = rows(events, "join")
     assert {j["site"] for j in joins} == {"a", "b", "c"}
+
+
+@pytest.mark.timeout(480)
+def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
+    """Run starts site b on its SSH host (inspected, installed, TLS CA and shared secret copied
+    there 0600, dialling back through a reverse forward) beside local site a; killed, b rejoins."""
+    from wantrain.launch import RemoteSite
+    from wantrain.run import Run
+
+    server = SshServer(tmp_path / "sshd")
+    said: list[str] = []
+    host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
+                      progress=said.append, key_file=server.key_file, known_hosts=str(server.known_hosts))
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 5, "train.inner_steps": 16})
+    try:
+        with Run(cfg, run_dir=tmp_path / "run", remote={"b": host}) as run:
+            assert run.tls and run.certs is not None
+            killed = False
+            for ev in run.follow(timeout_s=400):
+                if ev["kind"] == "round_end" and ev["round"] == 1 and not killed:
+                    run.kill_site("b")                     # over SSH: the remote group, then a restart there
+                    run.start_site("b")
+                    killed = True
+            codes = run.wait_exit(60)
+    finally:
+        server.close()
+    assert all(c == 0 for name, c in codes.items() if "site" in name), codes
+    events = read_events(tmp_path / "run")
+    check_run(events, 5)
+    assert [j["site"] for j in rows(events, "join")].count("b") >= 2          # joined, killed, rejoined
+    assert any("Python" in m and "torch" in m for m in said) and any("installed" in m for m in said), said
+    assert (tmp_path / "run" / "site-b.log").read_text().strip()               # its log came back here

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import queue
-import subprocess
 import sys
 import threading
 import time
@@ -30,7 +29,8 @@ from .errors import ConfigError, ProcessError, WantrainError
 from .launch import LocalLauncher, ProcessSpec
 from .launch.argv import links_command, site_command
 from .launch.local import LocalProcess
-from .plan import RunPlan, outage_command
+from .launch.remote import RemoteSite
+from .plan import RunPlan, describe_scenario, outage_command
 from .relay import EventRelay
 from .watch import follow_events
 
@@ -41,17 +41,6 @@ __all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
 
 SITE_NAMES = ("us-east", "eu-west", "ap-southeast", "us-west", "sa-east", "eu-north", "ap-northeast", "af-south")
 _LIVE_RUNS: weakref.WeakSet[Run] = weakref.WeakSet()
-
-
-def describe_scenario(scenario: str | Path, python: str = sys.executable) -> RunPlan:
-    """The run plan of a testbed scenario (sites, regions, RTTs, speed factors), without starting it."""
-    r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", str(scenario)], capture_output=True,
-                       text=True, timeout=60)
-    if r.returncode == 2:      # the scenario is malformed: testbed's message names the file, line and field
-        raise ConfigError(r.stderr.strip().removeprefix("testbed describe: "))
-    if r.returncode != 0:
-        raise ProcessError(r.stderr.strip() or f"cannot describe scenario {scenario!r}")
-    return RunPlan.from_json(r.stdout)
 
 
 def default_site_names(n: int) -> list[str]:
@@ -85,7 +74,8 @@ class Run:
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
                  host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
                  python: str = sys.executable, scenario: str | Path | None = None, tls: bool = True,
-                 devices: dict[str, str] | None = None, plan: RunPlan | None = None) -> None:
+                 devices: dict[str, str] | None = None, plan: RunPlan | None = None,
+                 remote: dict[str, RemoteSite | str] | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -106,6 +96,10 @@ class Run:
         unknown = set(self.devices) - set(self.sites)
         if unknown:
             raise ConfigError(f"devices given for sites not in the run: {sorted(unknown)}")
+        # site -> its SSH host: installed there, it dials the PS back through its own connection
+        self.remote = {k: RemoteSite(v) if isinstance(v, str) else v for k, v in (remote or {}).items()}
+        if set(self.remote) - set(self.sites):
+            raise ConfigError(f"remote hosts given for sites not in the run: {sorted(set(self.remote) - set(self.sites))}")
         self.tls = tls            # a development CA per run: sites verify the PS, traffic is encrypted
         self.certs: DevCerts | None = None
         self.launcher = launcher or LocalLauncher()
@@ -246,13 +240,17 @@ class Run:
         old = self.workers.get(name)
         if old is not None and old.poll() is None:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
-        link = self.plan.site(name) if self.plan is not None else None
-        argv = site_command(self.python, self.address, name, link, threads=self.site_threads,
-                            device=self.devices.get(name, "auto"), token_file=self.secret_file,
-                            # through a link the address differs: check the PS's name instead
-                            tls_ca=self.certs.ca if self.certs is not None else None,
+        link = self.plan.site(name) if self.plan is not None and name not in self.remote else None
+        launcher, python, ps, token, ca = (self.launcher, self.python, self.address, str(self.secret_file),
+                                           str(self.certs.ca) if self.certs is not None else None)
+        if name in self.remote and self.port is not None:
+            r = self.remote[name].prepare(self.host, self.port, {"secret": self.secret_file, **(
+                {"ca": self.certs.ca} if self.certs is not None else {})})
+            launcher, python, ps, token, ca = r.launcher, r.python, r.ps, r.files["secret"], r.files.get("ca")
+        argv = site_command(python, ps, name, link, threads=self.site_threads, device=self.devices.get(name, "auto"),
+                            token_file=token, tls_ca=ca,   # through a link or a forward: check the PS's name
                             tls_server_name="localhost" if self.certs is not None else "")
-        self.workers[name] = self.launcher.start(ProcessSpec(
+        self.workers[name] = launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
         return self.workers[name]
 
@@ -270,6 +268,8 @@ class Run:
             self.relay.close()
         if self.ps is not None:
             self.ps.stop(grace_s=3.0)
+        for host in self.remote.values():
+            host.close()
         if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
             self._watch_thread.join(5)
         _LIVE_RUNS.discard(self)

@@ -2,7 +2,8 @@
 
 from .base import Launcher, ProcessHandle, ProcessSpec
 from .local import LocalLauncher, LocalProcess
+from .remote import RemoteSite
 from .ssh import SshLauncher, SshProcess, SshTarget
 
-__all__ = ["Launcher", "ProcessHandle", "ProcessSpec", "LocalLauncher", "LocalProcess", "SshLauncher", "SshProcess",
-           "SshTarget"]
+__all__ = ["Launcher", "ProcessHandle", "ProcessSpec", "LocalLauncher", "LocalProcess", "RemoteSite", "SshLauncher",
+           "SshProcess", "SshTarget"]

@@ -1,0 +1,70 @@
+"""A site on another machine, as a Run sees it: where it runs (an SSH host), the Python it runs
+with there, the address it dials and its copies of the run's secret files.
+
+`prepare` does what a remote site needs before it can start, once per host and PS address:
+inspect the host (launch/host.py), install this checkout's version (launch/install.py), open a
+reverse forward to the PS (launch/ssh.py), and copy the shared secret and the run's CA into the
+forward's private folder on the host (0600; never on a command line). The Run then starts the
+site with the returned launcher, exactly as it starts a local one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .host import HostInfo, inspect_host
+from .install import install_on_host
+from .ssh import SshLauncher, SshTarget
+
+__all__ = ["RemoteSite", "Prepared"]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    launcher: SshLauncher
+    python: str                 # on the host
+    ps: str                     # the address the site dials there (unix:PATH, a reverse forward)
+    files: dict[str, str]       # local file's role -> its copy on the host
+
+
+class RemoteSite:
+    """Where a site runs when it is not this machine: `ssh://user@host[:port]` and how to use it."""
+
+    def __init__(self, target: SshTarget | str, python: str = "python3", *, install: bool = True,
+                 reuse_site_packages: bool = False, venvs: str = "~/.wantrain/venvs", gpus: int = 0,
+                 progress: Callable[[str], None] = lambda _: None, **ssh) -> None:
+        self.launcher = SshLauncher(SshTarget.parse(target, **ssh) if isinstance(target, str) else target,
+                                    python=python)
+        self.python, self.install, self.reuse, self.venvs, self.gpus = python, install, reuse_site_packages, venvs, gpus
+        self.progress = progress
+        self.host: HostInfo | None = None
+        self._python_there: str | None = None
+        self._forwards: dict[tuple[str, int], str] = {}
+
+    def __str__(self) -> str:
+        return str(self.launcher.target)
+
+    def prepare(self, ps_host: str, ps_port: int, files: dict[str, Path]) -> Prepared:
+        if self.host is None:
+            self.host = inspect_host(self.launcher, self.python, self.gpus)
+            self.progress(f"{self}: {self.host.describe()}")
+        if self._python_there is None:
+            self._python_there = (install_on_host(self.launcher, self.python, reuse_site_packages=self.reuse,
+                                                  venvs=self.venvs, progress=self.progress)
+                                  if self.install else self.python)
+        key = (ps_host, ps_port)
+        if key not in self._forwards:
+            self._forwards[key] = self.launcher.reverse_forward(ps_host, ps_port)
+        ps = self._forwards[key]
+        folder = ps[len("unix:"):].rsplit("/", 1)[0]           # 0700, removed when the launcher closes
+        copies = {}
+        for role, path in files.items():
+            copies[role] = f"{folder}/{role}-{Path(path).name}"
+            self.launcher.put(Path(path).read_bytes(), copies[role])
+        return Prepared(self.launcher, self._python_there, ps, copies)
+
+    def close(self) -> None:
+        self.launcher.close()
+        self._forwards.clear()
