@@ -39,6 +39,13 @@ class Encoded:
     def wire_bytes(self) -> int:
         return len(self.scales) + len(self.payload)
 
+    def scale_array(self) -> np.ndarray:
+        """The float32 scales, checked finite (CodecError otherwise)."""
+        scales = np.frombuffer(self.scales, dtype="<f4").astype(np.float32)
+        if not np.all(np.isfinite(scales)):
+            raise CodecError("chunk carries non-finite scales")
+        return scales
+
     def check(self) -> None:
         """Sizes must agree with the declared length; raises CodecError otherwise."""
         if self.encoding not in ENCODINGS:
@@ -80,6 +87,16 @@ class EncodeStats:
                 setattr(out, f.name, getattr(out, f.name) + getattr(p, f.name))
         return out
 
+    def count(self, enc: Encoded) -> None:
+        """Add one encoded chunk (the CPU and the device path both count through here)."""
+        self.raw_bytes += 4 * enc.length
+        self.wire_bytes += enc.wire_bytes
+        self.chunks += 1
+        if enc.encoding != "fp32":
+            self.symbols += enc.length
+        if enc.encoding == "int8-huffman":
+            self.huffman_bits += 8 * len(enc.payload)
+
     @property
     def huffman_bits_per_symbol(self) -> float:
         return self.huffman_bits / self.symbols if self.symbols and self.huffman_bits else 0.0
@@ -106,27 +123,18 @@ class Codec:
             sent = Extracted(x.copy(), None, 0)
         else:
             q, scales = quantize_int8(x, self.cfg.quant_block)
-            if mode == "int8":
-                payload = q.tobytes()
-            else:
-                payload = huffman.encode(q, self.cfg.huffman_block, self.cfg.huffman_tables)
-                if stats is not None:
-                    stats.huffman_bits += 8 * len(payload)
+            payload = (q.tobytes() if mode == "int8" else
+                       huffman.encode(q, self.cfg.huffman_block, self.cfg.huffman_tables))
             enc = Encoded(mode, x.size, self.cfg.quant_block, scales.astype("<f4").tobytes(), payload)
             sent = Extracted(q, scales, self.cfg.quant_block)
-            if stats is not None:
-                stats.symbols += q.size
         if stats is not None:
-            stats.raw_bytes += 4 * x.size
-            stats.wire_bytes += enc.wire_bytes
-            stats.chunks += 1
+            stats.count(enc)
         return enc, sent
 
     def encode_on_device(self, x, stats: EncodeStats | None = None):
         """encode() of a flat float32 torch tensor where it lives (on_device.py): the same Encoded,
         byte for byte, and the values the receiver decodes as a tensor on the same device."""
         from . import on_device
-        t0 = time.perf_counter()
         x = x.detach().reshape(-1).to(dtype=on_device.torch.float32)
         mode = self.cfg.mode
         if mode == "fp32":
@@ -138,14 +146,8 @@ class Codec:
                        on_device.huffman_encode(q, self.cfg.huffman_block, self.cfg.huffman_tables))
             enc = Encoded(mode, x.numel(), self.cfg.quant_block, scales.cpu().numpy().astype("<f4").tobytes(), payload)
             sent = on_device.dequantize_int8(q, scales, self.cfg.quant_block)
-            if stats is not None:
-                stats.symbols += q.numel()
-                stats.huffman_bits += 8 * len(payload) if mode == "int8-huffman" else 0
         if stats is not None:
-            stats.raw_bytes += 4 * x.numel()
-            stats.wire_bytes += enc.wire_bytes
-            stats.chunks += 1
-            stats.seconds += time.perf_counter() - t0
+            stats.count(enc)
         return enc, sent
 
     @staticmethod
@@ -163,8 +165,7 @@ class Codec:
                 out.append(torch.frombuffer(bytearray(e.payload), dtype=torch.float32).to(device))
                 continue
             q = symbols[i].view(torch.int8) if i in symbols else torch.frombuffer(bytearray(e.payload), dtype=torch.int8).to(device)
-            scales = Extracted.int8(e, np.empty(0, np.int8)).scales                # checked finite
-            out.append(on_device.dequantize_int8(q, torch.from_numpy(scales).to(device), e.quant_block))
+            out.append(on_device.dequantize_int8(q, torch.from_numpy(e.scale_array()).to(device), e.quant_block))
         return out
 
     @staticmethod
@@ -205,10 +206,7 @@ class Extracted:
 
     @staticmethod
     def int8(e: Encoded, q: np.ndarray) -> Extracted:
-        scales = np.frombuffer(e.scales, dtype="<f4").astype(np.float32)
-        if not np.all(np.isfinite(scales)):
-            raise CodecError("chunk carries non-finite scales")
-        return Extracted(q, scales, e.quant_block)
+        return Extracted(q, e.scale_array(), e.quant_block)
 
     def finite(self) -> bool:
         """Would values() be all finite? Without dequantizing: |q| <= 127, so q * scale is finite

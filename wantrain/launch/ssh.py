@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,8 +141,6 @@ class SshLauncher:
         _LOOP.run(self._put(data, path), 600)
 
     async def _put(self, data: bytes, path: str) -> None:
-        import shlex
-
         conn = await self._connection()
         r = await conn.run(f"umask 077 && cat > {shlex.quote(path)}", input=data, encoding=None, check=False)
         if r.exit_status != 0:
@@ -220,8 +219,6 @@ class SshLauncher:
         return (r.exit_status if r.exit_status is not None else LOST), f"{r.stdout or ''}{r.stderr or ''}"
 
     async def _start(self, spec: ProcessSpec) -> SshProcess:
-        import shlex
-
         conn = await self._connection()
         proc = await conn.create_process(f"exec {shlex.quote(self.python)} -u -c {shlex.quote(_WATCHDOG)} 2>&1",
                                          encoding=None)

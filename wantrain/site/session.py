@@ -323,7 +323,7 @@ class Site:
                 if self.feedback is not None:    # what the PS never applied goes out again next round
                     self.feedback.carry(sent)
                 log.warning("site %s: the delta of round %d was not applied (late)%s; carried forward", me, r,
-                            f" by the shards of {len(sent)} tensors" if counted else "")
+                            f" for {len(sent)} of its tensors (the rest counted)" if counted else "")
 
     def _apply_update(self, parts: list[TensorChunk], result: RoundResult) -> None:
         if result.round != self.round:
