@@ -1,6 +1,7 @@
 """The live dashboard, fed by a real run's Watch stream in a background thread."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -89,3 +90,29 @@ def test_figures_thin_every_series_and_tolerate_empty_probe_batches():
     b = next(tr for tr in rtt.data if tr.name == "measured RTT b")
     assert len(b.y) <= 50 and max(b.y) == 900.0                      # the spike survives thinning
     assert max(len(tr.x) for f in full for tr in f.data if tr.x is not None) == 1000
+
+
+@pytest.mark.timeout(60)
+def test_wait_for_waits_for_a_follow_thread_that_has_not_started_yet(monkeypatch):
+    """Under load the follow thread may exist some time before it runs. wait_for must wait for
+    it, not report that the run's events ended (notebook 04 once failed so)."""
+    import threading
+
+    import wantrain.ui.dashboard as dashboard
+    from wantrain.errors import ProcessError
+
+    class SlowToStart(threading.Thread):
+        def start(self):
+            time.sleep(1.0)
+            super().start()
+
+    monkeypatch.setattr(dashboard.threading, "Thread", SlowToStart)
+    dash = Dashboard(min_interval_s=3600)
+    joined = {"v": 2, "seq": 0, "kind": "join", "t": 1.0, "elapsed_s": 0.0, "site": "a", "resumed": False}
+    follower = threading.Thread(target=dash.follow, args=(iter([joined]),))
+    follower.start()
+    time.sleep(0.2)                              # follow() has not started its thread yet
+    assert dash.wait_for("join", site="a", timeout_s=30) == joined
+    follower.join()
+    with pytest.raises(ProcessError, match="ended without a 'round_end' event"):   # the source is exhausted
+        dash.wait_for("round_end", timeout_s=30)

@@ -29,9 +29,11 @@ def config(**changes):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("phase", ["train", "push", "download"])
 def test_site_killed_in_each_phase_rejoins(tmp_path, phase):
-    # Enough rounds that the restarted process (3-5 s to start under load) rejoins mid-run.
-    rounds = {"train": 8, "push": 8, "download": 10}[phase]
-    c = Cluster(tmp_path, config(**{"train.rounds": rounds}))
+    # A long quorum wait holds each round after a kill until b is back (it was in the last round),
+    # so the run cannot end before the restarted process (3-5 s to start, more under load) trains:
+    # with 1 s, a busy machine once finished all 10 rounds first.
+    rounds = 8
+    c = Cluster(tmp_path, config(**{"train.rounds": rounds, "train.quorum_wait_s": 120.0}))
     try:
         c.start_ps().wait_for("listening on")
         c.start_site("a"), c.start_site("c")

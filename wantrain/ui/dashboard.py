@@ -86,6 +86,9 @@ class Dashboard:
         self.header = widgets.VBox([self.progress, self.status])
         self.box = widgets.VBox([self.header, *self._slots.values()])
         self.thread: threading.Thread | None = None
+        # Set by the follow thread once its source is exhausted: a thread that exists but has not
+        # started yet is not alive either, and must not read as a run that is over.
+        self.source_ended = threading.Event()
         self.error: str | None = None       # why following stopped early, if it did
         self.stopped_by_user = False        # set before stopping a run on purpose: not an error
 
@@ -109,6 +112,7 @@ class Dashboard:
                 if not self.stopped_by_user:
                     self.error = f"{type(e).__name__}: {e}"
             finally:
+                self.source_ended.set()
                 self.redraw()
 
         self.thread = threading.Thread(target=pump, name="wantrain-dashboard", daemon=True)
@@ -152,7 +156,7 @@ class Dashboard:
                 if e["kind"] == kind and (site is None or e.get("site") == site) and \
                         all(e.get(k) == v for k, v in fields.items()):
                     return e
-            if self.thread is not None and not self.thread.is_alive() and seen == len(self.events):
+            if self.source_ended.is_set() and seen == len(self.events):
                 raise ProcessError(f"the run's events ended without a {kind!r} event ({self.error or 'run over'})")
             if time.monotonic() > deadline:
                 raise WaitTimeoutError(f"no {kind!r} event within {timeout_s:.0f} s")
