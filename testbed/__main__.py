@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
                                                        "link listens")
     ln.add_argument("--log", default=None, help="JSONL file of link telemetry")
     ln.add_argument("--control", default=None, help="file of JSON commands, one per line (outage now)")
+    sh = sub.add_parser("shape", help="shape one site's link on this host with tcconfig (its plan entry names "
+                                      "the interface), until stopped")
+    sh.add_argument("--plan", required=True)
+    sh.add_argument("--site", required=True)
+    sh.add_argument("--dry-run", action="store_true", help="print the tc commands instead of running them")
     sub.add_parser("cleanup", help="remove namespaces, links and nftables tables left by a killed kernel backend")
     args = p.parse_args(argv)
     try:
@@ -32,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
             from .kernel import cleanup_all
             print("\n".join(cleanup_all()) or "nothing to remove")
             return 0
+        if args.command == "shape":
+            from .shape import main_shape
+            return main_shape(args)
         if args.command == "describe":
             from .links import plan_of
             print(plan_of(load_scenario(args.scenario)).to_json())

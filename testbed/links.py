@@ -49,7 +49,8 @@ def plan_of(sc: Scenario, handles: dict | None = None) -> RunPlan:
         SitePlan(s.name, s.region, rtt_ms=sc.rtt_ms(s), bandwidth_mbps=s.bandwidth_mbps, jitter_ms=s.jitter_ms,
                  loss=s.loss, spikes_per_min=s.spikes_per_min, spike_min_ms=s.spike_min_ms,
                  outages=tuple(Outage(o.start_s, o.duration_s) for o in s.outages), resets=tuple(s.resets),
-                 speed_factor=s.speed_factor, trace=trace_path(s), **where(s.name)) for s in sc.sites),
+                 speed_factor=s.speed_factor, trace=trace_path(s), backend=s.backend, interface=s.interface,
+                 **where(s.name)) for s in sc.sites),
         time_scale=sc.time_scale, seed=sc.seed, backend=sc.backend)
 
 
@@ -60,6 +61,8 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
     handles = {}
     try:
         for site in sc.sites:
+            if site.backend == "tcconfig":      # shaped on its own host (shape.py): no link here
+                continue
             up, down = sc.traces(site)
             handles[site.name] = await backend.open(site.name, target, up, down)
     except BaseException:

@@ -8,7 +8,8 @@ A scenario is a TOML file (see scenarios/ for the built-in ones):
              spikes_per_min, spike_min_ms, outages = [{start_s, duration_s}], resets = [start_s, ...]
              (connection resets), speed_factor, trace = "file.csv" (replaces the synthetic delay,
              bandwidth, jitter, loss and spikes; relative to the scenario file; outages and resets
-             still happen on top of it)
+             still happen on top of it), backend = "tcconfig" with interface = "eth0" (this site's
+             link is shaped on its own host by tcconfig, not by the run's backend; root there)
 
 A bad file gets a message that names the file, the line (where the TOML says it) and the field.
 """
@@ -55,6 +56,8 @@ class SiteLink:
     speed_factor: float = 1.0
     trace: str | None = None
     resets: tuple[float, ...] = ()     # trace seconds at which every connection of the link is reset
+    backend: str | None = None         # "tcconfig": shaped on the site's host (see wantrain.plan.SitePlan)
+    interface: str | None = None       # the host's interface tcconfig shapes
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ def _err(path: Path, text: str, key: str, message: str, occurrence: int = 0) -> 
 
 
 _SITE_FIELDS = {"name", "region", "bandwidth_mbps", "jitter_ms", "loss", "spikes_per_min", "spike_min_ms", "outages",
-                "speed_factor", "trace", "resets"}
+                "speed_factor", "trace", "resets", "backend", "interface"}
 
 
 def _build(d: dict, path: Path, text: str) -> Scenario:
@@ -179,10 +182,17 @@ def _build(d: dict, path: Path, text: str) -> Scenario:
             raise err("resets", f"must be a list of times (s, >= 0), got {resets!r}")
         if "trace" in s and not isinstance(s["trace"], str):
             raise err("trace", "must be a path to a CSV trace")
+        if s.get("backend", "tcconfig") != "tcconfig":
+            raise err("backend", f"of a site can only be \"tcconfig\" (the run's backend is set at the top), "
+                                 f"got {s['backend']!r}")
+        if ("backend" in s) != ("interface" in s) or not isinstance(s.get("interface", ""), str):
+            raise err("interface" if "backend" in s else "backend",
+                      "and backend = \"tcconfig\" go together: name the host's interface tcconfig shapes")
         for k in s:
             counts[k] = counts.get(k, 0) + 1
         sites.append(SiteLink(s["name"], s["region"], outages=tuple(outages), trace=s.get("trace"),
-                              resets=tuple(float(x) for x in resets), **kw))
+                              resets=tuple(float(x) for x in resets), backend=s.get("backend"),
+                              interface=s.get("interface"), **kw))
     names = [s.name for s in sites]
     if len(set(names)) != len(names):
         raise ScenarioError(f"{path}: site names must be unique, got {names}")

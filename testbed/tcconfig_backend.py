@@ -1,6 +1,7 @@
 """The tcconfig backend: play a trace on a named interface of a real host with tcset / tcdel.
 
-For real hosts (later: a remote site reached over SSH, by giving `prefix=["ssh", host]`).
+For real hosts: `python -m testbed shape` (shape.py) runs it on a site's own host, over SSH for a
+remote one.
 tcconfig always builds a netem qdisc, even for rate-only shaping, and when the kernel has no
 netem it prints an error and still exits 0; so every apply is read back with `tc qdisc show`
 and a missing netem is refused with a message that says so. One tcset call takes about
@@ -11,6 +12,7 @@ replayed point by point). `dry_run=True` only prints what would be applied (`--t
 from __future__ import annotations
 
 import math
+import re
 import shlex
 import subprocess
 import time
@@ -32,13 +34,15 @@ class TcconfigLink:
     trace: Trace
     direction: str = "outgoing"
     prefix: list[str] = field(default_factory=list)      # e.g. ["ip", "netns", "exec", "ns"] or ["ssh", "host"]
-    tcset: str = "tcset"
-    tcdel: str = "tcdel"
+    tcset: str | list[str] = "tcset"      # a program, or a command line (testbed/shape.py)
+    tcdel: str | list[str] = "tcdel"
     min_interval_s: float = 1.0
     dry_run: bool = False
     runner: Callable[..., subprocess.CompletedProcess] = subprocess.run
 
     def __post_init__(self) -> None:
+        self._tcset = [self.tcset] if isinstance(self.tcset, str) else list(self.tcset)
+        self._tcdel = [self.tcdel] if isinstance(self.tcdel, str) else list(self.tcdel)
         self.applied: LinkState | None = None
         self.last_apply = -math.inf
         self.log: list[str] = []
@@ -49,7 +53,7 @@ class TcconfigLink:
         return self.runner(cmd, capture_output=True, text=True, timeout=60)
 
     def tcset_argv(self, st: LinkState) -> list[str]:
-        argv = [self.tcset, self.interface, "--direction", self.direction, "--overwrite"]
+        argv = [*self._tcset, self.interface, "--direction", self.direction, "--overwrite"]
         if st.down:
             argv += ["--loss", "100%"]
         else:
@@ -63,7 +67,7 @@ class TcconfigLink:
     def apply(self, st: LinkState) -> str:
         """Put one state in force; returns what tcset printed (the tc commands, in a dry run)."""
         r = self._run(self.tcset_argv(st))
-        out = (r.stdout or "") + (r.stderr or "")
+        out = re.sub(r"\x1b\[[0-9;]*m", "", (r.stdout or "") + (r.stderr or ""))   # tcconfig's colours
         if r.returncode != 0:
             raise TcconfigError(f"tcset failed on {self.interface} (exit {r.returncode}): {out.strip()}")
         if not self.dry_run:
@@ -87,5 +91,5 @@ class TcconfigLink:
 
     def clear(self) -> None:
         if not self.dry_run:
-            self._run([self.tcdel, self.interface, "--all"])
+            self._run([*self._tcdel, self.interface, "--all"])
         self.applied = None

@@ -25,12 +25,14 @@ def _keygen(path: Path) -> str:
 
 
 class SshServer:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, exec_prefix: tuple[str, ...] = ()) -> None:
+        """`exec_prefix` runs sshd under it, e.g. `ip netns exec NS`: its sessions then live in that
+        network namespace, a separate "host" with interfaces of its own."""
         if not os.access(SSHD, os.X_OK) or not shutil.which("ssh-keygen"):
             raise RuntimeError("the SSH tests need OpenSSH's sshd and ssh-keygen (tools/install_sysdeps.sh installs "
                                "openssh-server)")
         root.mkdir(parents=True, exist_ok=True)
-        self.root, self.user = root, getpass.getuser()
+        self.root, self.user, self.exec_prefix = root, getpass.getuser(), tuple(exec_prefix)
         host_pub = _keygen(root / "host_key")
         (root / "authorized_keys").write_text(_keygen(root / "id_ed25519") + "\n")
         self.key_file = str(root / "id_ed25519")
@@ -66,7 +68,7 @@ class SshServer:
                 if self._closed:
                     return
                 self.sessions.append(subprocess.Popen(
-                    [SSHD, "-i", "-f", str(self.config), "-E", str(self.root / "sshd.log")],
+                    [*self.exec_prefix, SSHD, "-i", "-f", str(self.config), "-E", str(self.root / "sshd.log")],
                     stdin=conn, stdout=conn, stderr=subprocess.DEVNULL, start_new_session=True))
 
     def drop_all(self) -> None:

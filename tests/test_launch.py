@@ -201,3 +201,18 @@ def test_a_host_is_inspected_before_use(sshd, tmp_path):
                 inspect_host(remote, python=sys.executable, gpus=1)
     finally:
         remote.close()
+
+
+@pytest.mark.timeout(180)
+def test_the_wheel_a_host_installs_holds_every_file_the_package_reads():
+    """A host installs a wheel of this checkout, not the checkout: the testbed's region table,
+    traces and scenarios must be in it (a remote shaper once failed on the missing RTT table)."""
+    import zipfile
+
+    from wantrain.launch.install import CHECKOUT, project_wheel
+
+    names = set(zipfile.ZipFile(project_wheel()).namelist())
+    for package in ("wantrain", "testbed"):
+        for f in (CHECKOUT / package).rglob("*"):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".nbi", ".nbc"):
+                assert str(f.relative_to(CHECKOUT)) in names, f"{f.relative_to(CHECKOUT)} is not in the wheel"

@@ -3,6 +3,7 @@ sites start on an SSH "host" (a real OpenSSH server, tests/sshd.py) from this ch
 installed there, and reach the PS through reverse forwards on their own connections. Nothing on
 the site side listens on the network."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -86,9 +87,15 @@ def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
 @pytest.mark.timeout(480)
 def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
     """Run starts site b on its SSH host (inspected, installed, TLS CA and shared secret copied
-    there 0600, dialling back through a reverse forward) beside local site a; killed, b rejoins."""
+    there 0600, dialling back through a reverse forward that leads to its emulated link) beside
+    local site a; killed, b rejoins."""
     from wantrain.launch import RemoteSite
+    from wantrain.plan import describe_scenario
     from wantrain.run import Run
+
+    scenario = tmp_path / "two.toml"
+    scenario.write_text('name = "two"\nps_region = "East US"\n[[site]]\nname = "a"\nregion = "East US"\n'
+                        '[[site]]\nname = "b"\nregion = "West Europe"\nbandwidth_mbps = 200\n')
 
     server = SshServer(tmp_path / "sshd")
     said: list[str] = []
@@ -96,7 +103,7 @@ def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
                       progress=said.append, key_file=server.key_file, known_hosts=str(server.known_hosts))
     cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 5, "train.inner_steps": 16})
     try:
-        with Run(cfg, run_dir=tmp_path / "run", remote={"b": host}) as run:
+        with Run(cfg, run_dir=tmp_path / "run", remote={"b": host}, plan=describe_scenario(scenario)) as run:
             assert run.tls and run.certs is not None
             killed = False
             for ev in run.follow(timeout_s=400):
@@ -113,3 +120,6 @@ def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
     assert [j["site"] for j in rows(events, "join")].count("b") >= 2          # joined, killed, rejoined
     assert any("Python" in m and "torch" in m for m in said) and any("installed" in m for m in said), said
     assert (tmp_path / "run" / "site-b.log").read_text().strip()               # its log came back here
+    link_rows = [json.loads(ln) for ln in (tmp_path / "run" / "links.jsonl").read_text().splitlines()]
+    b_up = max(r["bytes_up"] for r in link_rows if r.get("kind") == "link" and r["site"] == "b")
+    assert b_up > 100_000, b_up          # b's deltas went up through its emulated link, not around it

@@ -21,6 +21,7 @@ __all__ = [
     "ConnectionLostError",
     "ProcessError",
     "SshError",
+    "ShapingError",
     "ReplicaMismatchError",
     "CorruptModelError",
     "DivergedError",
@@ -109,6 +110,11 @@ class ProcessError(WantrainError):
 class SshError(ProcessError):
     """A remote host could not be used over SSH: unreachable, a key or host key refused, a lost
     connection. The message names the host and what to check; it never holds a secret."""
+
+
+class ShapingError(ProcessError):
+    """A site's link cannot be shaped on its host as the plan asks (no netem, no root, no such
+    interface): the message says why, and nothing was left in place."""
 
 
 class ReplicaMismatchError(WantrainError):

@@ -52,6 +52,10 @@ class SitePlan:
     resets: tuple[float, ...] = ()        # trace seconds at which every connection of the link is reset
     speed_factor: float = 1.0             # > 1: the site computes that many times slower
     trace: str | None = None              # an absolute path to a CSV trace (replaces the synthetic link)
+    # "tcconfig": the link is shaped on the site's own host, on `interface` (python -m testbed shape),
+    # and the site dials the PS directly. None: the run's backend, in the link emulator.
+    backend: str | None = None
+    interface: str | None = None
     # Where the site dials once its link listens (None: the link is not open yet, or there is none).
     host: str | None = None
     port: int | None = None

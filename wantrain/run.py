@@ -11,6 +11,7 @@ stops every process it started when the run ends, fails, or is interrupted.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import queue
 import sys
 import threading
@@ -29,8 +30,11 @@ from .errors import ConfigError, ProcessError, WantrainError
 from .launch import LocalLauncher, ProcessSpec
 from .launch.argv import links_command, site_command
 from .launch.local import LocalProcess
+from .launch.base import ProcessHandle
+from .launch.placement import Placement, Placements
 from .launch.remote import RemoteSite
-from .plan import RunPlan, describe_scenario, outage_command
+from .naming import default_site_names, new_run_dir
+from .plan import RunPlan, SitePlan, describe_scenario, outage_command
 from .relay import EventRelay
 from .watch import follow_events
 
@@ -39,27 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
 
-SITE_NAMES = ("us-east", "eu-west", "ap-southeast", "us-west", "sa-east", "eu-north", "ap-northeast", "af-south")
 _LIVE_RUNS: weakref.WeakSet[Run] = weakref.WeakSet()
-
-
-def default_site_names(n: int) -> list[str]:
-    return [SITE_NAMES[i] if i < len(SITE_NAMES) else f"site-{i}" for i in range(n)]
-
-
-def new_run_dir(root: str | Path = "runs") -> Path:
-    # mkdir itself decides which name is free: two runs started in the same second (two notebooks,
-    # two test workers) must not both pass an exists() check and then collide.
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    Path(root).mkdir(parents=True, exist_ok=True)
-    for k in range(1, 10_000):
-        d = Path(root) / (stamp if k == 1 else f"{stamp}-{k}")
-        try:
-            d.mkdir()
-            return d
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free run folder name under {root} for {stamp}")
 
 
 @atexit.register
@@ -96,15 +80,15 @@ class Run:
         unknown = set(self.devices) - set(self.sites)
         if unknown:
             raise ConfigError(f"devices given for sites not in the run: {sorted(unknown)}")
-        # site -> its SSH host: installed there, it dials the PS back through its own connection
-        self.remote = {k: RemoteSite(v) if isinstance(v, str) else v for k, v in (remote or {}).items()}
-        if set(self.remote) - set(self.sites):
-            raise ConfigError(f"remote hosts given for sites not in the run: {sorted(set(self.remote) - set(self.sites))}")
         self.tls = tls            # a development CA per run: sites verify the PS, traffic is encrypted
         self.certs: DevCerts | None = None
         self.launcher = launcher or LocalLauncher()
+        # Where each site runs: here, or an SSH host (installed there, it dials back through its own
+        # connection); a site whose link tcconfig shapes gets a shaper on the same host.
+        self.placements = Placements(self.sites, remote, self.launcher, python)
+        self.shapers: dict[str, ProcessHandle] = {}
         self.ps: LocalProcess | None = None
-        self.workers: dict[str, LocalProcess] = {}
+        self.workers: dict[str, ProcessHandle] = {}
         self.port: int | None = None
         self._events: queue.Queue[dict | None] = queue.Queue()
         self._watch_thread: threading.Thread | None = None
@@ -145,10 +129,16 @@ class Run:
         self._start_ps(0, "ps.log", deadline)
         self.relay = EventRelay(self._open_channel, self.observer_token,
                                 self.run_dir / "links.jsonl" if self.run_plan is not None else None).start()
-        if self.run_plan is not None:
-            self._start_links(self.run_plan, deadline)
-        for name in self.sites:
-            self.start_site(name)
+        try:
+            if self.run_plan is not None:
+                self._start_links(self.run_plan, deadline)
+            for name in self.sites:       # every host prepared and every link shaped before any site starts
+                self._place(name)
+            for name in self.sites:
+                self.start_site(name)
+        except BaseException:       # a refused shaping, a host that cannot be used: nothing stays up
+            self.stop()
+            raise
         self._start_watch()
         return self
 
@@ -234,28 +224,36 @@ class Run:
             time.sleep(0.05)
         self.plan = RunPlan.read(listening)
 
-    def start_site(self, name: str) -> LocalProcess:
+    def start_site(self, name: str) -> ProcessHandle:
         """Start (or restart) the worker process of one site (through its emulated link, in its
         namespace if it has one)."""
         old = self.workers.get(name)
         if old is not None and old.poll() is None:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
-        link = self.plan.site(name) if self.plan is not None and name not in self.remote else None
-        launcher, python, ps, token, ca = (self.launcher, self.python, self.address, str(self.secret_file),
-                                           str(self.certs.ca) if self.certs is not None else None)
-        if name in self.remote and self.port is not None:
-            r = self.remote[name].prepare(self.host, self.port, {"secret": self.secret_file, **(
-                {"ca": self.certs.ca} if self.certs is not None else {})})
-            launcher, python, ps, token, ca = r.launcher, r.python, r.ps, r.files["secret"], r.files.get("ca")
-        argv = site_command(python, ps, name, link, threads=self.site_threads, device=self.devices.get(name, "auto"),
-                            token_file=token, tls_ca=ca,   # through a link or a forward: check the PS's name
-                            tls_server_name="localhost" if self.certs is not None else "")
-        self.workers[name] = launcher.start(ProcessSpec(
+        where, link = self._place(name)
+        argv = site_command(where.python, where.ps, name, link, threads=self.site_threads,
+                            device=self.devices.get(name, "auto"), token_file=where.token, tls_ca=where.ca,
+                            tls_server_name="localhost" if self.certs is not None else "")  # a link or forward
+        self.workers[name] = where.launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
         return self.workers[name]
 
-    def processes(self) -> list[LocalProcess]:
-        return [p for p in [self.ps, self.links, *self.workers.values()] if p is not None]
+    def _place(self, name: str) -> tuple[Placement, SitePlan | None]:
+        """Where the site runs and its link as the site sees it; a tcconfig link is shaped first."""
+        link = self.plan.site(name) if self.plan is not None else None
+        remote = name in self.placements.remote
+        # An SSH site's reverse forward leads to its emulated link where the proxy has one (a kernel
+        # namespace is on this machine: not for it), else to the PS; so does a tcconfig site's dial.
+        via = link.dial if link is not None and link.dial and not (remote and link.exec_prefix) else self.address
+        where = self.placements.place(name, via, self.secret_file, self.certs.ca if self.certs else None, self.run_dir)
+        if self.plan is not None and link is not None and link.backend == "tcconfig" and name not in self.shapers:
+            self.shapers[name] = self.placements.start_shaper(name, self.plan, where, self.run_dir / f"shaper-{name}.log")
+        if remote and link is not None:     # it dials its forward; the link's figures still count
+            link = dataclasses.replace(link, host=None, port=None, exec_prefix=())
+        return where, link
+
+    def processes(self) -> list[ProcessHandle]:
+        return [p for p in [self.ps, self.links, *self.shapers.values(), *self.workers.values()] if p is not None]
 
     def stop(self) -> None:
         """Stop every process of the run (idempotent): sites first, then their links, then the PS
@@ -268,8 +266,7 @@ class Run:
             self.relay.close()
         if self.ps is not None:
             self.ps.stop(grace_s=3.0)
-        for host in self.remote.values():
-            host.close()
+        self.placements.close()
         if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
             self._watch_thread.join(5)
         _LIVE_RUNS.discard(self)

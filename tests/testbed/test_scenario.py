@@ -41,6 +41,9 @@ speed_factor = 2
     (lambda t: t + 'colour = "red"\n', r":14: field site\[1\]\.colour is unknown"),
     (lambda t: t.replace('name = "b"', 'name = "a"'), r"site names must be unique"),
     (lambda t: t.replace('[[site]]\nname = "a"', '[[site]\nname = "a"'), r"s\.toml: .*line 5"),
+    (lambda t: t + 'backend = "kernel"\ninterface = "eth0"\n', r":14: field site\[1\]\.backend of a site can only be"),
+    (lambda t: t + 'backend = "tcconfig"\n', r"field site\[1\]\.interface and backend = \"tcconfig\" go together"),
+    (lambda t: t + 'interface = "eth0"\n', r"field site\[1\]\.backend and backend = \"tcconfig\" go together"),
 ])
 def test_malformed_scenarios_name_file_line_and_field(tmp_path, edit, match):
     p = tmp_path / "s.toml"
@@ -54,6 +57,9 @@ def test_good_file_and_unknown_name(tmp_path):
     p.write_text(GOOD)
     sc = load_scenario(p)
     assert [s.name for s in sc.sites] == ["a", "b"] and sc.sites[1].speed_factor == 2.0
+    p.write_text(GOOD + 'backend = "tcconfig"\ninterface = "eth1"\n')
+    b = load_scenario(p).sites[1]
+    assert (b.backend, b.interface) == ("tcconfig", "eth1")
     with pytest.raises(ScenarioError, match="not one of"):
         load_scenario("no-such-scenario")
 

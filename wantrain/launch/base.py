@@ -37,6 +37,9 @@ class ProcessHandle(Protocol):
     def kill(self) -> None:
         """Stop the process (and everything it started) now."""
 
+    def stop(self, grace_s: float = 3.0) -> int | None:
+        """terminate(), then kill() after `grace_s`; the exit code (None if unknown)."""
+
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of its output, for error messages."""
 

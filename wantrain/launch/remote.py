@@ -27,6 +27,7 @@ class Prepared:
     python: str                 # on the host
     ps: str                     # the address the site dials there (unix:PATH, a reverse forward)
     files: dict[str, str]       # local file's role -> its copy on the host
+    folder: str                 # the private folder of the run's files on the host (0700)
 
 
 class RemoteSite:
@@ -63,7 +64,7 @@ class RemoteSite:
         for role, path in files.items():
             copies[role] = f"{folder}/{role}-{Path(path).name}"
             self.launcher.put(Path(path).read_bytes(), copies[role])
-        return Prepared(self.launcher, self._python_there, ps, copies)
+        return Prepared(self.launcher, self._python_there, ps, copies, folder)
 
     def close(self) -> None:
         self.launcher.close()
