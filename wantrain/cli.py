@@ -16,6 +16,7 @@ from pathlib import Path
 from .config import CODEC_MODES, SCHEDULES
 from .errors import ConfigError, DataError, WantrainError
 from .faults import parse_stalls
+from .site.command import add_worker_parser
 
 __all__ = ["main"]
 
@@ -72,27 +73,6 @@ def cmd_ps(args: argparse.Namespace) -> int:
     finally:
         if relay is not None:
             relay.close()
-    return 0
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    from .auth import read_secret
-    from .site import Site, SiteOptions
-
-    _setup_logging()
-    from .tls import TLSClient
-    token = read_secret(args.token_file) if args.token_file else ""
-    if (args.tls_cert or args.tls_key) and not args.tls_ca:
-        raise ConfigError("a TLS client certificate needs --tls-ca as well")
-    if (tls := TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None) is not None:
-        tls.credentials()
-    site = Site(SiteOptions(token=token, tls=tls, tls_server_name=args.tls_server_name, stalls=tuple(parse_stalls(args.stall).items()),
-                            ps=args.ps, name=args.site, device=args.device, threads=args.threads,
-                            connect_timeout_s=args.connect_timeout, speed_factor=args.speed_factor,
-                            probe_interval_s=args.probe_interval, link_rtt_ms=args.link_rtt_ms,
-                            link_mbps=args.link_mbps))
-    asyncio.run(site.run())
-    logging.getLogger("wantrain.site").info("site %s finished after %d rounds", args.site, site.round)
     return 0
 
 
@@ -287,25 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fault injection for tests: sleep in aggregate or checkpoint (before the rename)")
     s.set_defaults(func=cmd_ps)
 
-    w = sub.add_parser("worker", help="run one site")
-    w.add_argument("--ps", required=True,
-                   help="HOST:PORT of the parameter server; of a sharded one, every shard's, in order, with commas")
-    w.add_argument("--site", required=True, help="this site's name, unique within the run")
-    w.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    w.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    w.add_argument("--connect-timeout", type=float, default=120.0, help="seconds to keep retrying an absent PS")
-    w.add_argument("--speed-factor", type=float, default=1.0, help="> 1 pads each inner step to emulate a slower GPU")
-    w.add_argument("--probe-interval", type=float, default=1.0, help="seconds between RTT probes (0: none)")
-    w.add_argument("--link-rtt-ms", type=float, default=0.0, help="known RTT of the link (sizes gRPC timeouts)")
-    w.add_argument("--link-mbps", type=float, default=0.0, help="known bandwidth of the link (sizes gRPC timeouts)")
-    w.add_argument("--token-file", default=None, help="file holding this site's token (or the run's shared secret)")
-    w.add_argument("--tls-ca", default=None, help="PEM CA that signed the PS's certificate: connect with TLS")
-    w.add_argument("--tls-cert", default=None, help="PEM client certificate (when the PS requires one)")
-    w.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    w.add_argument("--tls-server-name", default="", help="name to check the PS's certificate against")
-    w.add_argument("--stall", action="append", metavar="PHASE=SECONDS",
-                   help="fault injection for tests: sleep in train, push (after chunk 0) or download")
-    w.set_defaults(func=cmd_worker)
+    add_worker_parser(sub)
 
     o = sub.add_parser("watch", help="print a parameter server's telemetry as JSON lines")
     o.add_argument("--ps", required=True, help="HOST:PORT of the parameter server")

@@ -59,7 +59,7 @@ class Run:
                  host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
                  python: str = sys.executable, scenario: str | Path | None = None, tls: bool = True,
                  devices: dict[str, str] | None = None, plan: RunPlan | None = None,
-                 remote: dict[str, RemoteSite | str] | None = None) -> None:
+                 remote: dict[str, RemoteSite | str] | None = None, nproc: dict[str, int] | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -77,9 +77,10 @@ class Run:
             self.cfg = cfg = cfg.replace(sites=list(self.sites))
         self.host, self.site_threads, self.python = host, site_threads, python
         self.devices = dict(devices or {})   # site -> torch device ("auto" where absent)
-        unknown = set(self.devices) - set(self.sites)
-        if unknown:
-            raise ConfigError(f"devices given for sites not in the run: {sorted(unknown)}")
+        self.nproc = dict(nproc or {})       # site -> processes of its torch.distributed group (1 where absent)
+        for what, given in (("devices", self.devices), ("process counts", self.nproc)):
+            if set(given) - set(self.sites):
+                raise ConfigError(f"{what} given for sites not in the run: {sorted(set(given) - set(self.sites))}")
         self.tls = tls            # a development CA per run: sites verify the PS, traffic is encrypted
         self.certs: DevCerts | None = None
         self.launcher = launcher or LocalLauncher()
@@ -232,7 +233,8 @@ class Run:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
         where, link = self._place(name)
         argv = site_command(where.python, where.ps, name, link, threads=self.site_threads,
-                            device=self.devices.get(name, "auto"), token_file=where.token, tls_ca=where.ca,
+                            device=self.devices.get(name, "auto"), nproc=self.nproc.get(name, 1),
+                            token_file=where.token, tls_ca=where.ca,
                             tls_server_name="localhost" if self.certs is not None else "")  # a link or forward
         self.workers[name] = where.launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))

@@ -11,11 +11,13 @@ __all__ = ["site_args", "site_command", "links_command"]
 
 def site_args(ps: str, name: str, *, threads: int = 1, device: str = "auto", token_file: str | Path | None = None,
               link: SitePlan | None = None, tls_ca: str | Path | None = None, tls_server_name: str = "",
-              extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+              nproc: int = 1, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """`wantrain worker` arguments for site `name`. With its `link` (from the run plan, once the
     link listens) it dials through the link and knows the link's RTT, bandwidth and its speed factor."""
     args: tuple[str, ...] = ("worker", "--ps", (link.dial if link is not None and link.dial else ps), "--site", name,
                              "--threads", str(threads), "--device", device)
+    if nproc > 1:               # a torch.distributed group of processes (site/group.py)
+        args += ("--nproc", str(nproc))
     if token_file is not None:
         args += ("--token-file", str(token_file))
     if link is not None:

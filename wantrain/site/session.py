@@ -29,13 +29,11 @@ import torch
 
 from ..codec import Codec, EncodeStats, ErrorFeedback, check_coverage, check_fits, encode_arrays, join_chunks
 from ..config import RunConfig
-from ..data import BatchSampler, load_run_data
 from ..errors import (CodecError, ConfigError, CorruptModelError, ProtocolError, Reject,
                       RejectedError, ReplicaMismatchError)
 from ..faults import Stalls
 from ..messages import (DELTA, MAX_STALENESS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
                         RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
-from ..models import build_model
 from ..replica import add_update, flat_copy, named_params
 from ..shards import ShardLayout, combine_hashes
 from ..tls import TLSClient
@@ -44,6 +42,7 @@ from .retry import FAILURES, Reconnect
 from .schedule import Schedule
 from .sharded import ShardMemory
 from .stream import Stream, addresses, probe_rtt, session_stream
+from .group import build_inner
 from .train import InnerLoop
 
 __all__ = ["Site", "SiteOptions", "default_device"]
@@ -219,17 +218,13 @@ class Site:
                                 f"it holds " + ("none" if first else f"round {self.round} ({self.hash})"))
         self.cfg = w.config
         self.run_id, self.index = w.run_id, w.site_index
-        if first:
-            tok, corpus = load_run_data(w.config.data)
-            self.model = build_model(w.config.model.preset, tok.vocab_size, w.config.model.seed, self.device)
+        if first:       # (in a group of processes, every rank builds the same: group.py)
+            self.inner = build_inner(w.config, w.site_index, w.data_position, self.device, self.opts.name,
+                                     self.opts.speed_factor)
+            self.model = self.inner.model
             self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}
             self.layout = ShardLayout.balanced(self.sizes, w.shards)
-            shard = corpus.shard(w.site_index, w.config.num_sites, w.config.data.sharding)
             t = w.config.train
-            sampler = BatchSampler(shard, t.batch_size, w.config.model.block_size, t.seed + 1000 * w.site_index)
-            sampler.seek(w.data_position)     # a restarted site picks up its shard where it left off
-            self.inner = InnerLoop(self.model, sampler, t, w.config.model.block_size, self.device, self.opts.name,
-                                   self.opts.speed_factor)
             self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s)
             self.replica = flat_copy(self.model)
             self.feedback = ErrorFeedback() if w.config.codec.error_feedback else None

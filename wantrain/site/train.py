@@ -65,6 +65,7 @@ class InnerLoop:
         self.opt = torch.optim.AdamW(model.parameters(), lr=train.inner_lr, betas=(0.9, 0.95),
                                      weight_decay=train.inner_weight_decay)
         self.steps = 0                 # inner steps of this optimizer, over every round
+        self.net: torch.nn.Module = model   # what the steps run through (a DDP wrapper in a group: group.py)
 
     def run(self, round_: int, train_s: float = 0.0, start_hash: str = "") -> tuple[dict[str, np.ndarray], dict]:
         """One whole round from the current parameters, which it then restores; returns the
@@ -84,7 +85,7 @@ class InnerLoop:
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
                     else contextlib.nullcontext())
         self.model.train()
-        while not seg.done(t) and not (stop is not None and stop.is_set()):
+        while self._keep_going(seg, stop):
             t_step = time.perf_counter()
             frac = seg.compute_s / seg.train_s if seg.train_s > 0 else seg.steps / t.inner_steps
             lr = lr_at(t, self.steps, seg.round + frac)
@@ -94,7 +95,7 @@ class InnerLoop:
             x, y = self.sampler.next()
             x, y = x.to(self.device), y.to(self.device)
             with autocast:
-                logits = self.model(x)                                   # (B, T, vocab)
+                logits = self.net(x)                                     # (B, T, vocab)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -117,6 +118,9 @@ class InnerLoop:
             seg.emulated_s += pad
             seg.compute_s += time.perf_counter() - t_step
             seg.steps += 1
+
+    def _keep_going(self, seg: Segment, stop: threading.Event | None) -> bool:
+        return not seg.done(self.t) and not (stop is not None and stop.is_set())
 
     def delta(self, start: dict[str, np.ndarray], end: dict[str, np.ndarray], seg: Segment, start_hash: str = ""
               ) -> tuple[dict[str, np.ndarray], dict]:
