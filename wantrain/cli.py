@@ -1,4 +1,4 @@
-"""The command line: `wantrain demo | ps | worker | report`.
+"""The command line: `wantrain demo | ps | worker | host | watch | tls-dev | report`.
 
 Every error wantrain raises on purpose is printed as one line that names the problem, with exit
 code 2 (bad input) or 1 (a failure while running); tracebacks are for bugs only.
@@ -16,6 +16,7 @@ from pathlib import Path
 from .config import CODEC_MODES, SCHEDULES
 from .errors import ConfigError, DataError, WantrainError
 from .faults import parse_stalls
+from .launch.command import add_host_parser
 from .site.command import add_worker_parser
 
 __all__ = ["main"]
@@ -268,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_ps)
 
     add_worker_parser(sub)
+    add_host_parser(sub)
 
     o = sub.add_parser("watch", help="print a parameter server's telemetry as JSON lines")
     o.add_argument("--ps", required=True, help="HOST:PORT of the parameter server")

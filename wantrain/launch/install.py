@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ProcessError, SshError
+from .ssh import LOST
 
 __all__ = ["project_wheel", "install_on_host", "CHECKOUT"]
 
@@ -77,8 +78,15 @@ def install_on_host(launcher, python: str = "python3", *, reuse_site_packages: b
 
     def run(command: str, what: str, timeout: float = 600.0) -> str:
         code, out = launcher.run(command, timeout_s=timeout)
+        if code == LOST:
+            raise SshError(f"{target}: the SSH connection was lost while {what}; nothing half-installed is "
+                           "used: the next install starts that venv again")
         if code != 0:
-            raise SshError(f"{target}: {what} failed (exit {code}): {out.strip()[-800:] or 'no output'}")
+            free = _free_mb(launcher, venvs)
+            full = "No space left on device" in out or (free is not None and free < FULL_MB)
+            raise SshError(f"{target}: {what} failed (exit {code})" + (
+                f": the disk that holds {venvs} on the host is full ({free} MB free; the install needs a few "
+                "hundred MB, more without --reuse-site-packages)" if full else f": {out.strip()[-800:] or 'no output'}"))
         return out
 
     if venvs.startswith("~"):
@@ -89,6 +97,34 @@ def install_on_host(launcher, python: str = "python3", *, reuse_site_packages: b
         return f"{venv}/bin/python"
     progress(f"{target}: creating {venv}")
     q = shlex.quote(venv)
+    try:
+        _install(launcher, run, wheel, python, venv, reuse_site_packages, progress, timeout_s)
+    except BaseException:     # a full disk, a failed pip, a lost connection: leave no half venv behind
+        try:
+            launcher.run(f"rm -rf {q}", timeout_s=120)
+        except Exception:     # (the connection is gone: the next install removes it first)
+            pass
+        raise
+    progress(f"{target}: installed")
+    return f"{venv}/bin/python"
+
+
+FULL_MB = 64       # less free than this where an install failed: the disk is why (pip does not always say)
+
+
+def _free_mb(launcher, path: str) -> int | None:
+    """Free space (MB) of the file system that holds `path` on the host (or its nearest parent)."""
+    code, out = launcher.run(f"p={shlex.quote(path)}; while [ ! -e \"$p\" ]; do p=$(dirname \"$p\"); done; "
+                             "df -Pk \"$p\" | tail -1", timeout_s=60)
+    try:
+        return int(out.split()[3]) // 1024 if code == 0 else None
+    except (IndexError, ValueError):
+        return None
+
+
+def _install(launcher, run: Callable[..., str], wheel: Path, python: str, venv: str, reuse_site_packages: bool,
+             progress: Callable[[str], None], timeout_s: float) -> None:
+    target, q = launcher.target, shlex.quote(venv)
     run(f"rm -rf {q} && mkdir -p {q} && {shlex.quote(python)} -m venv {q}", "creating the virtual environment")
     constraints = (CHECKOUT / "constraints.txt").read_text()
     if reuse_site_packages:               # the host's own packages (its torch) come first
@@ -104,5 +140,3 @@ def install_on_host(launcher, python: str = "python3", *, reuse_site_packages: b
     run(f"cd {q} && bin/python -m pip install -q --disable-pip-version-check -c constraints.txt {wheel.name} 2>&1",
         "installing wantrain", timeout_s)
     run(f"{q}/bin/python -c 'import wantrain' && touch {q}/installed", "checking the install")
-    progress(f"{target}: installed")
-    return f"{venv}/bin/python"

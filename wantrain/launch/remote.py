@@ -43,6 +43,7 @@ class RemoteSite:
         self.host: HostInfo | None = None
         self._python_there: str | None = None
         self._forwards: dict[tuple[str, int], str] = {}
+        self._forwarded_on = 0          # the launcher's connection they were opened on
 
     def __str__(self) -> str:
         return str(self.launcher.target)
@@ -56,8 +57,11 @@ class RemoteSite:
                                                   venvs=self.venvs, progress=self.progress)
                                   if self.install else self.python)
         key = (ps_host, ps_port)
-        if key not in self._forwards:
+        if key not in self._forwards or not self.launcher.connected or self._forwarded_on != self.launcher.connections:
+            if not self.launcher.connected or self._forwarded_on != self.launcher.connections:
+                self._forwards.clear()          # the connection was lost, and its forwards with it
             self._forwards[key] = self.launcher.reverse_forward(ps_host, ps_port)
+            self._forwarded_on = self.launcher.connections
         ps = self._forwards[key]
         folder = ps[len("unix:"):].rsplit("/", 1)[0]           # 0700, removed when the launcher closes
         copies = {}

@@ -126,6 +126,7 @@ class SshLauncher:
         self.python = python            # runs the watchdog on the host
         self.connect_timeout_s = connect_timeout_s
         self._conn = None
+        self.connections = 0      # made so far: a new one has none of the old one's forwards
         self._folders: list[str] = []      # on the host, for the sockets of reverse forwards
 
     def start(self, spec: ProcessSpec) -> SshProcess:
@@ -141,11 +142,22 @@ class SshLauncher:
         _LOOP.run(self._put(data, path), 600)
 
     async def _put(self, data: bytes, path: str) -> None:
+        import asyncssh
+
         conn = await self._connection()
-        r = await conn.run(f"umask 077 && cat > {shlex.quote(path)}", input=data, encoding=None, check=False)
+        try:
+            r = await conn.run(f"umask 077 && cat > {shlex.quote(path)}", input=data, encoding=None, check=False)
+        except (asyncssh.Error, OSError) as e:
+            raise SshError(f"{self.target}: the SSH connection was lost while writing {path} "
+                           f"({getattr(e, 'reason', e) or type(e).__name__})") from None
         if r.exit_status != 0:
             why = (r.stderr or b"").decode(errors="replace").strip()
             raise SshError(f"{self.target}: cannot write {path} ({why or f'exit {r.exit_status}'})")
+
+    @property
+    def connected(self) -> bool:
+        """Whether the current connection is up (the next command makes a new one if not)."""
+        return self._conn is not None and not self._conn.is_closed()
 
     def reverse_forward(self, dest_host: str, dest_port: int) -> str:
         """An address on the host (`unix:PATH`) that leads to dest_host:dest_port on this side,
@@ -201,6 +213,7 @@ class SshLauncher:
             options["client_keys"] = [str(Path(t.key_file).expanduser())]
         try:
             self._conn = await asyncssh.connect(t.host, **options)
+            self.connections += 1
         except asyncssh.HostKeyNotVerifiable as e:
             raise SshError(f"{t}: the host's key is not trusted ({e.reason}): add it to {t.known_hosts} "
                            f"(ssh-keyscan -p {t.port} {t.host}) or turn the check off for a throwaway host") from None
@@ -214,8 +227,13 @@ class SshLauncher:
         return self._conn
 
     async def _run(self, command: str) -> tuple[int, str]:
+        import asyncssh
+
         conn = await self._connection()
-        r = await conn.run(command, check=False)
+        try:
+            r = await conn.run(command, check=False)
+        except (asyncssh.Error, OSError) as e:        # the connection went while the command ran or opened
+            return LOST, f"the SSH connection was lost ({getattr(e, 'reason', e) or type(e).__name__})"
         return (r.exit_status if r.exit_status is not None else LOST), f"{r.stdout or ''}{r.stderr or ''}"
 
     async def _start(self, spec: ProcessSpec) -> SshProcess:
