@@ -13,6 +13,7 @@ import pytest
 from wantrain.launch import ProcessSpec, SshLauncher, SshTarget
 from wantrain.launch.argv import site_args
 from wantrain.launch.install import install_on_host
+from wantrain.launch.ssh import LOST
 from wantrain.telemetry import read_events, rows
 
 from .cluster import Cluster, check_run
@@ -88,7 +89,8 @@ def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
 def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
     """Run starts site b on its SSH host (inspected, installed, TLS CA and shared secret copied
     there 0600, dialling back through a reverse forward that leads to its emulated link) beside
-    local site a; killed, b rejoins."""
+    local site a. Killed, b rejoins; when every SSH connection drops, its watchdog stops it on the
+    host and the run starts it again on a new connection, and it rejoins again."""
     from wantrain.launch import RemoteSite
     from wantrain.plan import describe_scenario
     from wantrain.run import Run
@@ -101,23 +103,28 @@ def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
     said: list[str] = []
     host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
                       progress=said.append, key_file=server.key_file, known_hosts=str(server.known_hosts))
-    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 5, "train.inner_steps": 16})
+    # Each round after a fault waits for b (it was in the last round), so it is back before the end.
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 6, "train.inner_steps": 16,
+                          "train.quorum_wait_s": 120.0})
     try:
         with Run(cfg, run_dir=tmp_path / "run", remote={"b": host}, plan=describe_scenario(scenario)) as run:
             assert run.tls and run.certs is not None
-            killed = False
             for ev in run.follow(timeout_s=400):
-                if ev["kind"] == "round_end" and ev["round"] == 1 and not killed:
+                if ev["kind"] == "round_end" and ev["round"] == 1:
                     run.kill_site("b")                     # over SSH: the remote group, then a restart there
                     run.start_site("b")
-                    killed = True
+                if ev["kind"] == "round_end" and ev["round"] == 3:
+                    dropped = run.workers["b"]
+                    server.drop_all()                      # the network fails: every SSH connection ends
             codes = run.wait_exit(60)
     finally:
         server.close()
     assert all(c == 0 for name, c in codes.items() if "site" in name), codes
     events = read_events(tmp_path / "run")
-    check_run(events, 5)
-    assert [j["site"] for j in rows(events, "join")].count("b") >= 2          # joined, killed, rejoined
+    check_run(events, 6)
+    assert [j["site"] for j in rows(events, "join")].count("b") >= 3          # joined; killed, dropped: rejoined
+    assert [f["site"] for f in rows(events, "fault") if f["action"] == "SSH connection lost"] == ["b"]
+    assert dropped.poll() == LOST and not _group(dropped.pgid)                 # nothing of it left on the host
     assert any("Python" in m and "torch" in m for m in said) and any("installed" in m for m in said), said
     assert (tmp_path / "run" / "site-b.log").read_text().strip()               # its log came back here
     link_rows = [json.loads(ln) for ln in (tmp_path / "run" / "links.jsonl").read_text().splitlines()]

@@ -26,7 +26,7 @@ import grpc
 from . import net
 from .auth import new_secret_file, read_secret
 from .config import RunConfig
-from .errors import ConfigError, ProcessError, WantrainError
+from .errors import ConfigError, ProcessError, SshError, WantrainError
 from .launch import LocalLauncher, ProcessSpec
 from .launch.argv import links_command, site_command
 from .launch.local import LocalProcess
@@ -34,8 +34,9 @@ from .launch.base import ProcessHandle
 from .launch.placement import Placement, Placements
 from .launch.remote import RemoteSite
 from .naming import default_site_names, new_run_dir
-from .plan import RunPlan, SitePlan, describe_scenario, outage_command
+from .plan import RunPlan, SitePlan, describe_scenario
 from .relay import EventRelay
+from .run_faults import RunFaults
 from .watch import follow_events
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def _stop_all() -> None:
         run.stop()
 
 
-class Run:
+class Run(RunFaults):
     """The processes of one training run on this machine."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
@@ -160,53 +161,6 @@ class Run:
                 raise ProcessError("the parameter server did not start listening in time")
             time.sleep(0.05)
         self.port = int(port_file.read_text())
-
-    # ------------------------------------------------------------ faults, on purpose
-
-    def _fault(self, action: str, site: str | None = None, **extra) -> None:
-        row = {"kind": "fault", "t": time.time(), "action": action, **({"site": site} if site else {}), **extra}
-        self.faults.append(row)
-        if self.relay is not None:
-            self.relay.add(row)
-
-    def kill_site(self, name: str) -> None:
-        """SIGKILL a site's process, as a crash would; `start_site(name)` brings it back."""
-        if name not in self.workers:
-            raise ConfigError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
-        p = self.workers[name]
-        self._killed.add(id(p))
-        self._fault("kill site", name)
-        p.kill()
-        p.wait(10)
-
-    def outage(self, name: str, seconds: float) -> None:
-        """Take a site's emulated link down now for `seconds` (needs a scenario)."""
-        if self.links is None or self.links.poll() is not None:
-            raise ProcessError("no link emulator is running: outages need a run with a scenario or plan")
-        if name not in self.sites:
-            raise ConfigError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
-        if not 0 < seconds <= 200:
-            raise ConfigError(f"an outage lasts (0, 200] s, got {seconds}")
-        self._fault("link outage", name, seconds=seconds)
-        with open(self.links_control, "a") as f:
-            f.write(outage_command(name, seconds))
-
-    def restart_ps(self, timeout_s: float = 120.0) -> None:
-        """SIGKILL the PS and start it again on the same port: it resumes from its checkpoint
-        and the sites reconnect by themselves."""
-        if self.ps is None or self.port is None:
-            raise ProcessError("the run has not started: there is no parameter server to restart")
-        self._restarting = True
-        try:
-            old = self.ps
-            self._killed.add(id(old))
-            self._fault("restart PS")
-            old.kill()
-            old.wait(10)
-            self._ps_restarts += 1
-            self._start_ps(self.port, f"ps-restart-{self._ps_restarts}.log", time.time() + timeout_s)
-        finally:
-            self._restarting = False
 
     def _start_links(self, plan: RunPlan, deadline: float) -> None:
         if sorted(plan.names) != sorted(self.sites):
@@ -327,9 +281,11 @@ class Run:
                 raise ProcessError(f"the run did not finish within {timeout_s:.0f} s")
 
     def _check_processes(self, final: bool = False) -> None:
+        if self._reconnect_error:
+            raise SshError(self._reconnect_error)
         for p in self.processes():
             code = p.poll()
-            if code not in (None, 0) and id(p) not in self._killed:
+            if code not in (None, 0) and id(p) not in self._killed and (final or not self._lost(p, code)):
                 raise ProcessError(f"{p.name} exited with code {code}:\n{p.log_tail()}")
 
     def wait_exit(self, timeout_s: float = 60.0) -> dict[str, int | None]:
