@@ -11,6 +11,7 @@ stops every process it started when the run ends, fails, or is interrupted.
 from __future__ import annotations
 
 import atexit
+import json
 import dataclasses
 import queue
 import sys
@@ -32,6 +33,7 @@ from .launch.argv import links_command, site_command
 from .launch.local import LocalProcess
 from .launch.base import ProcessHandle
 from .launch.placement import Placement, Placements
+from .launch.ps_host import LocalPS, RemotePS, wait_for_port
 from .launch.remote import RemoteSite
 from .naming import default_site_names, new_run_dir
 from .plan import RunPlan, SitePlan, describe_scenario
@@ -60,7 +62,8 @@ class Run(RunFaults):
                  host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
                  python: str = sys.executable, scenario: str | Path | None = None, tls: bool = True,
                  devices: dict[str, str] | None = None, plan: RunPlan | None = None,
-                 remote: dict[str, RemoteSite | str] | None = None, nproc: dict[str, int] | None = None) -> None:
+                 remote: dict[str, RemoteSite | str] | None = None, nproc: dict[str, int] | None = None,
+                 ps_on: RemotePS | str | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -85,13 +88,18 @@ class Run(RunFaults):
         self.tls = tls            # a development CA per run: sites verify the PS, traffic is encrypted
         self.certs: DevCerts | None = None
         self.launcher = launcher or LocalLauncher()
+        # Where the PS runs: here, or an SSH host that sites reach at its public address and this
+        # notebook through a forward (then each site has a token of its own).
+        self.ps_host = LocalPS(self.launcher, python, host) if ps_on is None else \
+            RemotePS(ps_on) if isinstance(ps_on, str) else ps_on
         # Where each site runs: here, or an SSH host (installed there, it dials back through its own
         # connection); a site whose link tcconfig shapes gets a shaper on the same host.
         self.placements = Placements(self.sites, remote, self.launcher, python)
         self.shapers: dict[str, ProcessHandle] = {}
-        self.ps: LocalProcess | None = None
+        self.ps: ProcessHandle | None = None
         self.workers: dict[str, ProcessHandle] = {}
-        self.port: int | None = None
+        self.port: int | None = None          # where observers reach the PS (a forward's, for a remote PS)
+        self.ps_port: int | None = None       # the port the PS bound on its host
         self._events: queue.Queue[dict | None] = queue.Queue()
         self._watch_thread: threading.Thread | None = None
         self._watch_error = ""
@@ -108,25 +116,33 @@ class Run(RunFaults):
 
     @property
     def address(self) -> str:
+        """Where this process reaches the PS (Watch, the relay)."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def site_address(self) -> str:
+        """Where sites and their links reach the PS."""
+        return f"{self.ps_host.public_host}:{self.ps_port}"
 
     def start(self, timeout_s: float = 120.0) -> Run:
         _LIVE_RUNS.add(self)
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(self.cfg.to_json())
         # Even on one machine the PS admits only this run's sites, and shows its telemetry only to
-        # this run's observers: a fresh shared secret, and a fresh observer token.
-        self.secret_file = new_secret_file(self.run_dir / "secret")
-        self.observer_token_file = new_secret_file(self.run_dir / "observer-token")
+        # this run's observers: a fresh shared secret (a token per site for a PS on another host), and
+        # a fresh observer token.
+        files = {"config": cfg_path, **self._secrets()}
+        self.observer_token_file = files["observer-token"] = new_secret_file(self.run_dir / "observer-token")
         self.observer_token = read_secret(self.observer_token_file)
-        tls_args: tuple[str, ...] = ()
         if self.tls:
             from .tls import make_dev_certs  # cryptography: only for runs that use TLS
-            self.certs = certs = make_dev_certs(self.run_dir / "tls", hosts=(self.host, "localhost"))
-            tls_args = ("--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key))
-        self._ps_args = ("--config", str(cfg_path), "--run-dir", str(self.run_dir), "--host", self.host,
-                         "--shared-secret-file", str(self.secret_file),
-                         "--observer-token-file", str(self.observer_token_file), *tls_args)
+            self.certs = make_dev_certs(self.run_dir / "tls", hosts=(self.ps_host.public_host, "localhost"))
+            files.update({"tls-cert": self.certs.server_cert, "tls-key": self.certs.server_key})
+        there, run_dir = self.ps_host.place(files, self.run_dir)
+        flags = {"config": "--config", "shared-secret": "--shared-secret-file", "tokens": "--tokens",
+                 "observer-token": "--observer-token-file", "tls-cert": "--tls-cert", "tls-key": "--tls-key"}
+        self._ps_args = ("--run-dir", run_dir, "--host", self.ps_host.bind,
+                         *(arg for role, path in there.items() for arg in (flags[role], path)))
         deadline = time.time() + timeout_s
         self._start_ps(0, "ps.log", deadline)
         self.relay = EventRelay(self._open_channel, self.observer_token,
@@ -145,22 +161,31 @@ class Run(RunFaults):
         return self
 
     def _start_ps(self, port: int, log_name: str, deadline: float) -> None:
-        """Start the PS (port 0: any free port) and wait until it listens; sets self.port."""
-        port_file = self.run_dir / "ps.port"
-        port_file.unlink(missing_ok=True)
-        self.ps = self.launcher.start(ProcessSpec(
-            "parameter server",
-            (self.python, "-m", "wantrain", "ps", *self._ps_args, "--port", str(port), "--port-file", str(port_file)),
+        """Start the PS (port 0: any free port) and wait until it listens; sets the ports."""
+        port_file = self.ps_host.port_file(self.run_dir)
+        self.ps_host.clear_port(port_file)
+        self.ps = self.ps_host.launcher.start(ProcessSpec(
+            "parameter server", (self.ps_host.python, "-m", "wantrain", "ps", *self._ps_args, "--port", str(port),
+                                 "--port-file", port_file),
             env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / log_name))
-        while not port_file.exists():
-            if self.ps.poll() is not None:
-                raise ProcessError(f"the parameter server exited with code {self.ps.poll()} before listening:\n"
-                                   f"{self.ps.log_tail()}")
-            if time.time() > deadline:
-                self.stop()
-                raise ProcessError("the parameter server did not start listening in time")
-            time.sleep(0.05)
-        self.port = int(port_file.read_text())
+        try:
+            self.ps_port = wait_for_port(self.ps_host, self.ps, port_file, deadline)
+        except ProcessError:
+            self.stop()
+            raise
+        observer = self.ps_host.observer_address(self.ps_port)
+        self.host, self.port = observer.rsplit(":", 1)[0], int(observer.rsplit(":", 1)[1])
+
+    def _secrets(self) -> dict[str, Path]:
+        """The shared secret all sites present, or (PS on another host) a token file per site."""
+        if isinstance(self.ps_host, LocalPS):
+            self.site_tokens = dict.fromkeys(self.sites, new_secret_file(self.run_dir / "secret"))
+            return {"shared-secret": self.site_tokens[self.sites[0]]}
+        self.site_tokens = {s: new_secret_file(self.run_dir / f"token-{s}") for s in self.sites}
+        tokens = self.run_dir / "tokens.json"
+        tokens.touch(mode=0o600)
+        tokens.write_text(json.dumps({s: read_secret(f) for s, f in self.site_tokens.items()}))
+        return {"tokens": tokens}
 
     def _start_links(self, plan: RunPlan, deadline: float) -> None:
         if sorted(plan.names) != sorted(self.sites):
@@ -168,7 +193,7 @@ class Run(RunFaults):
         listening = self.run_dir / "links.json"
         listening.unlink(missing_ok=True)
         self.links = self.launcher.start(ProcessSpec("link emulator", links_command(
-            self.python, plan.write(self.run_dir / "plan.json"), self.address, listening,
+            self.python, plan.write(self.run_dir / "plan.json"), self.site_address, listening,
             self.run_dir / "links.jsonl", self.links_control), env={"PYTHONUNBUFFERED": "1"},
             log_path=self.run_dir / "links.log"))
         while not listening.exists():
@@ -200,8 +225,9 @@ class Run(RunFaults):
         remote = name in self.placements.remote
         # An SSH site's reverse forward leads to its emulated link where the proxy has one (a kernel
         # namespace is on this machine: not for it), else to the PS; so does a tcconfig site's dial.
-        via = link.dial if link is not None and link.dial and not (remote and link.exec_prefix) else self.address
-        where = self.placements.place(name, via, self.secret_file, self.certs.ca if self.certs else None, self.run_dir)
+        via = link.dial if link is not None and link.dial and not (remote and link.exec_prefix) else self.site_address
+        where = self.placements.place(name, via, self.site_tokens[name], self.certs.ca if self.certs else None,
+                                      self.run_dir, forward=isinstance(self.ps_host, LocalPS) or via != self.site_address)
         if self.plan is not None and link is not None and link.backend == "tcconfig" and name not in self.shapers:
             self.shapers[name] = self.placements.start_shaper(name, self.plan, where, self.run_dir / f"shaper-{name}.log")
         if remote and link is not None:     # it dials its forward; the link's figures still count
@@ -223,6 +249,9 @@ class Run(RunFaults):
         if self.ps is not None:
             self.ps.stop(grace_s=3.0)
         self.placements.close()
+        if self.ps is not None:
+            self.ps_host.copy_back("events.jsonl", self.run_dir / "events.jsonl")
+        self.ps_host.close()
         if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
             self._watch_thread.join(5)
         _LIVE_RUNS.discard(self)
@@ -242,11 +271,17 @@ class Run(RunFaults):
         return net.observer_channel(self.address, self._tls_client())
 
     def _start_watch(self) -> None:
+        # A PS on another host keeps its events.jsonl there: the run folder here gets a copy.
+        mirror = None if isinstance(self.ps_host, LocalPS) else self.run_dir / "events.jsonl"
+
         def pump() -> None:
             try:     # across restart_ps(); ends at run_end, on stop(), or when the PS died by itself
                 for ev in follow_events(self.address, self.observer_token, self._tls_client(), stop=self._stopping,
                                         keep_trying=lambda: self._restarting or id(self.ps) in self._killed
                                         or (self.ps is not None and self.ps.poll() is None)):
+                    if mirror is not None:
+                        with open(mirror, "a") as f:
+                            f.write(json.dumps(ev, separators=(",", ":")) + "\n")
                     self._events.put(ev)
             except WantrainError as e:
                 self._watch_error = str(e)

@@ -36,7 +36,7 @@ class RunFaults:
     faults: list[dict]
     _killed: set[int]
     ps: ProcessHandle | None
-    port: int | None
+    ps_port: int | None
     placements: Placements
     _stopping: threading.Event
     _restarting: bool
@@ -81,7 +81,7 @@ class RunFaults:
     def restart_ps(self, timeout_s: float = 120.0) -> None:
         """SIGKILL the PS and start it again on the same port: it resumes from its checkpoint
         and the sites reconnect by themselves."""
-        if self.ps is None or self.port is None:
+        if self.ps is None or self.ps_port is None:
             raise ProcessError("the run has not started: there is no parameter server to restart")
         self._restarting = True
         try:
@@ -91,7 +91,7 @@ class RunFaults:
             old.kill()
             old.wait(10)
             self._ps_restarts += 1
-            self._start_ps(self.port, f"ps-restart-{self._ps_restarts}.log", time.time() + timeout_s)
+            self._start_ps(self.ps_port, f"ps-restart-{self._ps_restarts}.log", time.time() + timeout_s)
         finally:
             self._restarting = False
 

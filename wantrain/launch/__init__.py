@@ -2,8 +2,9 @@
 
 from .base import Launcher, ProcessHandle, ProcessSpec
 from .local import LocalLauncher, LocalProcess
+from .ps_host import LocalPS, RemotePS
 from .remote import RemoteSite
 from .ssh import SshLauncher, SshProcess, SshTarget
 
-__all__ = ["Launcher", "ProcessHandle", "ProcessSpec", "LocalLauncher", "LocalProcess", "RemoteSite", "SshLauncher",
-           "SshProcess", "SshTarget"]
+__all__ = ["Launcher", "ProcessHandle", "ProcessSpec", "LocalLauncher", "LocalProcess", "LocalPS", "RemotePS",
+           "RemoteSite", "SshLauncher", "SshProcess", "SshTarget"]

@@ -42,14 +42,17 @@ class Placements:
             raise ConfigError(f"remote hosts given for sites not in the run: {sorted(set(self.remote) - set(sites))}")
         self.launcher, self.python = launcher, python
 
-    def place(self, name: str, dial: str, secret: Path, ca: Path | None, run_dir: Path) -> Placement:
-        """Prepare the site's host (for an SSH host: inspect, install, forward to `dial` (HOST:PORT),
-        copy the secrets; once per host and address) and say how to start the site there."""
+    def place(self, name: str, dial: str, secret: Path, ca: Path | None, run_dir: Path, forward: bool = True
+              ) -> Placement:
+        """Prepare the site's host (for an SSH host: inspect, install, forward to `dial` (HOST:PORT)
+        unless `forward` is off (a PS at a public address), copy the secrets; once per host and
+        address) and say how to start the site there."""
         if name not in self.remote:
             return Placement(self.launcher, self.python, dial, str(secret), str(ca) if ca is not None else None,
                              str(run_dir))
         host, port = dial.rsplit(":", 1)
-        r = self.remote[name].prepare(host, int(port), {"secret": secret, **({"ca": ca} if ca is not None else {})})
+        r = self.remote[name].prepare(host, int(port), {"secret": secret, **({"ca": ca} if ca is not None else {})},
+                                      forward)
         return Placement(r.launcher, r.python, r.ps, r.files["secret"], r.files.get("ca"), r.folder)
 
     def start_shaper(self, name: str, plan: RunPlan, where: Placement, log_path: Path,

@@ -44,11 +44,13 @@ class RemoteSite:
         self._python_there: str | None = None
         self._forwards: dict[tuple[str, int], str] = {}
         self._forwarded_on = 0          # the launcher's connection they were opened on
+        self._direct_folder: str | None = None
 
     def __str__(self) -> str:
         return str(self.launcher.target)
 
-    def prepare(self, ps_host: str, ps_port: int, files: dict[str, Path]) -> Prepared:
+    def ready(self) -> str:
+        """Inspect the host and install this version there (once); the Python to run it with."""
         if self.host is None:
             self.host = inspect_host(self.launcher, self.python, self.gpus)
             self.progress(f"{self}: {self.host.describe()}")
@@ -56,6 +58,17 @@ class RemoteSite:
             self._python_there = (install_on_host(self.launcher, self.python, reuse_site_packages=self.reuse,
                                                   venvs=self.venvs, progress=self.progress)
                                   if self.install else self.python)
+        return self._python_there
+
+    def prepare(self, ps_host: str, ps_port: int, files: dict[str, Path], forward: bool = True) -> Prepared:
+        """Ready the host for a site that dials ps_host:ps_port: through a reverse forward (a PS next
+        to the notebook), or directly (`forward=False`: a PS at a public address)."""
+        python = self.ready()
+        if not forward:
+            if self._direct_folder is None or not self.launcher.connected:
+                self._direct_folder = self.launcher.private_folder()
+            return Prepared(self.launcher, python, f"{ps_host}:{ps_port}", self._put(files, self._direct_folder),
+                            self._direct_folder)
         key = (ps_host, ps_port)
         if key not in self._forwards or not self.launcher.connected or self._forwarded_on != self.launcher.connections:
             if not self.launcher.connected or self._forwarded_on != self.launcher.connections:
@@ -64,11 +77,14 @@ class RemoteSite:
             self._forwarded_on = self.launcher.connections
         ps = self._forwards[key]
         folder = ps[len("unix:"):].rsplit("/", 1)[0]           # 0700, removed when the launcher closes
+        return Prepared(self.launcher, python, ps, self._put(files, folder), folder)
+
+    def _put(self, files: dict[str, Path], folder: str) -> dict[str, str]:
         copies = {}
         for role, path in files.items():
             copies[role] = f"{folder}/{role}-{Path(path).name}"
             self.launcher.put(Path(path).read_bytes(), copies[role])
-        return Prepared(self.launcher, self._python_there, ps, copies, folder)
+        return copies
 
     def close(self) -> None:
         self.launcher.close()

@@ -5,7 +5,7 @@ their own, in a background thread (`_Loop`): the Launcher interface is synchrono
 panel's buttons and the CLI call it from their threads), and a notebook kernel's own loop cannot
 block on work that it would itself have to run.
 
-On the host, each process runs under a small Python watchdog (`_WATCHDOG`), started with `exec`,
+On the host, each process runs under a small Python watchdog (`WATCHDOG`), started with `exec`,
 so it leads the process group sshd made for the session. It reads the command, its environment
 and folder as the first line of its stdin (secrets such as tokens never appear on a command line,
 and sshd's AcceptEnv does not matter), starts it in that group, reports the group, and waits.
@@ -27,38 +27,9 @@ from urllib.parse import urlsplit
 
 from ..errors import ProcessError, SshError, WaitTimeoutError
 from .base import ProcessSpec, log_tail, stop_gracefully
+from .watchdog import WATCHDOG
 
 __all__ = ["SshTarget", "SshLauncher", "SshProcess"]
-
-_WATCHDOG = r"""
-import json, os, signal, subprocess, sys, threading, time
-signal.signal(signal.SIGTERM, lambda *_: None)      # a handler, not SIG_IGN: the command gets the default back
-line = b""
-while not line.endswith(b"\n"):                      # unbuffered: the rest of stdin is watched below
-    more = os.read(0, 1)
-    if not more:
-        sys.exit(1)
-    line += more
-spec = json.loads(line)
-try:
-    child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env={**os.environ, **spec["env"]}, stdin=subprocess.DEVNULL)
-except OSError as e:
-    print("wantrain-error", e, flush=True)
-    sys.exit(127)
-print("wantrain-started", os.getpgrp(), child.pid, flush=True)
-def hang_up():
-    while os.read(0, 65536):                         # until EOF: the SSH channel closed
-        pass
-    os.killpg(0, signal.SIGTERM)
-    deadline = time.time() + 5
-    while child.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    os.killpg(0, signal.SIGKILL)
-threading.Thread(target=hang_up, daemon=True).start()
-code = child.wait()
-sys.stdout.flush()
-os._exit(code if code >= 0 else 128 - code)          # not sys.exit: the reader thread holds stdin
-"""
 
 LOST = 255      # the exit code of a process whose connection was lost (as ssh(1) reports it)
 
@@ -166,12 +137,34 @@ class SshLauncher:
         and no other account there can use it. It lasts as long as the connection."""
         return _LOOP.run(self._reverse_forward(dest_host, dest_port), self.connect_timeout_s + 30)
 
-    async def _reverse_forward(self, dest_host: str, dest_port: int) -> str:
+    def private_folder(self) -> str:
+        """A new folder on the host, mode 0700, removed when the connection closes: for a run's
+        secrets and sockets there."""
+        return _LOOP.run(self._private_folder(), self.connect_timeout_s + 30)
+
+    async def _private_folder(self) -> str:
         code, out = await self._run("umask 077 && mktemp -d /tmp/wantrain-XXXXXXXX")
         if code != 0:
-            raise SshError(f"{self.target}: cannot make a folder for the PS's socket: {out.strip()}")
+            raise SshError(f"{self.target}: cannot make a private folder in /tmp: {out.strip()}")
         self._folders.append(out.strip())
-        path = out.strip() + "/ps.sock"
+        return out.strip()
+
+    def local_forward(self, dest_host: str, dest_port: int) -> int:
+        """A port on 127.0.0.1 here that leads to dest_host:dest_port as the host sees it, through
+        this connection: how the notebook reaches a PS in the cloud (Watch, faults). Its port."""
+        return _LOOP.run(self._local_forward(dest_host, dest_port), self.connect_timeout_s + 30)
+
+    async def _local_forward(self, dest_host: str, dest_port: int) -> int:
+        conn = await self._connection()
+        try:
+            listener = await conn.forward_local_port("127.0.0.1", 0, dest_host, dest_port)
+        except Exception as e:
+            raise SshError(f"{self.target}: cannot forward a local port to {dest_host}:{dest_port} there "
+                           f"({getattr(e, 'reason', e)}); is AllowTcpForwarding off?") from None
+        return listener.get_port()
+
+    async def _reverse_forward(self, dest_host: str, dest_port: int) -> str:
+        path = await self._private_folder() + "/ps.sock"
         conn = await self._connection()
         try:
             await conn.forward_remote_path_to_port(path, dest_host, dest_port)
@@ -238,7 +231,7 @@ class SshLauncher:
 
     async def _start(self, spec: ProcessSpec) -> SshProcess:
         conn = await self._connection()
-        proc = await conn.create_process(f"exec {shlex.quote(self.python)} -u -c {shlex.quote(_WATCHDOG)} 2>&1",
+        proc = await conn.create_process(f"exec {shlex.quote(self.python)} -u -c {shlex.quote(WATCHDOG)} 2>&1",
                                          encoding=None)
         proc.stdin.write(json.dumps({"argv": list(spec.argv), "cwd": spec.cwd, "env": spec.env}).encode() + b"\n")
         said = b""

@@ -41,9 +41,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     join_group(torch.device(device))
     if rank > 0:                     # only rank 0 speaks to the PS; the others follow it
-        code = follow(torch.device(device))
-        leave()
-        return code
+        leave(follow(torch.device(device)))
     token = read_secret(args.token_file) if args.token_file else ""
     if (args.tls_cert or args.tls_key) and not args.tls_ca:
         raise ConfigError("a TLS client certificate needs --tls-ca as well")
@@ -55,8 +53,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
                             speed_factor=args.speed_factor, probe_interval_s=args.probe_interval,
                             link_rtt_ms=args.link_rtt_ms, link_mbps=args.link_mbps))
     asyncio.run(site.run())
-    leave()           # on an error rank 0 just exits: torchrun then stops the other ranks
     logging.getLogger("wantrain.site").info("site %s finished after %d rounds", args.site, site.round)
+    if world > 1:     # (on an error rank 0 just exits: torchrun then stops the other ranks)
+        leave(0)
     return 0
 
 
@@ -86,6 +85,12 @@ def add_worker_parser(sub) -> None:
 
 
 if __name__ == "__main__":        # a rank of a group, started by torchrun (see cmd_worker)
-    from ..cli import main
+    from ..errors import WantrainError
 
-    sys.exit(main(json.loads(os.environ[ARGV_VARIABLE])))
+    parser = argparse.ArgumentParser(prog="wantrain")
+    add_worker_parser(parser.add_subparsers(dest="command", required=True))
+    try:
+        sys.exit(cmd_worker(parser.parse_args(json.loads(os.environ[ARGV_VARIABLE]))))
+    except WantrainError as e:    # one line, as `wantrain worker` prints it (cli.py)
+        print(f"wantrain worker (rank {os.environ.get('RANK')}): {e}", file=sys.stderr)
+        sys.exit(2 if isinstance(e, ConfigError) else 1)
