@@ -55,6 +55,8 @@ def test_site_states_follow_the_events():
           {"kind": "round_start", "round": 0}, {"kind": "join", "site": "b", "resumed": True},
           {"kind": "leave", "site": "a", "reason": "stream broke"}]
     assert site_states(ev) == {"a": "left: stream broke", "b": "downloading the model (rejoined)"}
+    lost = ev + [{"kind": "fault", "action": "SSH connection lost", "site": "b"}]
+    assert site_states(lost)["b"] == "lost its SSH connection: starting it again"
 
 
 @pytest.mark.timeout(240)
@@ -108,3 +110,36 @@ def test_buttons_drive_a_real_run(tmp_path):
     samples = [e for e in logged if e["kind"] == "link" and e["site"] == "us-west"]
     up = [e["bandwidth_mbps"] for e in samples if not e["down"]]          # (the forced outage reads 0)
     assert up and set(up) == {80.0}                                          # the link shapes at 80 Mbit/s
+
+
+@pytest.mark.timeout(400)     # the install on the "host" takes a minute on a loaded machine
+def test_a_row_that_runs_on_an_ssh_host(tmp_path):
+    """A row's "runs on" takes ssh://user@host: the host's state (its Python, torch and GPUs, the
+    install) shows on the row, the site trains there, and its log comes back here. A "runs on"
+    that is neither this machine nor an SSH address is refused by name, before anything starts."""
+    import sys
+
+    from .sshd import SshServer
+
+    server = SshServer(tmp_path / "sshd")
+    ssh = {"key_file": server.key_file, "known_hosts": str(server.known_hosts), "python": sys.executable,
+           "reuse_site_packages": True, "venvs": str(tmp_path / "venvs")}
+    panel = ControlPanel("three-sites", config=small_config(), run_root=tmp_path, rounds=3, inner_steps=10, ssh=ssh)
+    try:
+        panel.rows[2]["runs_on"].value = "ftp://elsewhere"
+        with pytest.raises(ConfigError, match="site ap-southeast: runs on 'ftp://elsewhere'"):
+            panel.start()
+        assert panel.run is None
+        panel.rows[2]["runs_on"].value = server.url
+        panel.start()
+        assert panel.wait(300) == "finished", panel.message.value
+        status = panel.rows[2]["status"].value
+        assert "installed" in status or "already installed" in status, status
+        assert panel.rows[0]["status"].value == ""                            # a row on this machine
+        assert "finished after 3 rounds" in panel.show_log("ap-southeast")    # its log, from the host
+        assert "<pre>" in panel.log_view.value
+        ends = [e for e in panel.dashboard.events if e["kind"] == "round_end"]
+        assert len(ends) == 3 and all("ap-southeast" in e["sites"] for e in ends)
+    finally:
+        panel.stop()
+        server.close()

@@ -53,6 +53,8 @@ def site_states(events: list[dict]) -> dict[str, str]:
             states[site] = f"sent its delta of round {e['round']} ({e['wire_bytes'] / 1e6:.2f} MB)"
         elif k == "leave":
             states[site] = f"left: {e['reason']}"
+        elif k == "fault" and e.get("action") == "SSH connection lost":
+            states[site] = "lost its SSH connection: starting it again"
         elif k == "run_end":
             states = {name: "finished" if not st.startswith("left") else st for name, st in states.items()}
     return states

@@ -1,6 +1,7 @@
 """The control panel: configure sites and links, start and stop a run, inject faults, watch it.
 
-One row per site (name, where it runs, device, link, custom trace, speed factor) over a testbed
+One row per site (name, where it runs: this machine or ssh://user@host, device, processes, link,
+custom trace, speed factor; an SSH host's state as it is prepared, and the site's log) over a testbed
 scenario, the run's settings (model preset, rounds, inner steps or a time budget, codec), Start
 and Stop, and fault buttons (kill a site, restart the PS, an outage on a link now). It drives
 the same `Run` as `wantrain demo`: the edited rows become a scenario file in the run folder.
@@ -15,6 +16,7 @@ threads, and the live `Dashboard` below it is fed by the PS's Watch stream.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html
 import sys
 import threading
@@ -25,6 +27,8 @@ from ..config import CODEC_MODES, RunConfig
 from ..errors import ConfigError, ProcessError, StateError, WaitTimeoutError
 from ..plan import RunPlan
 from ..report import write_report
+from ..launch import RemoteSite
+from ..launch.base import log_tail
 from ..run import Run, describe_scenario, new_run_dir
 from .dashboard import Dashboard
 
@@ -40,7 +44,7 @@ class ControlPanel:
     def __init__(self, scenario: str | Path = "three-sites", *, preset: str = "tiny", rounds: int = 8,
                  inner_steps: int = 30, round_budget_s: float | None = None, codec: str = "int8-huffman",
                  config: RunConfig | None = None, run_root: str | Path = "runs", site_threads: int = 1,
-                 restart_after_s: float = 2.0, python: str = sys.executable) -> None:
+                 restart_after_s: float = 2.0, python: str = sys.executable, ssh: dict | None = None) -> None:
         import ipywidgets as W
 
         from ..presets import PRESETS
@@ -48,6 +52,7 @@ class ControlPanel:
         self.base = config or RunConfig()
         self.scenario, self.run_root, self.site_threads, self.python = scenario, Path(run_root), site_threads, python
         self.restart_after_s = restart_after_s
+        self.ssh = dict(ssh or {})       # for every ssh:// row: key_file, known_hosts, python, reuse_site_packages ...
         self.plan = describe_scenario(str(scenario), python)
         self.run: Run | None = None
         self.dashboard: Dashboard | None = None
@@ -61,7 +66,11 @@ class ControlPanel:
         for s in self.plan.sites:
             row = dict(
                 name=W.Text(s.name, layout=W.Layout(width="130px")),
+                runs_on=W.Text("", placeholder="this machine, or ssh://user@host[:port]",
+                               layout=W.Layout(width="230px")),
                 device=W.Dropdown(options=DEVICES, value="auto", layout=W.Layout(width="80px")),
+                procs=W.BoundedIntText(1, min=1, max=64, tooltip="processes (GPUs) of the site: a torch.distributed "
+                                       "group", layout=W.Layout(width="60px")),
                 link=W.HTML(f"{html.escape(s.region)}, {s.rtt_ms:.0f} ms RTT", layout=W.Layout(width="200px")),
                 bandwidth=W.BoundedFloatText(s.bandwidth_mbps or 0.0, min=0.0, max=100_000.0, step=1.0,
                                              tooltip="Mbit/s each way; 0: unlimited", layout=W.Layout(width="90px")),
@@ -69,11 +78,15 @@ class ControlPanel:
                              layout=W.Layout(width="220px")),
                 speed=W.BoundedFloatText(s.speed_factor, min=1.0, max=100.0, step=0.25,
                                          layout=W.Layout(width="80px")),
+                log=W.Button(icon="file-text", tooltip="show the end of this site's log", layout=W.Layout(width="40px")),
+                status=W.HTML("", layout=W.Layout(width="300px")),
             )
+            row["log"].on_click(lambda _, r=row: self.show_log(r["name"].value.strip()))
             self.rows.append(row)
         head = W.HBox([W.HTML(f"<b>{t}</b>", layout=W.Layout(width=w)) for t, w in (
-            ("site", "130px"), ("device", "80px"), ("link (scenario)", "200px"), ("Mbit/s", "90px"),
-            ("link trace", "220px"), ("speed x", "80px"))])
+            ("site", "130px"), ("runs on", "230px"), ("device", "80px"), ("procs", "60px"),
+            ("link (scenario)", "200px"), ("Mbit/s", "90px"), ("link trace", "220px"), ("speed x", "80px"),
+            ("log", "40px"), ("host", "300px"))])
         site_table = W.VBox([head] + [W.HBox(list(r.values())) for r in self.rows])
 
         # ---- the run's settings
@@ -106,9 +119,10 @@ class ControlPanel:
         self.outage_button.on_click(lambda _: self._background(self.outage, self.fault_site.value, self.outage_s.value))
         self.ps_button.on_click(lambda _: self._background(self.restart_ps))
         self.message = W.HTML("")
+        self.log_view = W.HTML("")
         self.dash_box = W.VBox([])
         self.box = W.VBox([
-            site_table,
+            site_table, self.log_view,
             W.HBox([self.preset, self.rounds, self.codec]),
             W.HBox([self.work, self.inner_steps, self.budget]),
             W.HBox([self.start_button, self.stop_button]),
@@ -158,8 +172,9 @@ class ControlPanel:
         try:
             cfg, plan = self.config(), self.site_plan()        # bad settings fail before anything exists
             devices = {r["name"].value.strip(): r["device"].value for r in self.rows}
+            nproc = {r["name"].value.strip(): r["procs"].value for r in self.rows if r["procs"].value > 1}
             self.run = run = Run(cfg, run_dir=new_run_dir(self.run_root), plan=plan, site_threads=self.site_threads,
-                                 python=self.python, devices=devices)
+                                 python=self.python, devices=devices, remote=self._remote(), nproc=nproc)
         except Exception as e:          # a bad setting: say which, start nothing
             self._fail(e)
             raise
@@ -252,6 +267,31 @@ class ControlPanel:
         self._running().outage(name, seconds)
         self._say(f"link of {name} down for {seconds:g} s")
         self._redraw()
+
+    def _remote(self) -> dict[str, RemoteSite | str]:
+        """The SSH hosts of the rows that run on one; ConfigError naming a row's bad "runs on"."""
+        hosts: dict[str, RemoteSite | str] = {}
+        for r in self.rows:
+            name, where = r["name"].value.strip(), r["runs_on"].value.strip()
+            r["status"].value = ""
+            if where in ("", "this machine", "local"):
+                continue
+            if not where.startswith("ssh://"):
+                raise ConfigError(f"site {name}: runs on {where!r}: give 'this machine' or ssh://user@host[:port]")
+            hosts[name] = RemoteSite(where, progress=functools.partial(self._host_said, r), **self.ssh)
+            r["status"].value = html.escape(f"connecting to {where}")
+        return hosts
+
+    @staticmethod
+    def _host_said(row: dict, message: str) -> None:   # inspecting, installing, its GPUs: on the row
+        row["status"].value = html.escape(message.split(": ", 1)[-1])
+
+    def show_log(self, site: str, lines: int = 30) -> str:
+        """The end of a site's log (a remote site's comes back here as it runs), under the table."""
+        path = self.run.run_dir / f"site-{site}.log" if self.run is not None else None
+        text = log_tail(path, lines) if path is not None else ""
+        self.log_view.value = f"<b>{html.escape(site)}</b><pre>{html.escape(text or '(no log yet)')}</pre>"
+        return text
 
     # ------------------------------------------------------------ plumbing
 
