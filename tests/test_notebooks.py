@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TUTORIALS = ["01-quickstart", "02-compression", "03-wan-traces", "04-faults", "05-heterogeneous-sites"]
+TUTORIALS = ["01-quickstart", "02-compression", "03-wan-traces", "04-faults", "05-heterogeneous-sites",
+             "06-remote-sites"]
 
 
 def committed_notebooks() -> list[Path]:
@@ -33,7 +34,7 @@ def outputs_of(nb: dict) -> list[str]:
     return found
 
 
-def test_the_five_tutorials_are_there():
+def test_the_tutorials_are_there():
     names = [p.stem for p in sorted((ROOT / "notebooks").glob("*.ipynb"))]
     assert names == TUTORIALS
 
