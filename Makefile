@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/server_bench.py --preset gpt2 --rounds 3
 	$(BIN)/python bench/shard_ingest.py --preset gpt2 --rounds 3
 	$(BIN)/python bench/site_restart.py
+	$(BIN)/python bench/ssh_startup.py
 	$(BIN)/python bench/proxy_bench.py
 	$(BIN)/python bench/dashboard_bench.py
 	$(BIN)/python bench/time_to_target.py

@@ -5,14 +5,16 @@ port it bound, optionally starts the WAN emulator of a run plan (plan.py; `pytho
 links`, its own process: wantrain imports nothing of testbed), starts one worker per site
 (through its emulated link when there is one), relays the link emulator's events and the faults
 it injects into the PS's telemetry (relay.py), follows that telemetry over the `Watch` RPC, and
-stops every process it started when the run ends, fails, or is interrupted.
+stops every process it started when the run ends, fails, or is interrupted. The PS may run on an
+SSH host (launch/ps_host.py) and each site on one (launch/placement.py); faults on purpose, and
+the restart of an SSH site whose connection was lost, are in run_faults.py.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import dataclasses
+import json
 import queue
 import sys
 import threading
@@ -56,7 +58,7 @@ def _stop_all() -> None:
 
 
 class Run(RunFaults):
-    """The processes of one training run on this machine."""
+    """The processes of one training run: the PS, the link emulator and the sites, here or on SSH hosts."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
                  host: str = "127.0.0.1", site_threads: int = 1, launcher=None,
