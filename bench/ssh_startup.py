@@ -10,7 +10,8 @@ with it in place (warm: one `test -f`). Per site, from the PS's telemetry and th
                      forward, the secrets copied, the process started there, its Join and the
                      model download through the forward
 
-The local site in the same run is the baseline: the ratio SSH / local is the cost of the SSH path.
+The baseline is a third run of the same config with every site on this machine (no SSH). In the
+SSH runs every host is prepared before any site starts, so the local site waits for them too.
 Separately, `install_on_host` alone, cold and warm. (A full install without reused packages,
 torch included, took 4 min 52 s on this machine in December 2026; not repeated here.)
 
@@ -37,7 +38,7 @@ def one_run(host, venvs: str, tmp: Path) -> dict[str, float]:
     cfg = RunConfig().replace(**{"num_sites": 3, "sites": ["here", "ssh-1", "ssh-2"], "train.rounds": 2,
                                  "train.inner_steps": 5, "train.batch_size": 4, "train.eval_batches": 1})
     remote = {s: RemoteSite(host.url, python=sys.executable, reuse_site_packages=True, venvs=venvs, **host.options)
-              for s in ("ssh-1", "ssh-2")}
+              for s in ("ssh-1", "ssh-2")} if host is not None else {}
     t0 = time.time()
     ready: dict[str, float] = {}
     with Run(cfg, run_dir=tmp, remote=remote) as run:
@@ -54,13 +55,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         host = LocalSshHost(Path(tmp) / "sshd")
         try:
-            runs = {}
+            runs = {"local": one_run(None, "", Path(tmp) / "run-local")}
+            base = statistics.mean(runs["local"].values())
+            print(f"every site here: start -> ready {base:.1f} s (mean of 3 sites)", flush=True)
             for kind in ("cold", "warm"):
                 runs[kind] = one_run(host, str(Path(tmp) / "venvs"), Path(tmp) / f"run-{kind}")
                 r = runs[kind]
                 ssh = statistics.mean(r[s] for s in ("ssh-1", "ssh-2"))
                 print(f"{kind} install: start -> ready: here {r['here']:.1f} s, ssh-1 {r['ssh-1']:.1f} s, ssh-2 "
-                      f"{r['ssh-2']:.1f} s (SSH / local {ssh / r['here']:.2f})", flush=True)
+                      f"{r['ssh-2']:.1f} s (SSH sites / all-local run {ssh / base:.2f})", flush=True)
             installs = {}
             launcher = SshLauncher(SshTarget.parse(host.url, **host.options), python=sys.executable)
             try:
