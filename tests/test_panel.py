@@ -113,10 +113,11 @@ def test_buttons_drive_a_real_run(tmp_path):
 
 
 @pytest.mark.timeout(400)     # the install on the "host" takes a minute on a loaded machine
-def test_a_row_that_runs_on_an_ssh_host(tmp_path):
+def test_a_row_and_the_ps_that_run_on_an_ssh_host(tmp_path):
     """A row's "runs on" takes ssh://user@host: the host's state (its Python, torch and GPUs, the
-    install) shows on the row, the site trains there, and its log comes back here. A "runs on"
-    that is neither this machine nor an SSH address is refused by name, before anything starts."""
+    install) shows on the row, the site trains there, and its log comes back here. The PS runs on
+    that host too (a cloud VM: the panel follows it through a forward). A "runs on" that is neither
+    this machine nor an SSH address is refused by name, before anything starts."""
     import sys
 
     from .sshd import SshServer
@@ -131,8 +132,13 @@ def test_a_row_that_runs_on_an_ssh_host(tmp_path):
             panel.start()
         assert panel.run is None
         panel.rows[2]["runs_on"].value = server.url
-        panel.start()
+        panel.ps_on.value = "http://elsewhere"
+        with pytest.raises(ConfigError, match="the PS runs on 'http://elsewhere'"):
+            panel.start()
+        panel.ps_on.value = server.url
+        run = panel.start()
         assert panel.wait(300) == "finished", panel.message.value
+        assert run.address != run.site_address and run.address.startswith("127.0.0.1:")   # through a forward
         status = panel.rows[2]["status"].value
         assert "installed" in status or "already installed" in status, status
         assert panel.rows[0]["status"].value == ""                            # a row on this machine

@@ -27,7 +27,7 @@ from ..config import CODEC_MODES, RunConfig
 from ..errors import ConfigError, ProcessError, StateError, WaitTimeoutError
 from ..plan import RunPlan
 from ..report import write_report
-from ..launch import RemoteSite
+from ..launch import RemotePS, RemoteSite
 from ..launch.base import log_tail
 from ..run import Run, describe_scenario, new_run_dir
 from .dashboard import Dashboard
@@ -97,6 +97,9 @@ class ControlPanel:
         self.inner_steps = W.BoundedIntText(inner_steps, min=1, max=1_000_000, description="steps")
         self.budget = W.BoundedFloatText(round_budget_s or 10.0, min=0.5, max=86_400.0, description="seconds")
         self.codec = W.Dropdown(options=CODEC_MODES, value=codec, description="codec")
+        self.ps_on = W.Text("", description="PS runs on", placeholder="this machine, or ssh://user@host[:port]",
+                            tooltip="a cloud VM: sites dial its public address (the URL's host), this notebook "
+                                    "follows the run through a port forward")
         self.work.observe(lambda _: self._show_work(), "value")
         self._show_work()
 
@@ -123,7 +126,7 @@ class ControlPanel:
         self.dash_box = W.VBox([])
         self.box = W.VBox([
             site_table, self.log_view,
-            W.HBox([self.preset, self.rounds, self.codec]),
+            W.HBox([self.preset, self.rounds, self.codec]), self.ps_on,
             W.HBox([self.work, self.inner_steps, self.budget]),
             W.HBox([self.start_button, self.stop_button]),
             W.HBox([self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button]),
@@ -174,7 +177,8 @@ class ControlPanel:
             devices = {r["name"].value.strip(): r["device"].value for r in self.rows}
             nproc = {r["name"].value.strip(): r["procs"].value for r in self.rows if r["procs"].value > 1}
             self.run = run = Run(cfg, run_dir=new_run_dir(self.run_root), plan=plan, site_threads=self.site_threads,
-                                 python=self.python, devices=devices, remote=self._remote(), nproc=nproc)
+                                 python=self.python, devices=devices, remote=self._remote(), nproc=nproc,
+                                 ps_on=self._ps_on())
         except Exception as e:          # a bad setting: say which, start nothing
             self._fail(e)
             raise
@@ -281,6 +285,15 @@ class ControlPanel:
             hosts[name] = RemoteSite(where, progress=functools.partial(self._host_said, r), **self.ssh)
             r["status"].value = html.escape(f"connecting to {where}")
         return hosts
+
+    def _ps_on(self) -> RemotePS | None:
+        where = self.ps_on.value.strip()
+        if where in ("", "this machine", "local"):
+            return None
+        if not where.startswith("ssh://"):
+            raise ConfigError(f"the PS runs on {where!r}: give 'this machine' or ssh://user@host[:port]")
+        options = {k: v for k, v in self.ssh.items() if k not in ("gpus",)}
+        return RemotePS(where, progress=lambda m: self._say(f"PS host: {m}"), **options)
 
     @staticmethod
     def _host_said(row: dict, message: str) -> None:   # inspecting, installing, its GPUs: on the row
