@@ -111,3 +111,22 @@ def test_a_connection_dropped_during_install_is_named_and_the_next_install_compl
     finally:
         remote.close()
         server.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_venv_that_reuses_a_python_belongs_to_that_python(sshd, tmp_path):
+    """Its packages come from that Python (a .pth file): another Python, or the same one moved,
+    gets a venv of its own, never one whose packages may be gone."""
+    bin_dir = Path(sys.executable).parent            # the same interpreter and packages under another name
+    other = next(bin_dir / n for n in ("python3", "python", f"python3.{sys.version_info[1]}")
+                 if (bin_dir / n).exists() and str(bin_dir / n) != sys.executable)
+    venvs, said = str(tmp_path / "venvs"), []
+    remote = _launcher(sshd)
+    try:
+        first = install_on_host(remote, sys.executable, reuse_site_packages=True, venvs=venvs, progress=said.append)
+        second = install_on_host(remote, str(other), reuse_site_packages=True, venvs=venvs, progress=said.append)
+        again = install_on_host(remote, str(other), reuse_site_packages=True, venvs=venvs, progress=said.append)
+    finally:
+        remote.close()
+    assert first != second == again
+    assert sum("creating" in m for m in said) == 2 and sum("already installed" in m for m in said) == 1, said

@@ -73,7 +73,10 @@ def install_on_host(launcher, python: str = "python3", *, reuse_site_packages: b
     """Install this checkout's version on the launcher's host, in a venv under `venvs` (there; `~`
     is the home folder); returns the venv's Python."""
     wheel = project_wheel()
-    digest = wheel.parent.name + ("-reuse" if reuse_site_packages else "")
+    # A venv that reuses a Python's packages is that Python's alone: another one's (a CI clone's
+    # .venv, since deleted) would be "installed" yet unable to import torch.
+    digest = wheel.parent.name + (f"-reuse-{hashlib.sha256(python.encode()).hexdigest()[:8]}"
+                                  if reuse_site_packages else "")
     target = launcher.target
 
     def run(command: str, what: str, timeout: float = 600.0) -> str:
