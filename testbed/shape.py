@@ -19,14 +19,13 @@ import sys
 import threading
 import time
 
-from wantrain.plan import RunPlan
+from wantrain.plan import CANNOT_SHAPE, RunPlan
 
 from .scenario import scenario_from_plan
 from .tcconfig_backend import TcconfigError, TcconfigLink
 
 __all__ = ["main_shape", "CANNOT_SHAPE", "tcconfig_command"]
 
-CANNOT_SHAPE = 3       # the exit code that says "refused, nothing left behind"
 
 
 def tcconfig_command(tool: str) -> list[str]:

@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PLAN_VERSION", "Outage", "SitePlan", "RunPlan", "PlanError", "JsonlTail", "outage_command",
+__all__ = ["PLAN_VERSION", "CANNOT_SHAPE", "Outage", "SitePlan", "RunPlan", "PlanError", "JsonlTail", "outage_command",
            "describe_scenario"]
 
 PLAN_VERSION = 1
+CANNOT_SHAPE = 3     # `python -m testbed shape` exits so when it refuses (no netem, no root): nothing left behind
 
 
 class PlanError(ValueError):

@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, ShapingError
-from ..plan import RunPlan
+from ..plan import CANNOT_SHAPE, RunPlan
 from .base import Launcher, ProcessHandle, ProcessSpec
 from .remote import RemoteSite
 
 __all__ = ["Placement", "Placements"]
 
-CANNOT_SHAPE = 3         # testbed/shape.py's exit code for "refused, nothing left behind"
 
 
 @dataclass(frozen=True)
@@ -78,8 +77,9 @@ class Placements:
             if code is not None or time.time() > deadline:
                 shaper.kill()
                 why = shaper.log_tail(5).strip() or f"exit code {code}"
-                raise ShapingError(f"site {name}: its link cannot be shaped on {self.where(name)}"
-                                   f"{'' if code == CANNOT_SHAPE else ' (the shaper failed)'}: {why}")
+                how = ("" if code == CANNOT_SHAPE else " (the shaper failed)" if code is not None else
+                       f" (the shaper did not report within {timeout_s:.0f} s)")
+                raise ShapingError(f"site {name}: its link cannot be shaped on {self.where(name)}{how}: {why}")
             time.sleep(0.1)
         return shaper
 
