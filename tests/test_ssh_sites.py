@@ -89,8 +89,11 @@ def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
 def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
     """Run starts site b on its SSH host (inspected, installed, TLS CA and shared secret copied
     there 0600, dialling back through a reverse forward that leads to its emulated link) beside
-    local site a. Killed, b rejoins; when every SSH connection drops, its watchdog stops it on the
-    host and the run starts it again on a new connection, and it rejoins again."""
+    local site a. Killed, b rejoins. When every SSH connection drops, once while b downloads the
+    model and once while it trains, its watchdog stops it on the host and the run starts it again
+    on a new connection, and it rejoins again."""
+    import time
+
     from wantrain.launch import RemoteSite
     from wantrain.plan import describe_scenario
     from wantrain.run import Run
@@ -106,25 +109,34 @@ def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
     # Each round after a fault waits for b (it was in the last round), so it is back before the end.
     cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 6, "train.inner_steps": 16,
                           "train.quorum_wait_s": 120.0})
+    dropped = []
     try:
         with Run(cfg, run_dir=tmp_path / "run", remote={"b": host}, plan=describe_scenario(scenario)) as run:
             assert run.tls and run.certs is not None
             for ev in run.follow(timeout_s=400):
                 if ev["kind"] == "round_end" and ev["round"] == 1:
                     run.kill_site("b")                     # over SSH: the remote group, then a restart there
-                    run.start_site("b")
+                    stalled = run.start_site("b", extra=("--stall", "download=60"))
+                    deadline = time.time() + 120
+                    while "stalling" not in stalled.log_tail(20) and time.time() < deadline:
+                        time.sleep(0.2)
+                    assert "in phase download" in stalled.log_tail(20), stalled.log_tail(20)
+                    dropped.append(stalled)
+                    server.drop_all()                      # the network fails mid-download
                 if ev["kind"] == "round_end" and ev["round"] == 3:
-                    dropped = run.workers["b"]
-                    server.drop_all()                      # the network fails: every SSH connection ends
+                    dropped.append(run.workers["b"])
+                    server.drop_all()                      # and again while b trains
             codes = run.wait_exit(60)
     finally:
         server.close()
     assert all(c == 0 for name, c in codes.items() if "site" in name), codes
     events = read_events(tmp_path / "run")
     check_run(events, 6)
-    assert [j["site"] for j in rows(events, "join")].count("b") >= 3          # joined; killed, dropped: rejoined
-    assert [f["site"] for f in rows(events, "fault") if f["action"] == "SSH connection lost"] == ["b"]
-    assert dropped.poll() == LOST and not _group(dropped.pgid)                 # nothing of it left on the host
+    assert [j["site"] for j in rows(events, "join")].count("b") >= 4          # joined; killed, dropped: rejoined
+    assert [f["site"] for f in rows(events, "fault") if f["action"] == "SSH connection lost"] == ["b", "b"]
+    assert dropped[0] is not dropped[1]
+    for p in dropped:
+        assert p.poll() == LOST and not _group(p.pgid)                        # nothing of it left on the host
     assert any("Python" in m and "torch" in m for m in said) and any("installed" in m for m in said), said
     assert (tmp_path / "run" / "site-b.log").read_text().strip()               # its log came back here
     link_rows = [json.loads(ln) for ln in (tmp_path / "run" / "links.jsonl").read_text().splitlines()]

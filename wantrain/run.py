@@ -206,9 +206,9 @@ class Run(RunFaults):
             time.sleep(0.05)
         self.plan = RunPlan.read(listening)
 
-    def start_site(self, name: str) -> ProcessHandle:
+    def start_site(self, name: str, extra: tuple[str, ...] = ()) -> ProcessHandle:
         """Start (or restart) the worker process of one site (through its emulated link, in its
-        namespace if it has one)."""
+        namespace if it has one); `extra`: more `wantrain worker` arguments (a test's `--stall`)."""
         old = self.workers.get(name)
         if old is not None and old.poll() is None:
             raise ProcessError(f"site {name} is already running (pid {old.pid})")
@@ -216,7 +216,8 @@ class Run(RunFaults):
         argv = site_command(where.python, where.ps, name, link, threads=self.site_threads,
                             device=self.devices.get(name, "auto"), nproc=self.nproc.get(name, 1),
                             token_file=where.token, tls_ca=where.ca,
-                            tls_server_name="localhost" if self.certs is not None else "")  # a link or forward
+                            tls_server_name="localhost" if self.certs is not None else "",  # a link or forward
+                            extra=extra)
         self.workers[name] = where.launcher.start(ProcessSpec(
             f"site {name}", argv, env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / f"site-{name}.log"))
         return self.workers[name]

@@ -47,7 +47,7 @@ class RunFaults:
     def _start_ps(self, port: int, log_name: str, deadline: float) -> None:
         raise NotImplementedError          # Run's
 
-    def start_site(self, name: str) -> ProcessHandle:
+    def start_site(self, name: str, extra: tuple[str, ...] = ()) -> ProcessHandle:
         raise NotImplementedError          # Run's
 
     def _fault(self, action: str, site: str | None = None, **extra) -> None:

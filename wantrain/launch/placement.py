@@ -10,11 +10,13 @@ shaping is in force, or raises ShapingError with the shaper's reason (it leaves 
 from __future__ import annotations
 
 import dataclasses
+import shlex
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ConfigError, ShapingError
+from ..errors import ConfigError, ProcessError, ShapingError
 from ..plan import CANNOT_SHAPE, RunPlan
 from .base import Launcher, ProcessHandle, ProcessSpec
 from .remote import RemoteSite
@@ -47,12 +49,38 @@ class Placements:
         unless `forward` is off (a PS at a public address), copy the secrets; once per host and
         address) and say how to start the site there."""
         if name not in self.remote:
+            if not forward:
+                self._check_reaches(name, dial, None, "")
             return Placement(self.launcher, self.python, dial, str(secret), str(ca) if ca is not None else None,
                              str(run_dir))
         host, port = dial.rsplit(":", 1)
         r = self.remote[name].prepare(host, int(port), {"secret": secret, **({"ca": ca} if ca is not None else {})},
                                       forward)
+        if not forward:
+            self._check_reaches(name, dial, r.launcher, r.python)
         return Placement(r.launcher, r.python, r.ps, r.files["secret"], r.files.get("ca"), r.folder)
+
+    def _check_reaches(self, name: str, address: str, launcher, python: str, timeout_s: float = 10.0) -> None:
+        """A site that dials the PS's public address must reach it from its host: else the site would
+        retry unseen, so the run refuses now, by name (ProcessError)."""
+        host, port = address.rsplit(":", 1)
+        if launcher is None:
+            try:
+                socket.create_connection((host, int(port)), timeout_s).close()
+                return
+            except OSError as e:
+                why = str(e) or type(e).__name__
+        else:
+            probe = ("import socket, sys\ntry: socket.create_connection((sys.argv[1], int(sys.argv[2])), "
+                     f"{timeout_s}).close()\nexcept OSError as e: sys.exit(str(e) or type(e).__name__)")
+            code, out = launcher.run(f"{shlex.quote(python)} -c {shlex.quote(probe)} {shlex.quote(host)} {port}",
+                                     timeout_s=timeout_s + 30)
+            if code == 0:
+                return
+            why = out.strip().splitlines()[-1] if out.strip() else f"exit code {code}"
+        raise ProcessError(f"site {name} on {self.where(name)} cannot reach the PS at {address}: {why}. Every site's "
+                           "host must reach the PS's public address (RemotePS public_host=) on its port: check the "
+                           "address, the PS's bind address and the firewall between them")
 
     def start_shaper(self, name: str, plan: RunPlan, where: Placement, log_path: Path,
                      timeout_s: float = 120.0) -> ProcessHandle:
