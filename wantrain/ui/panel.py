@@ -31,10 +31,9 @@ from ..launch import RemotePS, RemoteSite
 from ..launch.base import log_tail
 from ..run import Run, describe_scenario, new_run_dir
 from .dashboard import Dashboard
+from .site_rows import WHERE, site_row, site_table
 
 __all__ = ["ControlPanel"]
-
-DEVICES = ("auto", "cpu", "cuda")
 
 
 class ControlPanel:
@@ -62,32 +61,9 @@ class ControlPanel:
         self._restarts: list[threading.Thread] = []
 
         # ---- one row per site
-        self.rows = []
-        for s in self.plan.sites:
-            row = dict(
-                name=W.Text(s.name, layout=W.Layout(width="130px")),
-                runs_on=W.Text("", placeholder="this machine, or ssh://user@host[:port]",
-                               layout=W.Layout(width="230px")),
-                device=W.Dropdown(options=DEVICES, value="auto", layout=W.Layout(width="80px")),
-                procs=W.BoundedIntText(1, min=1, max=64, tooltip="processes (GPUs) of the site: a torch.distributed "
-                                       "group", layout=W.Layout(width="60px")),
-                link=W.HTML(f"{html.escape(s.region)}, {s.rtt_ms:.0f} ms RTT", layout=W.Layout(width="200px")),
-                bandwidth=W.BoundedFloatText(s.bandwidth_mbps or 0.0, min=0.0, max=100_000.0, step=1.0,
-                                             tooltip="Mbit/s each way; 0: unlimited", layout=W.Layout(width="90px")),
-                trace=W.Text(s.trace or "", placeholder="scenario trace (or a CSV path)",
-                             layout=W.Layout(width="220px")),
-                speed=W.BoundedFloatText(s.speed_factor, min=1.0, max=100.0, step=0.25,
-                                         layout=W.Layout(width="80px")),
-                log=W.Button(icon="file-text", tooltip="show the end of this site's log", layout=W.Layout(width="40px")),
-                status=W.HTML("", layout=W.Layout(width="300px")),
-            )
+        self.rows = [site_row(s) for s in self.plan.sites]
+        for row in self.rows:
             row["log"].on_click(lambda _, r=row: self.show_log(r["name"].value.strip()))
-            self.rows.append(row)
-        head = W.HBox([W.HTML(f"<b>{t}</b>", layout=W.Layout(width=w)) for t, w in (
-            ("site", "130px"), ("runs on", "230px"), ("device", "80px"), ("procs", "60px"),
-            ("link (scenario)", "200px"), ("Mbit/s", "90px"), ("link trace", "220px"), ("speed x", "80px"),
-            ("log", "40px"), ("host", "300px"))])
-        site_table = W.VBox([head] + [W.HBox(list(r.values())) for r in self.rows])
 
         # ---- the run's settings
         self.preset = W.Dropdown(options=sorted(PRESETS), value=preset, description="model")
@@ -97,7 +73,7 @@ class ControlPanel:
         self.inner_steps = W.BoundedIntText(inner_steps, min=1, max=1_000_000, description="steps")
         self.budget = W.BoundedFloatText(round_budget_s or 10.0, min=0.5, max=86_400.0, description="seconds")
         self.codec = W.Dropdown(options=CODEC_MODES, value=codec, description="codec")
-        self.ps_on = W.Text("", description="PS runs on", placeholder="this machine, or ssh://user@host[:port]",
+        self.ps_on = W.Text("", description="PS runs on", placeholder=WHERE,
                             tooltip="a cloud VM: sites dial its public address (the URL's host), this notebook "
                                     "follows the run through a port forward")
         self.work.observe(lambda _: self._show_work(), "value")
@@ -125,7 +101,7 @@ class ControlPanel:
         self.log_view = W.HTML("")
         self.dash_box = W.VBox([])
         self.box = W.VBox([
-            site_table, self.log_view,
+            site_table(self.rows), self.log_view,
             W.HBox([self.preset, self.rounds, self.codec]), self.ps_on,
             W.HBox([self.work, self.inner_steps, self.budget]),
             W.HBox([self.start_button, self.stop_button]),
