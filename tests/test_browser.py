@@ -1,7 +1,8 @@
 """The quickstart in a real browser: JupyterLab on 127.0.0.1, Debian's chromium driven by Playwright.
 
-Opens the quickstart, runs its cells up to the panel, presses Start, waits until the loss chart
-has points, runs a trivial cell while training goes on, presses Kill site and checks that the
+Opens the quickstart, runs its cells up to the panel, types an SSH address into one site's "runs
+on" (a real OpenSSH server on this machine), presses Start, waits until the loss chart has points
+and the SSH row shows its host installed, runs a trivial cell while training goes on, presses Kill site and checks that the
 timeline shows the fault; then opens the run's `wantrain report` page in the same browser and
 checks its charts are drawn. Screenshots go to test-output/browser/ (what the closing notes
 describe). The run is full-size (WANTRAIN_QUICK=0) so it is still going when the buttons are pressed.
@@ -20,9 +21,12 @@ import pytest
 
 from wantrain.telemetry import read_run
 
+from .sshd import SshServer
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 SHOTS = ROOT / "test-output" / "browser"
+SSH_SITE, SSH_ROW = "ap-southeast", 2        # the row that runs on the SSH host (not the one killed)
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--no-first-run"]
 
@@ -89,7 +93,15 @@ def lab(tmp_path):
     # under stress-ng); Stop ends it. At full size the test took 108-346 s beside the other worker.
     text = (ROOT / "notebooks" / "01-quickstart.ipynb").read_text()
     assert "rounds=sized(12, 3)" in text, "the quickstart's panel cell changed: update this test"
-    (work / "01-quickstart.ipynb").write_text(text.replace("rounds=sized(12, 3)", "rounds=200"))
+    # One row will run on an SSH host; the panel's ssh= options say how to reach it (the key, the
+    # host key) and reuse this machine's torch there, as 06-remote-sites does.
+    sshd = SshServer(tmp_path / "sshd")
+    ssh = dict(key_file=str(sshd.key_file), known_hosts=str(sshd.known_hosts), python=sys.executable,
+               reuse_site_packages=True, venvs=str(tmp_path / "venvs"))
+    assert "inner_steps=sized(25, 10))" in text, "the quickstart's panel cell changed: update this test"
+    text = text.replace("rounds=sized(12, 3)", "rounds=200").replace("inner_steps=sized(25, 10))",
+                                                                      f"inner_steps=sized(25, 10), ssh={ssh!r})")
+    (work / "01-quickstart.ipynb").write_text(text)
     token = secrets.token_hex(16)
     env = {**os.environ, "WANTRAIN_QUICK": "1", "PYTHONUNBUFFERED": "1"}
     for var in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR", "JUPYTERLAB_WORKSPACES_DIR",
@@ -112,7 +124,8 @@ def lab(tmp_path):
                     return True
             return False
         _wait(listening, 60, "JupyterLab to listen")
-        yield {"url": f"http://127.0.0.1:{port}", "token": token, "work": work, "profile": tmp_path / "chromium"}
+        yield {"url": f"http://127.0.0.1:{port}", "token": token, "work": work, "profile": tmp_path / "chromium",
+               "sshd": sshd}
     finally:
         proc.send_signal(signal.SIGTERM)          # the server shuts its kernels down; they stop their runs
         try:
@@ -121,7 +134,8 @@ def lab(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
         log.close()
-        leftovers = _processes_mentioning(str(work))
+        sshd.close()
+        leftovers = _processes_mentioning(str(work)) + _processes_mentioning(f"--site {SSH_SITE}")
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
         assert not leftovers, f"processes of the run outlived the kernel: {leftovers}"
@@ -162,8 +176,12 @@ def test_quickstart_in_a_real_browser(lab):
                 page.keyboard.press("Shift+Enter")
             panel = page.locator(".wantrain-panel")
             panel.wait_for(timeout=120_000)
-            _shot(panel, SHOTS / "1-control-panel.png")
             assert page.locator(".wantrain-kill").is_disabled()          # no run yet: no faults to inject
+            assert panel.locator(".wantrain-runs-on input").nth(SSH_ROW).input_value() == ""
+            runs_on = panel.locator(".wantrain-runs-on input").nth(SSH_ROW)
+            runs_on.fill(lab["sshd"].url)
+            runs_on.press("Tab")                  # the widget syncs on input; Tab as a person would
+            _shot(panel, SHOTS / "1-control-panel.png")
 
             page.locator(".wantrain-start").click(no_wait_after=True)
             try:
@@ -175,6 +193,8 @@ def test_quickstart_in_a_real_browser(lab):
                 print("panel:", panel.inner_text()[:1500])
                 raise
             print(f"\nfirst validation point {took:.1f} s after pressing Start")
+            host = panel.locator(".wantrain-host").nth(SSH_ROW)
+            assert host.inner_text().strip().endswith("installed"), host.inner_text()   # prepared before it started
             _shot(panel, SHOTS / "2-dashboard-mid-run.png")      # the panel and its dashboard
 
             # The kernel is free while the sites train: a trivial cell answers before the run ends.
@@ -207,6 +227,12 @@ def test_quickstart_in_a_real_browser(lab):
             panel.get_by_text("stopped by the user after").wait_for(timeout=60_000)   # not shown as an error
             faults = [e for e in read_run(run_dir) if e["kind"] == "fault"]     # relayed into the PS's log
             assert [(f["action"], f["site"]) for f in faults] == [("kill site", "us-west")]
+            ssh_rounds = [e for e in read_run(run_dir) if e["kind"] == "site_round" and e["site"] == SSH_SITE]
+            assert ssh_rounds, "the SSH row's site never trained"
+            # Its log streamed back from the host; the row's log button shows it under the table.
+            panel.locator(".wantrain-log").nth(SSH_ROW).click(no_wait_after=True)
+            panel.locator("pre").filter(has_text=f"site {SSH_SITE}").first.wait_for(timeout=60_000)
+            _shot(panel, SHOTS / "5-ssh-row-and-its-log.png")
 
             # The run's report page, in the same browser: every chart drawn with its traces.
             r = subprocess.run([sys.executable, "-m", "wantrain", "report", str(run_dir)], capture_output=True,

@@ -106,6 +106,32 @@ def test_a_dropped_ssh_connection_stops_the_remote_group(sshd, tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_two_threads_closing_one_ssh_launcher_both_return(sshd):
+    """A panel's Stop and the run's own end close the same connection at once (a browser test
+    once showed an AttributeError from the second): each returns, and the forward's folder goes."""
+    import threading
+
+    remote = ssh_launcher(sshd)
+    ps = remote.reverse_forward("127.0.0.1", 9)
+    folder = ps[len("unix:"):].rsplit("/", 1)[0]
+    assert Path(folder).is_dir()
+    errors: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            remote.close()
+        except BaseException as e:
+            errors.append(e)
+    threads = [threading.Thread(target=close) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(40)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    assert not remote.connected and not Path(folder).exists()
+
+
+@pytest.mark.timeout(60)
 def test_ssh_refusals_name_the_host_and_the_cause(sshd, tmp_path):
     with pytest.raises(SshError, match=f"ssh://.*:{sshd.port}: the server refused the key .*other_key"):
         ssh_launcher(sshd, key_file=str(sshd.other_key_file)).run("true")

@@ -106,6 +106,7 @@ class Run(RunFaults):
         self._watch_thread: threading.Thread | None = None
         self._watch_error = ""
         self._stopping = threading.Event()
+        self._stop_lock, self._stopped = threading.Lock(), False
         self.events: list[dict] = []
         self._killed: set[int] = set()        # processes killed on purpose (kill_site, restart_ps)
         self.faults: list[dict] = []          # faults injected on purpose (also relayed into the PS's log)
@@ -243,21 +244,25 @@ class Run(RunFaults):
     def stop(self) -> None:
         """Stop every process of the run (idempotent): sites first, then their links, then the PS
         (once the relay has handed it what the links and faults said)."""
-        self._stopping.set()              # the Watch pump opens no new channel from now on
-        for p in reversed(self.processes()):
-            if p is not self.ps:
-                p.stop(grace_s=3.0)
-        if self.relay is not None:
-            self.relay.close()
-        if self.ps is not None:
-            self.ps.stop(grace_s=3.0)
-        self.placements.close()
-        if self.ps is not None:
-            self.ps_host.copy_back("events.jsonl", self.run_dir / "events.jsonl")
-        self.ps_host.close()
-        if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
-            self._watch_thread.join(5)
-        _LIVE_RUNS.discard(self)
+        with self._stop_lock:             # the panel's Stop and the run's own end may both stop it
+            if self._stopped:
+                return
+            self._stopping.set()              # the Watch pump opens no new channel from now on
+            for p in reversed(self.processes()):
+                if p is not self.ps:
+                    p.stop(grace_s=3.0)
+            if self.relay is not None:
+                self.relay.close()
+            if self.ps is not None:
+                self.ps.stop(grace_s=3.0)
+            self.placements.close()
+            if self.ps is not None:
+                self.ps_host.copy_back("events.jsonl", self.run_dir / "events.jsonl")
+            self.ps_host.close()
+            if self._watch_thread is not None and self._watch_thread is not threading.current_thread():
+                self._watch_thread.join(5)
+            _LIVE_RUNS.discard(self)
+            self._stopped = True
 
     def __enter__(self) -> Run:
         return self.start() if self.ps is None else self

@@ -99,6 +99,7 @@ class SshLauncher:
         self._conn = None
         self.connections = 0      # made so far: a new one has none of the old one's forwards
         self._folders: list[str] = []      # on the host, for the sockets of reverse forwards
+        self._closing = threading.Lock()
 
     def start(self, spec: ProcessSpec) -> SshProcess:
         return _LOOP.run(self._start(spec), self.connect_timeout_s + 60)
@@ -176,14 +177,17 @@ class SshLauncher:
     def close(self) -> None:
         """Close the connection: every process started through it is stopped by its watchdog, and
         its forwards end."""
-        if self._conn is not None:
+        with self._closing:             # a Stop button and the run's own end may close at once
+            conn = self._conn
+            if conn is None:
+                return
             if self._folders:
                 try:
                     self.run("rm -rf " + " ".join(self._folders), timeout_s=30)
                 except (SshError, TimeoutError):
                     pass          # a lost connection: the folders stay in /tmp, empty but for a dead socket
                 self._folders = []
-            conn, self._conn = self._conn, None
+            self._conn = None
             _LOOP.run(self._close(conn), 30)
 
     @staticmethod
