@@ -1,6 +1,8 @@
 """The control panel with real processes: buttons start a run, kill a site, force an outage."""
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -149,3 +151,82 @@ def test_a_row_and_the_ps_that_run_on_an_ssh_host(tmp_path):
     finally:
         panel.stop()
         server.close()
+
+
+KERNEL_ATTACH = """
+from wantrain.ui import ControlPanel
+panel = ControlPanel()
+{attach}
+{wait}
+ends = [e["round"] for e in panel.dashboard.events if e["kind"] == "round_end"]
+print("RESULT", panel.state, ends, [e["kind"] for e in panel.dashboard.events].count("restart"),
+      panel.kill_button.disabled, panel.start_button.disabled)
+"""
+
+
+@pytest.mark.timeout(400)
+def test_after_a_kernel_restart_a_panel_attaches_to_the_run_that_is_going(tmp_path):
+    """A run started outside the notebook (`wantrain demo` in a terminal) is watched from a real
+    Jupyter kernel, by its run folder; the kernel restarts; a new panel attaches by the PS's address,
+    observer token file and CA, sees the run from its first round, live to its end. Nothing was
+    restarted: the demo ends normally, and the PS never restarted."""
+    import subprocess
+    import sys
+
+    from jupyter_client.manager import KernelManager
+
+    run_dir = tmp_path / "run"
+    demo = subprocess.Popen([sys.executable, "-m", "wantrain", "demo", "--rounds", "8", "--inner-steps", "20",
+                             "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def run_cell(code: str) -> str:
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=120)
+            out: list[str] = []
+
+            def hook(msg) -> None:
+                if msg["msg_type"] == "stream":
+                    out.append(msg["content"]["text"])
+                elif msg["msg_type"] == "error":
+                    out.append("\n".join(msg["content"]["traceback"]))
+            kc.execute_interactive(code, timeout=300, output_hook=hook)
+            return "".join(out)
+        finally:
+            kc.stop_channels()
+
+    try:
+        _wait(lambda: (run_dir / "ps.port").is_file() and (run_dir / "observer-token").is_file(), 120, "the demo's PS")
+        first = run_cell(KERNEL_ATTACH.format(attach=f"panel.attach(run_dir={str(run_dir)!r})",
+                                              wait='panel.dashboard.wait_for("round_end", round=1, timeout_s=200)'))
+        assert "RESULT attached [0, 1" in first and " 0 True True" in first, first   # no faults, no Start
+        km.restart_kernel(now=False)                     # what the Kernel menu's Restart does
+        assert demo.poll() is None                       # the run goes on without its watcher
+        port = int((run_dir / "ps.port").read_text())
+        again = run_cell(KERNEL_ATTACH.format(
+            attach=f"panel.attach('127.0.0.1:{port}', {str(run_dir / 'observer-token')!r}, "
+                   f"ca={str(run_dir / 'tls' / 'ca.pem')!r})", wait="panel.wait(300)"))
+        assert "RESULT finished [0, 1, 2, 3, 4, 5, 6, 7] 0" in again, again     # from round 0, to the end
+        assert demo.wait(120) == 0
+    finally:
+        km.shutdown_kernel(now=True)
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait(10)
+
+
+def test_attach_names_what_is_wrong(tmp_path):
+    panel = ControlPanel()
+    with pytest.raises(ConfigError, match="HOST:PORT, got 'nowhere'"):
+        panel.attach("nowhere", "token")
+    with pytest.raises(ConfigError, match="not the folder of a run started on this machine .no ps.port, observer-token"):
+        panel.attach(run_dir=tmp_path)
+    with pytest.raises(ConfigError, match="CA file '/no/ca.pem' does not exist"):
+        panel.attach("127.0.0.1:1", "token", ca="/no/ca.pem")
+    with pytest.raises(ConfigError, match="not both"):
+        panel.attach("127.0.0.1:1", "token", run_dir=tmp_path)
+    assert panel.state == "idle" and panel.dashboard is None

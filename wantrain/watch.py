@@ -8,17 +8,57 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from . import net, wire
-from .auth import bearer
-from .errors import ConnectionLostError, Reject, RejectedError
+from .auth import bearer, read_secret
+from .errors import ConfigError, ConnectionLostError, Reject, RejectedError
 from .tls import TLSClient
 
-__all__ = ["watch_events", "follow_events", "print_events", "report_events"]
+__all__ = ["Observer", "watch_events", "follow_events", "print_events", "report_events"]
 
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED)
+
+
+@dataclass(frozen=True)
+class Observer:
+    """What an observer needs to follow a run: the PS's address, its observer token and, for a PS
+    that speaks TLS, the CA that signed it (and the name in its certificate)."""
+
+    address: str
+    token: str = ""
+    tls: TLSClient | None = None
+    server_name: str = ""
+
+    @classmethod
+    def of(cls, address: str, token: str | Path = "", ca: str | Path | None = None, server_name: str = "") -> Observer:
+        """`token`: the token itself or a file holding it; `ca`: a PEM file (the PS speaks TLS)."""
+        if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+            raise ConfigError(f"the PS's address must be HOST:PORT, got {address!r}")
+        if isinstance(token, Path) or (token and Path(str(token)).is_file()):
+            token = read_secret(token)
+        if ca is not None and not Path(ca).is_file():
+            raise ConfigError(f"the PS's CA file {str(ca)!r} does not exist")
+        return cls(address, str(token), TLSClient(str(ca)) if ca is not None else None,
+                   server_name or ("localhost" if ca is not None else ""))
+
+    @classmethod
+    def of_run_dir(cls, run_dir: str | Path, host: str = "127.0.0.1") -> Observer:
+        """A run started on this machine (by `wantrain demo`, a panel, a script): its folder holds
+        the PS's port, the observer token and the run's CA."""
+        d = Path(run_dir)
+        missing = [n for n in ("ps.port", "observer-token") if not (d / n).is_file()]
+        if missing:
+            raise ConfigError(f"{d} is not the folder of a run started on this machine (no {', '.join(missing)})")
+        ca = d / "tls" / "ca.pem"
+        return cls.of(f"{host}:{int((d / 'ps.port').read_text())}", d / "observer-token",
+                      ca if ca.is_file() else None)
+
+    def follow(self, **kw) -> Iterator[dict]:
+        return follow_events(self.address, self.token, self.tls, self.server_name, **kw)
 
 
 def watch_events(channel: grpc.Channel, token: str = "", from_seq: int = 0, **call_options) -> Iterator[tuple[int, str]]:

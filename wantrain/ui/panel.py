@@ -4,7 +4,9 @@ One row per site (name, where it runs: this machine or ssh://user@host, device, 
 custom trace, speed factor; an SSH host's state as it is prepared, and the site's log) over a testbed
 scenario, the run's settings (model preset, rounds, inner steps or a time budget, codec), Start
 and Stop, and fault buttons (kill a site, restart the PS, an outage on a link now). It drives
-the same `Run` as `wantrain demo`: the edited rows become a scenario file in the run folder.
+the same `Run` as `wantrain demo`: the edited rows become a scenario file in the run folder. Or it
+attaches to a run that is already going (by its folder, or the PS's address and observer token)
+and only watches it.
 Nothing it does blocks the kernel: starting, following and stopping happen in background
 threads, and the live `Dashboard` below it is fed by the PS's Watch stream.
 
@@ -16,7 +18,6 @@ threads, and the live `Dashboard` below it is fed by the PS's Watch stream.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import html
 import sys
 import threading
@@ -27,11 +28,12 @@ from ..config import CODEC_MODES, RunConfig
 from ..errors import ConfigError, ProcessError, StateError, WaitTimeoutError
 from ..plan import RunPlan
 from ..report import write_report
-from ..launch import RemotePS, RemoteSite
+from ..launch import RemotePS
 from ..launch.base import log_tail
 from ..run import Run, describe_scenario, new_run_dir
+from ..watch import Observer
 from .dashboard import Dashboard
-from .site_rows import WHERE, site_row, site_table
+from .site_rows import WHERE, ps_host, remote_hosts, site_row, site_table
 
 __all__ = ["ControlPanel"]
 
@@ -97,6 +99,14 @@ class ControlPanel:
         self.kill_button.on_click(lambda _: self._background(self.kill_site, self.fault_site.value))
         self.outage_button.on_click(lambda _: self._background(self.outage, self.fault_site.value, self.outage_s.value))
         self.ps_button.on_click(lambda _: self._background(self.restart_ps))
+        # ---- or watch a run that is already going (started elsewhere, or before a kernel restart)
+        self.attach_to = W.Text("", description="attach to", placeholder="a run folder, or the PS's HOST:PORT")
+        self.attach_token = W.Password("", description="token", placeholder="observer token, or its file")
+        self.attach_ca = W.Text("", description="CA", placeholder="the PS's CA file (TLS)")
+        self.attach_button = W.Button(description="Attach", icon="eye", tooltip="show the run's dashboard; "
+                                      "starts, stops and restarts nothing")
+        self.attach_button.add_class("wantrain-attach")
+        self.attach_button.on_click(lambda _: self._background(self._attach_clicked))
         self.message = W.HTML("")
         self.log_view = W.HTML("")
         self.dash_box = W.VBox([])
@@ -106,6 +116,7 @@ class ControlPanel:
             W.HBox([self.work, self.inner_steps, self.budget]),
             W.HBox([self.start_button, self.stop_button]),
             W.HBox([self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button]),
+            W.HBox([self.attach_to, self.attach_token, self.attach_ca, self.attach_button]),
             self.message, self.dash_box,
         ])
         self.box.add_class("wantrain-panel")
@@ -153,7 +164,7 @@ class ControlPanel:
             devices = {r["name"].value.strip(): r["device"].value for r in self.rows}
             nproc = {r["name"].value.strip(): r["procs"].value for r in self.rows if r["procs"].value > 1}
             self.run = run = Run(cfg, run_dir=new_run_dir(self.run_root), plan=plan, site_threads=self.site_threads,
-                                 python=self.python, devices=devices, remote=self._remote(), nproc=nproc,
+                                 python=self.python, devices=devices, remote=remote_hosts(self.rows, self.ssh), nproc=nproc,
                                  ps_on=self._ps_on())
         except Exception as e:          # a bad setting: say which, start nothing
             self._fail(e)
@@ -191,6 +202,42 @@ class ControlPanel:
                 self._fail(e)
         finally:
             run.stop()          # whatever happened; the link emulator runs until stopped
+
+    def attach(self, address: str | None = None, token: str | Path = "", *, run_dir: str | Path | None = None,
+               ca: str | Path | None = None, server_name: str = "") -> Dashboard:
+        """Show the dashboard of a run that is already going, from its first event and then live:
+        by the PS's address (HOST:PORT) and observer token (or its file; `ca` for a PS that speaks
+        TLS), or by its run folder on this machine. Nothing is started, stopped or restarted: after a
+        kernel restart, this is how a notebook finds a run that `wantrain demo`, a terminal or
+        another notebook started. The fault buttons stay off (this panel does not own its processes)."""
+        if self.state in ("starting", "running", "attached"):
+            raise StateError(f"this panel is {self.state}; stop it or use another panel")
+        if (address is None) == (run_dir is None):
+            raise ConfigError("attach takes the PS's address (with its token) or a run folder, not both")
+        who = Observer.of_run_dir(run_dir) if run_dir is not None else Observer.of(address, token, ca, server_name)
+        self.run, self.error = None, None
+        self.dashboard = dash = Dashboard()
+        self.dash_box.children = (dash.box,)
+        self._set_state("attached")
+        self._say(f"attached to {who.address}: its run so far, then live")
+
+        def watch() -> None:
+            dash.follow(who.follow()).join()
+            if any(e["kind"] == "run_end" for e in dash.events):
+                self._set_state("finished")
+                self._say(f"the run at {who.address} has ended")
+            elif self.state == "attached":
+                self._fail(ProcessError(dash.error or f"the PS at {who.address} went away"))
+        self._thread = threading.Thread(target=watch, name="wantrain-attach", daemon=True)
+        self._thread.start()
+        return dash
+
+    def _attach_clicked(self) -> None:
+        where, token, ca = self.attach_to.value.strip(), self.attach_token.value.strip(), self.attach_ca.value.strip()
+        if where and Path(where).is_dir():
+            self.attach(run_dir=where)
+        else:
+            self.attach(where, token, ca=ca or None)
 
     def stop(self) -> None:
         """Stop every process of the run (the run folder keeps what happened)."""
@@ -248,32 +295,9 @@ class ControlPanel:
         self._say(f"link of {name} down for {seconds:g} s")
         self._redraw()
 
-    def _remote(self) -> dict[str, RemoteSite | str]:
-        """The SSH hosts of the rows that run on one; ConfigError naming a row's bad "runs on"."""
-        hosts: dict[str, RemoteSite | str] = {}
-        for r in self.rows:
-            name, where = r["name"].value.strip(), r["runs_on"].value.strip()
-            r["status"].value = ""
-            if where in ("", "this machine", "local"):
-                continue
-            if not where.startswith("ssh://"):
-                raise ConfigError(f"site {name}: runs on {where!r}: give 'this machine' or ssh://user@host[:port]")
-            hosts[name] = RemoteSite(where, progress=functools.partial(self._host_said, r), **self.ssh)
-            r["status"].value = html.escape(f"connecting to {where}")
-        return hosts
-
     def _ps_on(self) -> RemotePS | None:
-        where = self.ps_on.value.strip()
-        if where in ("", "this machine", "local"):
-            return None
-        if not where.startswith("ssh://"):
-            raise ConfigError(f"the PS runs on {where!r}: give 'this machine' or ssh://user@host[:port]")
         options = {k: v for k, v in self.ssh.items() if k not in ("gpus",)}
-        return RemotePS(where, progress=lambda m: self._say(f"PS host: {m}"), **options)
-
-    @staticmethod
-    def _host_said(row: dict, message: str) -> None:   # inspecting, installing, its GPUs: on the row
-        row["status"].value = html.escape(message.split(": ", 1)[-1])
+        return ps_host(self.ps_on.value, options, lambda m: self._say(f"PS host: {m}"))
 
     def show_log(self, site: str, lines: int = 30) -> str:
         """The end of a site's log (a remote site's comes back here as it runs), under the table."""
@@ -305,7 +329,8 @@ class ControlPanel:
     def _set_state(self, state: str) -> None:
         self.state = state
         live = state in ("starting", "running")
-        self.start_button.disabled = live
+        self.start_button.disabled = live or state == "attached"
+        self.attach_button.disabled = live or state == "attached"
         self.stop_button.disabled = not live
         for b in (self.kill_button, self.outage_button, self.ps_button):
             b.disabled = state != "running"

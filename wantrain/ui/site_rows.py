@@ -7,11 +7,15 @@ screenshot needs to find has a stable CSS class (`wantrain-runs-on`, `wantrain-h
 
 from __future__ import annotations
 
+import functools
 import html
+from collections.abc import Callable
 
+from ..errors import ConfigError
+from ..launch import RemotePS, RemoteSite
 from ..plan import SitePlan
 
-__all__ = ["DEVICES", "site_row", "site_table"]
+__all__ = ["DEVICES", "site_row", "site_table", "remote_hosts", "ps_host"]
 
 DEVICES = ("auto", "cpu", "cuda")
 WHERE = "this machine, or ssh://user@host[:port]"
@@ -51,3 +55,37 @@ def site_table(rows: list[dict]):
 
     head = W.HBox([W.HTML(f"<b>{title}</b>", layout=W.Layout(width=w)) for _, title, w in COLUMNS])
     return W.VBox([head] + [W.HBox([r[role] for role, _, _ in COLUMNS]) for r in rows])
+
+
+def _here(where: str) -> bool:
+    return where in ("", "this machine", "local")
+
+
+def remote_hosts(rows: list[dict], ssh: dict) -> dict[str, RemoteSite]:
+    """The SSH hosts of the rows that run on one (`ssh`: the options for every one of them); each
+    row's host column follows its host's preparation. ConfigError names a row's bad "runs on"."""
+    hosts = {}
+    for r in rows:
+        name, where = r["name"].value.strip(), r["runs_on"].value.strip()
+        r["status"].value = ""
+        if _here(where):
+            continue
+        if not where.startswith("ssh://"):
+            raise ConfigError(f"site {name}: runs on {where!r}: give 'this machine' or ssh://user@host[:port]")
+        hosts[name] = RemoteSite(where, progress=functools.partial(_host_said, r), **ssh)
+        r["status"].value = html.escape(f"connecting to {where}")
+    return hosts
+
+
+def _host_said(row: dict, message: str) -> None:     # inspecting, installing, its GPUs: on the row
+    row["status"].value = html.escape(message.split(": ", 1)[-1])
+
+
+def ps_host(where: str, ssh: dict, progress: Callable[[str], None]) -> RemotePS | None:
+    """The PS's SSH host, or None for this machine."""
+    where = where.strip()
+    if _here(where):
+        return None
+    if not where.startswith("ssh://"):
+        raise ConfigError(f"the PS runs on {where!r}: give 'this machine' or ssh://user@host[:port]")
+    return RemotePS(where, progress=progress, **ssh)
