@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        "link listens")
     ln.add_argument("--log", default=None, help="JSONL file of link telemetry")
     ln.add_argument("--control", default=None, help="file of JSON commands, one per line (outage now)")
-    sh = sub.add_parser("shape", help="shape one site's link on this host with tcconfig (its plan entry names "
-                                      "the interface), until stopped")
+    sh = sub.add_parser("shape", help="shape one site's link on this host with tcconfig or htb (its plan entry "
+                                      "names the backend and the interface), until stopped")
     sh.add_argument("--plan", required=True)
     sh.add_argument("--site", required=True)
     sh.add_argument("--dry-run", action="store_true", help="print the tc commands instead of running them")

@@ -27,7 +27,7 @@ from .kernel import KernelLink
 from .proxy import LinkProxy
 from .trace import LinkState, Trace
 
-__all__ = ["LinkHandle", "ProxyBackend", "KernelBackend", "BACKENDS", "get_backend"]
+__all__ = ["LinkHandle", "ProxyBackend", "KernelBackend", "BACKENDS", "get_backend", "without_rate"]
 
 
 @dataclass
@@ -60,6 +60,12 @@ class ProxyBackend:
         proxy = LinkProxy(target, up, down, name=site)
         port = await proxy.start()
         return LinkHandle(site, ("127.0.0.1", port), proxy, up)
+
+
+def without_rate(t: Trace) -> Trace:
+    """The same trace with no rate limit but its outages (the rate is done elsewhere: htb on the site's host)."""
+    return Trace(t.t_s, t.delay_ms, np.where(t.bandwidth_mbps > 0, math.inf, 0.0), t.loss, t.loop, t.time_scale,
+                 t.name, t.events)
 
 
 def _delay_only(t: Trace) -> Trace:

@@ -26,7 +26,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-__all__ = ["KernelLink", "KernelBackendError", "check_support", "netem_available", "cleanup_all"]
+__all__ = ["KernelLink", "KernelBackendError", "check_support", "netem_available", "cleanup_all", "htb_rates"]
 
 PREFIX = "wt"
 SUBNET = "10.231"
@@ -49,6 +49,12 @@ def _bits(rate: str) -> float:
     if not m:
         raise KernelBackendError(f"cannot read tc rate {rate!r}")
     return float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[m.group(2)]
+
+
+def htb_rates(where: list[str], dev: str) -> list[float]:
+    """The rates (bit/s) of the htb classes on `dev` (`where`: a prefix such as `ip netns exec NS`)."""
+    text = _run(where + ["tc", "class", "show", "dev", dev]).stdout   # no JSON for classes here
+    return [_bits(m) for m in re.findall(r"htb \S+ .*?rate (\S+)", text)]
 
 
 def check_support() -> None:
@@ -216,8 +222,7 @@ class KernelLink:
             if self.delay_ms > 0 and netem_available() and "netem" not in kinds:
                 raise KernelBackendError(f"netem delay on {dev} is not in place")
             if not math.isinf(self.rate_mbps):
-                text = _run(where + ["tc", "class", "show", "dev", dev]).stdout   # no JSON for classes here
-                rates = [_bits(m) for m in re.findall(r"htb \S+ .*?rate (\S+)", text)]
+                rates = htb_rates(where, dev)
                 want = self.rate_mbps * 1e6
                 if not any(abs(r - want) <= 0.01 * want for r in rates):
                     raise KernelBackendError(f"htb on {dev} has rates {rates} bit/s, wanted {want:.0f}")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from wantrain.plan import JsonlTail, Outage, RunPlan, SitePlan
 
-from .backend import get_backend
+from .backend import ProxyBackend, get_backend, without_rate
 from .scenario import Scenario
 from .trace import Spike
 
@@ -64,6 +64,9 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
             if site.backend == "tcconfig":      # shaped on its own host (shape.py): no link here
                 continue
             up, down = sc.traces(site)
+            if site.backend == "kernel":        # its host's htb does the rate; its proxy link the rest
+                handles[site.name] = await ProxyBackend().open(site.name, target, without_rate(up), without_rate(down))
+                continue
             handles[site.name] = await backend.open(site.name, target, up, down)
     except BaseException:
         for h in handles.values():

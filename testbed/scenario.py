@@ -9,7 +9,9 @@ A scenario is a TOML file (see scenarios/ for the built-in ones):
              (connection resets), speed_factor, trace = "file.csv" (replaces the synthetic delay,
              bandwidth, jitter, loss and spikes; relative to the scenario file; outages and resets
              still happen on top of it), backend = "tcconfig" with interface = "eth0" (this site's
-             link is shaped on its own host by tcconfig, not by the run's backend; root there)
+             link is shaped on its own host by tcconfig, not by the run's backend; root there) or
+             backend = "kernel" (where the host has no netem: htb there does the uplink rate, its
+             proxy link here the delay, loss and outages)
 
 A bad file gets a message that names the file, the line (where the TOML says it) and the field.
 """
@@ -22,7 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wantrain.plan import RunPlan
+from wantrain.plan import ON_HOST_BACKENDS, RunPlan
 
 from .regions import regions, rtt_ms
 from .trace import Outage, Trace, TraceError, synthetic
@@ -56,8 +58,8 @@ class SiteLink:
     speed_factor: float = 1.0
     trace: str | None = None
     resets: tuple[float, ...] = ()     # trace seconds at which every connection of the link is reset
-    backend: str | None = None         # "tcconfig": shaped on the site's host (see wantrain.plan.SitePlan)
-    interface: str | None = None       # the host's interface tcconfig shapes
+    backend: str | None = None         # "tcconfig" or "kernel": shaped on the site's host (wantrain.plan.SitePlan)
+    interface: str | None = None       # the host's interface to shape
 
 
 @dataclass(frozen=True)
@@ -182,12 +184,12 @@ def _build(d: dict, path: Path, text: str) -> Scenario:
             raise err("resets", f"must be a list of times (s, >= 0), got {resets!r}")
         if "trace" in s and not isinstance(s["trace"], str):
             raise err("trace", "must be a path to a CSV trace")
-        if s.get("backend", "tcconfig") != "tcconfig":
-            raise err("backend", f"of a site can only be \"tcconfig\" (the run's backend is set at the top), "
-                                 f"got {s['backend']!r}")
+        if s.get("backend", "tcconfig") not in ON_HOST_BACKENDS:
+            raise err("backend", f"of a site can only be \"tcconfig\" or \"kernel\" (shaped on its own host; the "
+                                 f"run's backend is set at the top), got {s['backend']!r}")
         if ("backend" in s) != ("interface" in s) or not isinstance(s.get("interface", ""), str):
             raise err("interface" if "backend" in s else "backend",
-                      "and backend = \"tcconfig\" go together: name the host's interface tcconfig shapes")
+                      "and a site's backend go together: name the host's interface to shape")
         for k in s:
             counts[k] = counts.get(k, 0) + 1
         sites.append(SiteLink(s["name"], s["region"], outages=tuple(outages), trace=s.get("trace"),

@@ -1,5 +1,9 @@
 """`python -m testbed shape --plan PLAN.json --site NAME`: shape one site's link on its own host.
 
+For a site whose plan entry says `backend = "kernel"`, it puts the uplink trace's rate in force
+with htb on the entry's interface (htb_link.py; its proxy link does the rest), follows it, and
+removes it when stopped: the fallback where the host has no netem.
+
 For a site whose plan entry says `backend = "tcconfig"`: this process runs on the site's host (the
 Run starts it there with the site's own launcher, over SSH for a remote host), puts the site's
 uplink trace in force on the entry's interface with tcconfig, checks it with `tc qdisc show`,
@@ -19,10 +23,14 @@ import sys
 import threading
 import time
 
-from wantrain.plan import CANNOT_SHAPE, RunPlan
+from wantrain.plan import CANNOT_SHAPE, ON_HOST_BACKENDS, RunPlan
 
 from .scenario import scenario_from_plan
+from .htb_link import HtbError, HtbLink
+from .kernel import KernelBackendError
 from .tcconfig_backend import TcconfigError, TcconfigLink
+
+FAILED = (TcconfigError, HtbError, KernelBackendError)
 
 __all__ = ["main_shape", "CANNOT_SHAPE", "tcconfig_command"]
 
@@ -37,31 +45,37 @@ def tcconfig_command(tool: str) -> list[str]:
 def main_shape(args) -> int:
     plan = RunPlan.read(args.plan)
     site = plan.site(args.site)
-    if site.backend != "tcconfig" or not site.interface:
-        print(f"testbed shape: site {site.name} is not shaped by tcconfig (its plan entry has backend "
+    if site.backend not in ON_HOST_BACKENDS or not site.interface:
+        print(f"testbed shape: site {site.name} is not shaped on its host (its plan entry has backend "
               f"{site.backend!r}, interface {site.interface!r})", file=sys.stderr)
         return 2
     sc = scenario_from_plan(plan, args.plan)
     up, _ = sc.traces(next(s for s in sc.sites if s.name == site.name))
-    link = TcconfigLink(site.interface, up, tcset=tcconfig_command("tcset"), tcdel=tcconfig_command("tcdel"),
-                        dry_run=args.dry_run)
+    st = up.at(0)
+    if site.backend == "tcconfig":
+        link = TcconfigLink(site.interface, up, tcset=tcconfig_command("tcset"), tcdel=tcconfig_command("tcdel"),
+                            dry_run=args.dry_run)
+        first, what = (lambda: link.apply(st)), (f"delay {st.delay_ms:g} ms, rate {st.bandwidth_mbps:g} Mbit/s, "
+                                                  f"loss {st.loss:g}")
+    else:
+        link = HtbLink(site.interface, up)
+        first = lambda: (link.check(), link.apply(st.bandwidth_mbps))
+        what = f"rate {st.bandwidth_mbps:g} Mbit/s by htb; delay, loss and outages by its proxy link"
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    st = up.at(0)
     try:
-        link.apply(st)
-    except TcconfigError as e:
+        first()
+    except FAILED as e:
         print(f"testbed shape: site {site.name}: {e}", file=sys.stderr)
         return CANNOT_SHAPE
-    print(f"shaping {site.interface}: uplink of site {site.name} (delay {st.delay_ms:g} ms, "
-          f"rate {st.bandwidth_mbps:g} Mbit/s, loss {st.loss:g}) and following its trace", flush=True)
+    print(f"shaping {site.interface}: uplink of site {site.name} ({what}) and following its trace", flush=True)
     t0 = time.monotonic()
     try:
         while not stop.wait(0.2):
             try:
                 link.step(time.monotonic() - t0)
-            except TcconfigError as e:       # a later state failed: say so, keep the last one in force
+            except FAILED as e:       # a later state failed: say so, keep the last one in force
                 print(f"testbed shape: {e}", file=sys.stderr, flush=True)
     finally:
         link.clear()

@@ -4,7 +4,9 @@ whose sessions live in a network namespace of their own, so its interface is not
 Where the kernel has netem, the run trains with the site's uplink shaped there (read back with `tc
 qdisc show` during the run) and the shaping is gone afterwards. Where it has none (this project's
 CI kernels), tcset exits 0 having done nothing useful: the run must refuse before any site starts,
-say why, and leave no qdisc and no process behind.
+say why, and leave no qdisc and no process behind. There a site's own "kernel" backend is the
+fallback: htb on the host's interface, read back, removed; this test runs on every kernel (the SSH
+host listens inside its namespace, so its traffic crosses the interface that is shaped).
 """
 
 import os
@@ -75,3 +77,58 @@ def test_tcconfig_over_ssh_shapes_the_hosts_interface_or_refuses_without_netem(t
             server.close()
         left = _qdiscs(ns)
         assert "netem" not in left and "htb" not in left, left              # nothing left on the host
+
+
+KERNEL_SCENARIO = """
+name = "remote-kernel"
+ps_region = "East US"
+[[site]]
+name = "a"
+region = "East US"
+[[site]]
+name = "b"
+region = "West Europe"
+bandwidth_mbps = 20
+backend = "kernel"
+interface = "{interface}"
+"""
+
+
+def _htb_classes(ns: KernelLink) -> str:
+    return subprocess.run(ns.exec_prefix() + ["tc", "-s", "class", "show", "dev", ns.site_if], capture_output=True,
+                          text=True, check=True).stdout
+
+
+@pytest.mark.timeout(480)
+def test_the_kernel_fallback_over_ssh_puts_htb_on_the_hosts_interface_and_removes_it(tmp_path):
+    """Where tcconfig cannot shape (no netem), a site's own backend "kernel" still shapes its host:
+    its uplink rate by htb on the host's interface (applied over SSH, read back, gone afterwards),
+    the delay and outages by its proxy link here, which its reverse forward leads through."""
+    import json
+    import re
+
+    with KernelLink("krn") as ns:
+        server = SshServer(tmp_path / "sshd", exec_prefix=tuple(ns.exec_prefix()), listen=ns.site_ip)
+        scenario = tmp_path / "remote.toml"
+        scenario.write_text(KERNEL_SCENARIO.format(interface=ns.site_if))
+        host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
+                          key_file=server.key_file, known_hosts=str(server.known_hosts))
+        cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 3, "train.inner_steps": 8})
+        run = Run(cfg, run_dir=tmp_path / "run", plan=describe_scenario(scenario), remote={"b": host})
+        try:
+            run.start()
+            shaped = _htb_classes(ns)
+            assert re.search(r"class htb 1:10 root .*rate 20Mbit ceil 20Mbit", shaped), shaped
+            assert list(run.follow(timeout_s=300))[-1]["kind"] == "run_end"
+            sent = int(re.search(r"Sent (\d+) bytes", _htb_classes(ns)).group(1))
+        finally:
+            run.stop()
+            server.close()
+        left = subprocess.run(ns.exec_prefix() + ["tc", "qdisc", "show", "dev", ns.site_if], capture_output=True,
+                              text=True, check=True).stdout
+        assert "htb" not in left, left                                        # nothing left on the host
+    shaper_log = (tmp_path / "run" / "shaper-b.log").read_text()
+    assert "rate 20 Mbit/s by htb" in shaper_log and "removed the shaping" in shaper_log, shaper_log
+    link_rows = [json.loads(ln) for ln in (tmp_path / "run" / "links.jsonl").read_text().splitlines()]
+    b_up = max(r["bytes_up"] for r in link_rows if r.get("kind") == "link" and r["site"] == "b")
+    assert b_up > 100_000 and sent > b_up, (b_up, sent)    # b's deltas went through its proxy link and the htb class

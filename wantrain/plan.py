@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PLAN_VERSION", "CANNOT_SHAPE", "Outage", "SitePlan", "RunPlan", "PlanError", "JsonlTail", "outage_command",
-           "describe_scenario"]
+__all__ = ["PLAN_VERSION", "CANNOT_SHAPE", "ON_HOST_BACKENDS", "Outage", "SitePlan", "RunPlan", "PlanError",
+           "JsonlTail", "outage_command", "describe_scenario"]
 
 PLAN_VERSION = 1
 CANNOT_SHAPE = 3     # `python -m testbed shape` exits so when it refuses (no netem, no root): nothing left behind
+ON_HOST_BACKENDS = ("tcconfig", "kernel")   # a site's own backend, applied on its host (testbed shape)
 
 
 class PlanError(ValueError):
@@ -53,8 +54,9 @@ class SitePlan:
     resets: tuple[float, ...] = ()        # trace seconds at which every connection of the link is reset
     speed_factor: float = 1.0             # > 1: the site computes that many times slower
     trace: str | None = None              # an absolute path to a CSV trace (replaces the synthetic link)
-    # "tcconfig": the link is shaped on the site's own host, on `interface` (python -m testbed shape),
-    # and the site dials the PS directly. None: the run's backend, in the link emulator.
+    # Shaped on the site's own host, on `interface`, by `python -m testbed shape` (ON_HOST_BACKENDS):
+    # "tcconfig" (netem: everything; the site dials the PS directly) or "kernel" (htb: the uplink rate;
+    # its proxy link in the emulator does delay, loss and outages). None: the run's backend, in the emulator.
     backend: str | None = None
     interface: str | None = None
     # Where the site dials once its link listens (None: the link is not open yet, or there is none).

@@ -38,7 +38,7 @@ from .launch.placement import Placement, Placements
 from .launch.ps_host import LocalPS, RemotePS, wait_for_port
 from .launch.remote import RemoteSite
 from .naming import default_site_names, new_run_dir
-from .plan import RunPlan, SitePlan, describe_scenario
+from .plan import ON_HOST_BACKENDS, RunPlan, SitePlan, describe_scenario
 from .relay import EventRelay
 from .run_faults import RunFaults
 from .watch import follow_events
@@ -95,7 +95,7 @@ class Run(RunFaults):
         self.ps_host = LocalPS(self.launcher, python, host) if ps_on is None else \
             RemotePS(ps_on) if isinstance(ps_on, str) else ps_on
         # Where each site runs: here, or an SSH host (installed there, it dials back through its own
-        # connection); a site whose link tcconfig shapes gets a shaper on the same host.
+        # connection); a site whose link is shaped on its own host gets a shaper there.
         self.placements = Placements(self.sites, remote, self.launcher, python)
         self.shapers: dict[str, ProcessHandle] = {}
         self.ps: ProcessHandle | None = None
@@ -224,7 +224,8 @@ class Run(RunFaults):
         return self.workers[name]
 
     def _place(self, name: str) -> tuple[Placement, SitePlan | None]:
-        """Where the site runs and its link as the site sees it; a tcconfig link is shaped first."""
+        """Where the site runs and its link as the site sees it; a link shaped on the site's host
+        (tcconfig, or the kernel's htb) is shaped there first."""
         link = self.plan.site(name) if self.plan is not None else None
         remote = name in self.placements.remote
         # An SSH site's reverse forward leads to its emulated link where the proxy has one (a kernel
@@ -232,7 +233,7 @@ class Run(RunFaults):
         via = link.dial if link is not None and link.dial and not (remote and link.exec_prefix) else self.site_address
         where = self.placements.place(name, via, self.site_tokens[name], self.certs.ca if self.certs else None,
                                       self.run_dir, forward=isinstance(self.ps_host, LocalPS) or via != self.site_address)
-        if self.plan is not None and link is not None and link.backend == "tcconfig" and name not in self.shapers:
+        if self.plan is not None and link is not None and link.backend in ON_HOST_BACKENDS and name not in self.shapers:
             self.shapers[name] = self.placements.start_shaper(name, self.plan, where, self.run_dir / f"shaper-{name}.log")
         if remote and link is not None:     # it dials its forward; the link's figures still count
             link = dataclasses.replace(link, host=None, port=None, exec_prefix=())

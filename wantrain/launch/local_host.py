@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -30,14 +31,34 @@ def _keygen(path: Path) -> str:
     return path.with_suffix(".pub").read_text().strip()
 
 
+def _listener(exec_prefix: tuple[str, ...], host: str) -> socket.socket:
+    """A listening socket on host:0, made under `exec_prefix` (in a network namespace: a socket
+    belongs to the namespace it was made in) and handed back here over a Unix socket pair."""
+    if not exec_prefix:
+        return socket.create_server((host, 0))
+    ours, theirs = socket.socketpair()
+    make = ("import socket, sys; s = socket.create_server((sys.argv[1], 0)); "
+            "socket.send_fds(socket.socket(fileno=int(sys.argv[2])), [b'L'], [s.fileno()])")
+    with ours, theirs:
+        r = subprocess.run([*exec_prefix, sys.executable, "-c", make, host, str(theirs.fileno())],
+                           pass_fds=(theirs.fileno(),), capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise ProcessError(f"cannot listen on {host} under {' '.join(exec_prefix)}: {r.stderr.strip()}")
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    return socket.socket(fileno=fds[0])
+
+
 class LocalSshHost:
     key_file: str          # the client's private key that this host accepts
     known_hosts: Path      # holds this host's key
-    def __init__(self, root: Path, exec_prefix: tuple[str, ...] = (), *, like: LocalSshHost | None = None) -> None:
+    def __init__(self, root: Path, exec_prefix: tuple[str, ...] = (), *, like: LocalSshHost | None = None,
+                 listen: str = "127.0.0.1") -> None:
         """`exec_prefix` runs sshd under it, e.g. `ip netns exec NS`: its sessions then live in that
-        network namespace, a separate "host" with interfaces of its own. `like`: another local host
-        whose key this one accepts and whose known_hosts it joins, so one set of `options` (the
-        panel's `ssh=`) reaches both."""
+        network namespace, a separate "host" with interfaces of its own. `listen`: the address the
+        host is reached at; one of the namespace's own (its veth's) puts the listening socket in
+        the namespace too, so the SSH traffic crosses its interface as a real host's would. `like`:
+        another local host whose key this one accepts and whose known_hosts it joins, so one set of
+        `options` (the panel's `ssh=`) reaches both."""
         if not os.access(SSHD, os.X_OK) or not shutil.which("ssh-keygen"):
             raise ProcessError("a local SSH host needs OpenSSH's sshd and ssh-keygen (Debian: apt-get install "
                                "openssh-server)")
@@ -58,11 +79,12 @@ class LocalSshHost:
             "PermitRootLogin prohibit-password", "PidFile none", "LogLevel VERBOSE", ""]))
         if os.geteuid() == 0:
             Path("/run/sshd").mkdir(parents=True, exist_ok=True)    # sshd's privilege separation folder
-        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.listen = listen
+        self.sock = _listener(self.exec_prefix if listen != "127.0.0.1" else (), listen)
         self.port = self.sock.getsockname()[1]
         self.known_hosts = like.known_hosts if like is not None else root / "known_hosts"
         with open(self.known_hosts, "a") as f:
-            f.write(f"[127.0.0.1]:{self.port} {' '.join(host_pub.split()[:2])}\n")
+            f.write(f"[{listen}]:{self.port} {' '.join(host_pub.split()[:2])}\n")
         self.sessions: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -75,7 +97,7 @@ class LocalSshHost:
 
     @property
     def url(self) -> str:
-        return f"ssh://{self.user}@127.0.0.1:{self.port}"
+        return f"ssh://{self.user}@{self.listen}:{self.port}"
 
     def _accept(self) -> None:
         while True:

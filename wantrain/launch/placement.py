@@ -2,8 +2,8 @@
 
 A site runs on this machine (the run's launcher) or on an SSH host (`RemoteSite`). `place` returns
 how to start it there: the launcher, the Python, the PS address it dials and its copies of the
-run's secret files. `start_shaper` starts the tcconfig shaper of a site whose plan entry asks for
-one (`backend = "tcconfig"`: `python -m testbed shape`) on that same host, and returns once the
+run's secret files. `start_shaper` starts the shaper of a site whose plan entry asks for one
+(`backend = "tcconfig"` or `"kernel"`: `python -m testbed shape`) on that same host, and returns once the
 shaping is in force, or raises ShapingError with the shaper's reason (it leaves nothing behind).
 """
 
@@ -84,7 +84,7 @@ class Placements:
 
     def start_shaper(self, name: str, plan: RunPlan, where: Placement, log_path: Path,
                      timeout_s: float = 120.0) -> ProcessHandle:
-        """Shape the site's link on its host with tcconfig; returns the shaper once it is in force."""
+        """Shape the site's link on its host (tcconfig or htb); returns the shaper once it is in force."""
         site = plan.site(name)
         if name in self.remote:          # the host reads its own copies of the plan and the trace
             launcher = self.remote[name].launcher
