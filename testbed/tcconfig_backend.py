@@ -76,8 +76,8 @@ class TcconfigLink:
                 self.clear()
                 hint = " (the kernel has no netem qdisc)" if "unknown" in out.lower() else ""
                 raise TcconfigError(f"tcset exited 0 but no netem qdisc is on {self.interface}{hint}; tcconfig "
-                                    f"cannot shape here. tcset said: {out.strip()[:300]!r}. Use the proxy or kernel "
-                                    "backend on this host.")
+                                    f"cannot shape here. tcset said: {out.strip()[:300]!r}. Use backend = \"kernel\" for this "
+                                    "site instead (htb on its host; delay, loss and outages by its proxy link).")
         self.applied, self.last_apply = st, time.monotonic()
         return out
 

@@ -41,9 +41,10 @@ speed_factor = 2
     (lambda t: t + 'colour = "red"\n', r":14: field site\[1\]\.colour is unknown"),
     (lambda t: t.replace('name = "b"', 'name = "a"'), r"site names must be unique"),
     (lambda t: t.replace('[[site]]\nname = "a"', '[[site]\nname = "a"'), r"s\.toml: .*line 5"),
-    (lambda t: t + 'backend = "kernel"\ninterface = "eth0"\n', r":14: field site\[1\]\.backend of a site can only be"),
-    (lambda t: t + 'backend = "tcconfig"\n', r"field site\[1\]\.interface and backend = \"tcconfig\" go together"),
-    (lambda t: t + 'interface = "eth0"\n', r"field site\[1\]\.backend and backend = \"tcconfig\" go together"),
+    (lambda t: t + 'backend = "proxy"\ninterface = "eth0"\n', r":14: field site\[1\]\.backend of a site can only be "
+                                                                 r"\"tcconfig\" or \"kernel\""),
+    (lambda t: t + 'backend = "tcconfig"\n', r"field site\[1\]\.interface and a site's backend go together"),
+    (lambda t: t + 'interface = "eth0"\n', r"field site\[1\]\.backend and a site's backend go together"),
 ])
 def test_malformed_scenarios_name_file_line_and_field(tmp_path, edit, match):
     p = tmp_path / "s.toml"
