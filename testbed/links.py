@@ -63,11 +63,12 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
         for site in sc.sites:
             if site.backend == "tcconfig":      # shaped on its own host (shape.py): no link here
                 continue
-            up, down = sc.traces(site)
+            up_trace, down_trace = sc.traces(site)
             if site.backend == "kernel":        # its host's htb does the rate; its proxy link the rest
-                handles[site.name] = await ProxyBackend().open(site.name, target, without_rate(up), without_rate(down))
+                handles[site.name] = await ProxyBackend().open(site.name, target, without_rate(up_trace),
+                                                               without_rate(down_trace))
                 continue
-            handles[site.name] = await backend.open(site.name, target, up, down)
+            handles[site.name] = await backend.open(site.name, target, up_trace, down_trace)
     except BaseException:
         for h in handles.values():
             await h.close()

@@ -52,20 +52,23 @@ def main_shape(args) -> int:
     sc = scenario_from_plan(plan, args.plan)
     up, _ = sc.traces(next(s for s in sc.sites if s.name == site.name))
     st = up.at(0)
+    link: TcconfigLink | HtbLink
     if site.backend == "tcconfig":
         link = TcconfigLink(site.interface, up, tcset=tcconfig_command("tcset"), tcdel=tcconfig_command("tcdel"),
                             dry_run=args.dry_run)
-        first, what = (lambda: link.apply(st)), (f"delay {st.delay_ms:g} ms, rate {st.bandwidth_mbps:g} Mbit/s, "
-                                                  f"loss {st.loss:g}")
+        what = f"delay {st.delay_ms:g} ms, rate {st.bandwidth_mbps:g} Mbit/s, loss {st.loss:g}"
     else:
         link = HtbLink(site.interface, up)
-        first = lambda: (link.check(), link.apply(st.bandwidth_mbps))
         what = f"rate {st.bandwidth_mbps:g} Mbit/s by htb; delay, loss and outages by its proxy link"
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        first()
+        if isinstance(link, HtbLink):
+            link.check()
+            link.apply(st.bandwidth_mbps)
+        else:
+            link.apply(st)
     except FAILED as e:
         print(f"testbed shape: site {site.name}: {e}", file=sys.stderr)
         return CANNOT_SHAPE

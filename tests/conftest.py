@@ -70,3 +70,4 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("processes left running by tests (killed)")
         for line in _LEAKED:
             terminalreporter.write_line(line)
+

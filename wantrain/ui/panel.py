@@ -214,7 +214,8 @@ class ControlPanel:
             raise StateError(f"this panel is {self.state}; stop it or use another panel")
         if (address is None) == (run_dir is None):
             raise ConfigError("attach takes the PS's address (with its token) or a run folder, not both")
-        who = Observer.of_run_dir(run_dir) if run_dir is not None else Observer.of(address, token, ca, server_name)
+        who = Observer.of_run_dir(run_dir) if run_dir is not None else \
+            Observer.of(str(address), token, ca, server_name)
         self.run, self.error = None, None
         self.dashboard = dash = Dashboard()
         self.dash_box.children = (dash.box,)

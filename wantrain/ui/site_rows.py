@@ -61,10 +61,10 @@ def _here(where: str) -> bool:
     return where in ("", "this machine", "local")
 
 
-def remote_hosts(rows: list[dict], ssh: dict) -> dict[str, RemoteSite]:
+def remote_hosts(rows: list[dict], ssh: dict) -> dict[str, RemoteSite | str]:
     """The SSH hosts of the rows that run on one (`ssh`: the options for every one of them); each
     row's host column follows its host's preparation. ConfigError names a row's bad "runs on"."""
-    hosts = {}
+    hosts: dict[str, RemoteSite | str] = {}
     for r in rows:
         name, where = r["name"].value.strip(), r["runs_on"].value.strip()
         r["status"].value = ""

@@ -1,0 +1,46 @@
+"""The tutorials (notebooks/, run by nbmake in `make test`), rendered: this file is at the root
+because pytest applies a conftest only to the tests under its folder. The tests' own fixtures are
+in tests/conftest.py."""
+
+from pathlib import Path
+
+import pytest
+
+
+# ------------------------------------------------------------------ tutorials, rendered
+# nbmake executes each tutorial and keeps nothing; keep the executed copy, and once the notebook
+# has passed, check that its HTML export draws every figure (tests/rendered.py).
+
+def _keep_executed_notebooks() -> None:
+    try:
+        from nbmake.nb_run import NotebookRun
+    except ImportError:
+        return
+    execute = NotebookRun.execute
+    if getattr(execute, "keeps_copy", False):
+        return
+
+    def execute_and_keep(self):
+        import nbformat
+
+        from tests.rendered import EXECUTED
+
+        result = execute(self)
+        EXECUTED.mkdir(parents=True, exist_ok=True)
+        nbformat.write(result.nb, str(EXECUTED / Path(self.filename).name))
+        return result
+    execute_and_keep.keeps_copy = True
+    NotebookRun.execute = execute_and_keep
+
+
+_keep_executed_notebooks()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield
+    if type(item).__name__ == "NotebookItem":
+        from tests.rendered import EXECUTED, check_rendered
+        wanted, drawn = check_rendered(EXECUTED / Path(str(item.fspath)).name)
+        print(f"{Path(str(item.fspath)).name}: {len(drawn)} figures drawn in its HTML export of {len(wanted)}")
+    return result
