@@ -189,3 +189,6 @@ def check_run(events: list[dict], rounds: int) -> None:
     assert all(c["site_hash"] == hashes[c["round"]] for c in checks)
     final = [c for c in checks if c["round"] == rounds - 1]
     assert final, "no site confirmed the final model"
+    # One clock for the run, across PS restarts: every event's elapsed_s counts from the same start.
+    starts = [e["t"] - e["elapsed_s"] for e in events]
+    assert max(starts) - min(starts) < 1e-3, f"the run's clock restarted: starts {sorted(set(starts))[:4]}"

@@ -38,3 +38,17 @@ def test_unknown_kind_and_bad_files(tmp_path):
         read_events(p)
     with pytest.raises(FileNotFoundError):
         read_events(tmp_path / "nowhere")
+
+
+def test_a_restarted_recorder_keeps_the_runs_clock(tmp_path):
+    """A PS restarted from its checkpoint continues the log and its clock: elapsed_s counts from the
+    run's start, not the new process's (04's loss chart once ran backwards in time)."""
+    import time
+
+    path = tmp_path / "events.jsonl"
+    first = Recorder(path, start_time=time.time() - 100.0)
+    first.emit("run_start", run_id="r", config={}, num_params=1)
+    again = Recorder(path)                                  # the restarted PS
+    assert again.start == first.start
+    assert again.emit("restart", round=0)["elapsed_s"] >= 100.0
+    assert Recorder(tmp_path / "new.jsonl").start == pytest.approx(time.time(), abs=5)   # a new run starts now

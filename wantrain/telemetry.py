@@ -65,8 +65,11 @@ class Recorder:
         self._file = None
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self.path.exists():  # a restarted PS continues the same log
+            if self.path.exists():  # a restarted PS continues the same log, and the same clock
                 self.events = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
+                if self.events and start_time is None:
+                    first = json.loads(self.events[0])
+                    self.start = first["t"] - first["elapsed_s"]
             self._file = open(self.path, "a", buffering=1)
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
