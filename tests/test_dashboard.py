@@ -73,6 +73,19 @@ def test_dashboard_follows_a_run_without_blocking(tmp_path):
     assert all(len(tr.x) <= 3 for w in capped.charts for tr in w.data if tr.x is not None)
     static = live.static_figures()                               # for saved notebooks: the real curves
     assert [f.layout.title.text for f in static] == titles
+    # One colour per site in every chart; the time axes span the whole run, on the run's clock.
+    colours: dict[str, set] = {}
+    for w in live.charts:
+        for tr in w.data:
+            site = next((s for s in run.sites if tr.name and tr.name.split()[-1] == s), None)
+            if site is not None:
+                colours.setdefault(site, set()).add((getattr(tr, "line", None) and tr.line.color) or tr.marker.color)
+    assert set(colours) == set(run.sites) and all(len(c) == 1 for c in colours.values()), colours
+    assert len({c for cs in colours.values() for c in cs}) == len(run.sites)
+    last = max(e["elapsed_s"] for e in events)
+    for w in live.charts:
+        if w.layout.xaxis.title.text == "seconds since start":
+            assert w.layout.xaxis.range[0] == 0 and w.layout.xaxis.range[1] >= last - 1e-6, w.layout.title.text
 
 
 def test_figures_thin_every_series_and_tolerate_empty_probe_batches():

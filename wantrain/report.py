@@ -16,6 +16,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .palette import run_start_time, site_colours
 from .telemetry import LINK_KINDS, read_run, rows
 
 __all__ = ["write_report", "summarize", "link_summary", "split", "figures", "timeline_figure", "thin"]
@@ -114,20 +115,28 @@ def summarize(events: list[dict]) -> dict:
     }
 
 
-def links_figure(events: list[dict], links: list[dict], max_points: int | None = None) -> go.Figure | None:
+def _whole_run(events: list[dict]) -> list[float]:
+    """The x range of a chart over the whole run: from its start to its last event."""
+    return [0.0, max((e["t"] for e in events), default=1.0) - run_start_time(events)]
+
+
+def links_figure(events: list[dict], links: list[dict], max_points: int | None = None,
+                 everything: list[dict] | None = None) -> go.Figure | None:
     samples = _rtt_samples(events)
     if not samples:
         return None
-    t0 = events[0]["t"]
+    t0 = run_start_time(events)
+    colour = site_colours(events, sorted(samples))
     fig = go.Figure()
     for site in sorted(samples):
         t, rtt = np.array(samples[site], dtype=float).reshape(-1, 2).T      # (2, probes)
         x, y = _xy(t - t0, rtt, max_points)
-        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"measured RTT {site}", marker=dict(size=5)))
+        fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=f"measured RTT {site}",
+                                 marker=dict(size=5, color=colour[site])))
         trace = [ln for ln in links if ln["kind"] == "link" and ln["site"] == site]
         if trace:
             x, y = _xy([ln["t"] - t0 for ln in trace], [ln["trace_rtt_ms"] for ln in trace], max_points)
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(dash="dot", width=1),
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines", line=dict(dash="dot", width=1, color=colour[site]),
                                      name=f"trace RTT in force {site}"))
     # Outages shaded as plain layout shapes (plotly's add_vrect costs ~20 ms each, and the dashboard
     # redraws); an outage still on ends "now".
@@ -143,15 +152,18 @@ def links_figure(events: list[dict], links: list[dict], max_points: int | None =
                               showarrow=False, xanchor="left", yanchor="top"))
     fig.update_layout(shapes=shapes, annotations=notes,
                       title="Links: RTT measured by the sites (Ping) and the trace in force", height=420,
-                      xaxis_title="seconds since start", yaxis_title="RTT (ms)", yaxis_type="log")
+                      xaxis_title="seconds since start", yaxis_title="RTT (ms)", yaxis_type="log",
+                      xaxis_range=_whole_run(everything if everything is not None else events))
     return fig
 
 
-def throughput_figure(events: list[dict], links: list[dict], max_points: int | None = None) -> go.Figure | None:
+def throughput_figure(events: list[dict], links: list[dict], max_points: int | None = None,
+                      everything: list[dict] | None = None) -> go.Figure | None:
     rows_ = [ln for ln in links if ln["kind"] == "link"]
     if not rows_:
         return None
-    t0 = events[0]["t"]
+    t0 = run_start_time(events)
+    colour = site_colours(events, sorted({ln["site"] for ln in rows_}))
     fig = go.Figure()
     for site in sorted({ln["site"] for ln in rows_}):
         mine = [ln for ln in rows_ if ln["site"] == site]
@@ -163,9 +175,9 @@ def throughput_figure(events: list[dict], links: list[dict], max_points: int | N
             mbps = np.diff(sent)[ok] * 8 / dt[ok] / 1e6                # between consecutive samples
             x, y = _xy(t[1:][ok] - t0, mbps, max_points)
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{site} {label} Mbit/s",
-                                     line=dict(dash="solid" if label == "up" else "dot")))
+                                     line=dict(dash="solid" if label == "up" else "dot", color=colour[site])))
     fig.update_layout(title="Links: throughput through the emulator", height=380, xaxis_title="seconds since start",
-                      yaxis_title="Mbit/s")
+                      yaxis_title="Mbit/s", xaxis_range=_whole_run(everything if everything is not None else events))
     return fig
 
 
@@ -179,43 +191,43 @@ def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure
     ends = rows(events, "round_end")
     start = rows(events, "run_start")
     names = sorted({e["site"] for e in sites})
+    colour = site_colours(everything, names)
 
     loss = go.Figure()
     for name in names:
         mine = [e for e in sites if e["site"] == name]
         x, y = _xy([e["elapsed_s"] for e in mine], [e["train_loss"] for e in mine], max_points)
-        loss.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"train loss {name}"))
+        loss.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"train loss {name}",
+                                  line=dict(color=colour[name])))
     val_x = ([start[0]["elapsed_s"]] if start and start[0].get("val_loss") is not None else []) + [e["elapsed_s"] for e in ends]
     val_y = ([start[0]["val_loss"]] if val_x and len(val_x) > len(ends) else []) + [e["val_loss"] for e in ends]
     x, y = _xy(val_x, val_y, max_points)
     loss.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="validation loss (global model)",
                               line=dict(width=3, color="black")))
     loss.update_layout(title="Loss against wall time", xaxis_title="seconds since start", yaxis_title="loss",
-                       height=420)
+                       height=420, xaxis_range=_whole_run(everything))
 
     wire = make_subplots(specs=[[{"secondary_y": True}]])
     for name in names:
         mine = [e for e in sites if e["site"] == name]
         x, y = _xy([e["round"] for e in mine], [e["wire_bytes"] / 1e6 for e in mine], max_points)
-        wire.add_trace(go.Bar(x=x, y=y, name=f"uplink MB {name}"), secondary_y=False)
+        wire.add_trace(go.Bar(x=x, y=y, name=f"uplink MB {name}", marker_color=colour[name]), secondary_y=False)
     x, y = _xy([e["round"] for e in ends], [e["wire_bytes"] / 1e6 for e in ends], max_points)
-    wire.add_trace(go.Bar(x=x, y=y, name="downlink MB (update, per site)"), secondary_y=False)
+    wire.add_trace(go.Bar(x=x, y=y, name="downlink MB (update, per site)", marker_color="#7f7f7f"), secondary_y=False)
     by_round: dict[int, list[dict]] = {}
     for e in sites:
         by_round.setdefault(e["round"], []).append(e)
     rounds = sorted(by_round)
     x, y = _xy(rounds, [sum(e["raw_bytes"] for e in by_round[r]) / max(1, sum(e["wire_bytes"] for e in by_round[r]))
                         for r in rounds], max_points)
-    wire.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="uplink ratio vs fp32"), secondary_y=True)
-    x, y = _xy(rounds, [sum(e["huffman_bits_per_symbol"] for e in by_round[r]) / len(by_round[r]) for r in rounds],
-               max_points)
-    wire.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="Huffman bits per int8 symbol",
-                              line=dict(dash="dot")), secondary_y=True)
+    wire.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="uplink: times smaller than fp32",
+                              line=dict(color="black")), secondary_y=True)
+    # (Huffman's bits per symbol have a unit of their own: in the report's summary, not on this axis.)
     wire.update_layout(title="Bytes on the wire and compression per round", barmode="group", height=420,
                        xaxis_title="round")
     wire.update_yaxes(title_text="MB", secondary_y=False)
-    wire.update_yaxes(title_text="ratio / bits", secondary_y=True)
-    extra = [links_figure(events, links, max_points), throughput_figure(events, links, max_points)]
+    wire.update_yaxes(title_text="times smaller than fp32", secondary_y=True, rangemode="tozero")
+    extra = [links_figure(events, links, max_points, everything), throughput_figure(events, links, max_points, everything)]
     return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(everything, max_points)]
 
 
@@ -232,7 +244,7 @@ _MARKERS = {
 def timeline_figure(events: list[dict], max_points: int | None = None) -> go.Figure:
     """Joins, leaves, deadlines missed, late deltas, restarts, outages and injected faults as
     markers, one row per site."""
-    t0 = min((e["t"] for e in events), default=0.0)
+    t0 = run_start_time(events)
     marks = [e for e in events if e["kind"] in _MARKERS]
     fig = go.Figure()
     for kind, (label, colour, symbol) in _MARKERS.items():
@@ -243,7 +255,7 @@ def timeline_figure(events: list[dict], max_points: int | None = None) -> go.Fig
             marker=dict(color=colour, symbol=symbol, size=12, line=dict(width=2, color=colour)),
             text=[_describe(e) for e in mine], hoverinfo="text+x"))
     fig.update_layout(title="Timeline: joins, leaves, deadlines, restarts, outages, faults", height=300,
-                      xaxis_title="seconds since start", yaxis_type="category")
+                      xaxis_title="seconds since start", yaxis_type="category", xaxis_range=_whole_run(events))
     return fig
 
 
