@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TUTORIALS = ["01-quickstart", "02-compression", "03-wan-traces", "04-faults", "05-heterogeneous-sites",
+TUTORIALS = ["00-what-is-diloco", "01-quickstart", "02-compression", "03-wan-traces", "04-faults", "05-heterogeneous-sites",
              "06-remote-sites"]
 
 

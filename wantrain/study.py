@@ -2,7 +2,9 @@
 
 `real_delta` trains a model for a few AdamW steps and returns the DiLoCo pseudo-gradient;
 `codec_stages` puts it through the codec's two stages as the system does (one Huffman payload
-per wire chunk) and reports bits per parameter per stage, the entropy bound and speeds.
+per wire chunk) and reports bits per parameter per stage, the entropy bound and speeds;
+`diloco_vs_sync` trains one model two ways in this process, DiLoCo and per-step synchronous data
+parallelism, on the same shards (tutorial 00).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .codec.quantize import dequantize_int8, quantize_int8
 from .config import CodecConfig, DataConfig
 from .errors import CodecError
 
-__all__ = ["real_delta", "codec_stages", "best_of", "entropy_bits"]
+__all__ = ["real_delta", "codec_stages", "best_of", "entropy_bits", "diloco_vs_sync"]
 
 
 def entropy_bits(counts: np.ndarray) -> float:
@@ -97,3 +99,82 @@ def codec_stages(flat: np.ndarray, cfg: CodecConfig | None = None, repeats: int 
                   f"huffman decode, {cores()} threads": mb / t_dec_all},
         "symbols": sym, "payloads": payloads,
     }
+
+
+def diloco_vs_sync(preset: str = "tiny", workers: int = 3, rounds: int = 6, inner_steps: int = 10, batch: int = 8,
+                   block: int = 64, lr: float = 1e-3, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                   seed: int = 0, threads: int = 2, eval_batches: int = 4) -> dict:
+    """One model, the same data shards and the same number of gradients, trained two ways here:
+
+    sync     per-step synchronous data parallelism (a datacenter's all-reduce): every step the
+             workers' gradients are averaged and one AdamW step is taken; each worker sends a
+             gradient (4 bytes a parameter in fp32) every step
+    diloco   each worker takes `inner_steps` AdamW steps on its own shard from the global model;
+             then one outer Nesterov step on the average of their pseudo-gradients (start minus
+             end); each worker sends a pseudo-gradient once a round
+
+    Returns the validation loss before training and after each round (every `inner_steps` steps),
+    the fp32 bytes each worker sent, and the seconds each took."""
+    import torch
+    import torch.nn.functional as F
+
+    from .data import BatchSampler, load_run_data
+    from .data import eval_batches as fixed_batches
+    from .models import build_model
+    from .outer import OuterNesterov
+
+    torch.set_num_threads(threads)
+    tok, corpus = load_run_data(DataConfig())
+    val = fixed_batches(corpus.val, batch, block, eval_batches)
+
+    def loss_of(model, x, y):
+        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())        # (B*T, vocab) vs (B*T,)
+
+    @torch.no_grad()
+    def evaluate(model) -> float:
+        return float(np.mean([loss_of(model, x, y).item() for x, y in val]))
+
+    def shards() -> list:
+        return [BatchSampler(corpus.shard(k, workers), batch, block, seed + k) for k in range(workers)]
+
+    sync, data, t0 = build_model(preset, tok.vocab_size, seed), shards(), time.perf_counter()
+    opt = torch.optim.AdamW(sync.parameters(), lr=lr)
+    sync_val = [evaluate(sync)]
+    for _ in range(rounds):
+        for _ in range(inner_steps):
+            opt.zero_grad(set_to_none=True)
+            for s in data:                                    # the average of the workers' gradients
+                x, y = s.next()
+                (loss_of(sync, x, y) / workers).backward()
+            opt.step()
+        sync_val.append(evaluate(sync))
+    sync_s = time.perf_counter() - t0
+
+    model, data, t0 = build_model(preset, tok.vocab_size, seed), shards(), time.perf_counter()
+    replicas = [build_model(preset, tok.vocab_size, seed) for _ in range(workers)]
+    inner = [torch.optim.AdamW(m.parameters(), lr=lr) for m in replicas]    # each keeps its own state
+    outer = OuterNesterov(outer_lr, outer_momentum)
+    diloco_val = [evaluate(model)]
+    for _ in range(rounds):
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        deltas = []
+        for m, o, s in zip(replicas, inner, data):
+            m.load_state_dict(model.state_dict())
+            for _ in range(inner_steps):
+                o.zero_grad(set_to_none=True)
+                x, y = s.next()
+                loss_of(m, x, y).backward()
+                o.step()
+            deltas.append({n: start[n] - p.detach() for n, p in m.named_parameters()})
+        mean = {n: torch.stack([d[n] for d in deltas]).mean(0).numpy().ravel() for n in start}
+        update = outer.update(mean)                           # what every replica adds
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p += torch.from_numpy(update[n]).view_as(p)
+        diloco_val.append(evaluate(model))
+    diloco_s = time.perf_counter() - t0
+
+    params = sum(p.numel() for p in model.parameters())
+    return {"params": params, "workers": workers, "rounds": rounds, "inner_steps": inner_steps,
+            "sync_val": sync_val, "diloco_val": diloco_val, "sync_s": sync_s, "diloco_s": diloco_s,
+            "sync_bytes_per_worker": 4 * params * rounds * inner_steps, "diloco_bytes_per_worker": 4 * params * rounds}
