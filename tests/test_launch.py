@@ -242,3 +242,15 @@ def test_the_wheel_a_host_installs_holds_every_file_the_package_reads():
         for f in (CHECKOUT / package).rglob("*"):
             if f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".nbi", ".nbc"):
                 assert str(f.relative_to(CHECKOUT)) in names, f"{f.relative_to(CHECKOUT)} is not in the wheel"
+
+
+def test_the_watchdogs_line_is_found_wherever_the_commands_output_put_it():
+    """On a busy host the started command can print before its watchdog: its bytes stay its log's
+    (a loaded CI run once failed to start a site that printed its first line early)."""
+    from wantrain.launch.ssh import watchdog_said
+
+    assert watchdog_said(b"wantrain-started 5 6\nhello") == (5, 6, "", b"hello")
+    assert watchdog_said(b"28972\nwantrain-started 5 6\n") == (5, 6, "", b"28972\n")
+    assert watchdog_said(b"partialwantrain-started 5 6\n line\n") == (5, 6, "", b"partial line\n")
+    assert watchdog_said(b"28972\nwantrain-star") is None                 # the line is not all there yet
+    assert watchdog_said(b"wantrain-error [Errno 2] No such file: 'x'\n") == (-1, -1, "[Errno 2] No such file: 'x'", b"")

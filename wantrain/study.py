@@ -188,7 +188,7 @@ def diloco_vs_sync(preset: str = "tiny", workers: int = 3, rounds: int = 6, inne
         update = outer.update(mean)                           # what every replica adds
         with torch.no_grad():
             for n, p in model.named_parameters():
-                p += torch.from_numpy(update[n]).view_as(p)
+                p.add_(torch.from_numpy(update[n]).view_as(p))
         diloco_val.append(evaluate(model))
     diloco_s = time.perf_counter() - t0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shlex
 import threading
 from dataclasses import dataclass
@@ -238,22 +239,37 @@ class SshLauncher:
         proc = await conn.create_process(f"exec {shlex.quote(self.python)} -u -c {shlex.quote(WATCHDOG)} 2>&1",
                                          encoding=None)
         proc.stdin.write(json.dumps({"argv": list(spec.argv), "cwd": spec.cwd, "env": spec.env}).encode() + b"\n")
-        said = b""
-        while b"\n" not in said:
+        # The watchdog's one line. The command shares the channel and may already have written
+        # (a busy host schedules it first): its bytes around the line are its log's.
+        said, started = b"", None
+        while started is None:
             part = await proc.stdout.read(4096)
             if not part:
                 break
             said += part
-        line, _, rest = said.partition(b"\n")
-        words = line.decode(errors="replace").split()
-        if len(words) != 3 or words[0] != "wantrain-started":
+            started = watchdog_said(said)
+        if started is None or started[2]:
             proc.close()
-            why = " ".join(words[1:]) if words[:1] == ["wantrain-error"] else said.decode(errors="replace").strip()
+            why = started[2] if started is not None else said.decode(errors="replace").strip()
             raise ProcessError(f"cannot start {spec.name} on {self.target}: {why or 'the host closed the session'}")
-        handle = SshProcess(spec, self, proc, int(words[1]), int(words[2]))
-        handle._write(rest)
+        pgid, pid, _, output = started
+        handle = SshProcess(spec, self, proc, pgid, pid)
+        handle._write(output)
         handle._pump = asyncio.get_running_loop().create_task(handle._follow())
         return handle
+
+
+def watchdog_said(said: bytes) -> tuple[int, int, str, bytes] | None:
+    """The watchdog's line in what a session printed so far: (pgid, pid, why it could not start or
+    "", the command's own bytes around the line); None until the whole line is there."""
+    m = re.search(rb"wantrain-(started|error)( [^\n]*)?\n", said)
+    if m is None:
+        return None
+    rest = said[:m.start()] + said[m.end():]
+    words = (m.group(2) or b"").decode(errors="replace").split()
+    if m.group(1) == b"started" and len(words) == 2 and all(w.isdigit() for w in words):
+        return int(words[0]), int(words[1]), "", rest
+    return -1, -1, " ".join(words) or "the watchdog could not start it", rest
 
 
 class SshProcess:
