@@ -103,8 +103,9 @@ def codec_stages(flat: np.ndarray, cfg: CodecConfig | None = None, repeats: int 
 
 def quantize_bits(flat: np.ndarray, bits: int, block: int = 4096) -> dict:
     """What an absmax quantizer of `bits` bits (one float32 scale per `block` values, as the INT8
-    stage) would do to `flat`: its relative L2 error, the entropy of its symbols (what an ideal
-    entropy coder would spend) and the bits per parameter that makes with the scales."""
+    stage) would do to `flat`: its relative L2 error, its symbols' counts (from -levels up) and
+    entropy (what an ideal entropy coder would spend), and the bits per parameter that makes with
+    the scales."""
     levels = 2 ** (bits - 1) - 1                              # 127 for 8 bits, 7 for 4
     n = flat.size
     padded = np.zeros(-(-n // block) * block, np.float32)
@@ -114,9 +115,10 @@ def quantize_bits(flat: np.ndarray, bits: int, block: int = 4096) -> dict:
     scale[scale == 0] = 1.0
     q = np.clip(np.rint(blocks / scale), -levels, levels)
     err = (q * scale).ravel()[:n] - flat
-    entropy = entropy_bits(np.bincount((q.ravel()[:n] + levels).astype(np.int64), minlength=2 * levels + 1))
+    counts = np.bincount((q.ravel()[:n] + levels).astype(np.int64), minlength=2 * levels + 1)   # symbol -levels first
+    entropy = entropy_bits(counts)
     return {"bits": bits, "relative_error": float(np.linalg.norm(err)) / max(float(np.linalg.norm(flat)), 1e-30),
-            "entropy_bits": entropy, "bits_per_param": entropy + 32 * blocks.shape[0] / n}
+            "entropy_bits": entropy, "bits_per_param": entropy + 32 * blocks.shape[0] / n, "counts": counts}
 
 
 def diloco_vs_sync(preset: str = "tiny", workers: int = 3, rounds: int = 6, inner_steps: int = 10, batch: int = 8,
