@@ -1,4 +1,5 @@
-"""Executed tutorials, rendered as a reader sees them: every figure must draw in an HTML export.
+"""Executed tutorials, rendered as a reader sees them: every figure must draw in an HTML export,
+and nothing may have been printed to stderr (a stray warning shows in red).
 
 `make test` runs the tutorials under nbmake; conftest.py keeps each executed copy in
 test-output/notebooks/ and, once the notebook passed, calls `check_rendered`: nbconvert's HTML
@@ -39,6 +40,9 @@ def check_rendered(executed: Path) -> tuple[list[str], list[str]]:
     from playwright.sync_api import sync_playwright
 
     nb = json.loads(executed.read_text())
+    stray = [f"cell {i}: {''.join(o['text'])[:200]!r}" for i, cell in enumerate(nb["cells"])
+             for o in cell.get("outputs", []) if o.get("output_type") == "stream" and o.get("name") == "stderr"]
+    assert not stray, f"{executed.name} printed to stderr (a reader sees it in red): {stray}"
     wanted = figure_outputs(nb)
     html, _ = HTMLExporter().from_notebook_node(nbformat.reads(executed.read_text(), as_version=4))
     page_file = executed.with_suffix(".html")

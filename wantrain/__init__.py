@@ -8,7 +8,13 @@ modules (torch, gRPC) are imported on first use, so `import wantrain` stays chea
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# Every process wantrain forks execs at once (subprocess), so gRPC's fork handlers have nothing to
+# do; when they run while another thread is in a call they print a warning into the notebook
+# ("skipping fork() handlers"). Read when grpc is first imported, so set here, before that.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from .config import CodecConfig, DataConfig, ModelConfig, RunConfig, TrainConfig
 from .errors import (CodecError, ConfigError, ConnectionLostError, DataError, ProcessError, ProtocolError,
