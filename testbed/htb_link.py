@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 
 from .kernel import htb_rates
-from .trace import Trace
+from .trace import LinkState, Trace
 
 __all__ = ["HtbLink", "HtbError"]
 
@@ -48,8 +48,12 @@ class HtbLink:
         if r.returncode != 0:
             raise HtbError(f"the host has no interface {self.interface!r}: {r.stderr.strip()}")
 
-    def apply(self, rate_mbps: float) -> None:
-        """Put `rate_mbps` in force on the interface's egress (inf: no limit), and read it back."""
+    def apply(self, st: LinkState) -> None:
+        """Put the state's rate in force on the interface's egress (inf: no limit), and read it back;
+        the first time, check what the host has."""
+        if self.rate_mbps is None:
+            self.check()
+        rate_mbps = st.bandwidth_mbps
         if math.isinf(rate_mbps) or rate_mbps <= 0:      # 0 is an outage: the proxy link holds it
             self.clear()
         else:
@@ -66,7 +70,7 @@ class HtbLink:
         st = self.trace.at(t)
         if st.down or st.bandwidth_mbps == self.rate_mbps:
             return False
-        self.apply(st.bandwidth_mbps)
+        self.apply(st)
         return True
 
     def clear(self) -> None:

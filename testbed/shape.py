@@ -64,11 +64,7 @@ def main_shape(args) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        if isinstance(link, HtbLink):
-            link.check()
-            link.apply(st.bandwidth_mbps)
-        else:
-            link.apply(st)
+        link.apply(st)
     except FAILED as e:
         print(f"testbed shape: site {site.name}: {e}", file=sys.stderr)
         return CANNOT_SHAPE

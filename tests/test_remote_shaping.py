@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.usefixtures("host_network"),
               pytest.mark.skipif(os.geteuid() != 0, reason="namespaces and tc need root (CI runs as root)")]
 
 SCENARIO = """
-name = "remote-tcconfig"
+name = "remote-{backend}"
 ps_region = "East US"
 [[site]]
 name = "a"
@@ -37,31 +37,37 @@ region = "East US"
 [[site]]
 name = "b"
 region = "West Europe"
-bandwidth_mbps = 50
-backend = "tcconfig"
+bandwidth_mbps = {mbps}
+backend = "{backend}"
 interface = "{interface}"
 """
 
 
-def _qdiscs(ns: KernelLink) -> str:
-    return subprocess.run(ns.exec_prefix() + ["tc", "qdisc", "show", "dev", ns.site_if], capture_output=True,
+def _tc(ns: KernelLink, *what: str) -> str:
+    """`tc ... show dev IF` on the namespace "host"'s interface."""
+    return subprocess.run(ns.exec_prefix() + ["tc", *what, "show", "dev", ns.site_if], capture_output=True,
                           text=True, check=True).stdout
+
+
+def _run_on_host(tmp_path, ns: KernelLink, server: SshServer, backend: str, mbps: int, rounds: int) -> Run:
+    """A run of a local site a and a site b on the namespace "host", whose link `backend` shapes there."""
+    scenario = tmp_path / "remote.toml"
+    scenario.write_text(SCENARIO.format(backend=backend, mbps=mbps, interface=ns.site_if))
+    host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
+                      key_file=server.key_file, known_hosts=str(server.known_hosts))
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.inner_steps": 8})
+    return Run(cfg, run_dir=tmp_path / "run", plan=describe_scenario(scenario), remote={"b": host})
 
 
 @pytest.mark.timeout(480)      # the install on the "host" takes a minute on a loaded machine
 def test_tcconfig_over_ssh_shapes_the_hosts_interface_or_refuses_without_netem(tmp_path):
     with KernelLink("tcs") as ns:
         server = SshServer(tmp_path / "sshd", exec_prefix=tuple(ns.exec_prefix()))
-        scenario = tmp_path / "remote.toml"
-        scenario.write_text(SCENARIO.format(interface=ns.site_if))
-        host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
-                          key_file=server.key_file, known_hosts=str(server.known_hosts))
-        cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 2, "train.inner_steps": 8})
-        run = Run(cfg, run_dir=tmp_path / "run", plan=describe_scenario(scenario), remote={"b": host})
+        run = _run_on_host(tmp_path, ns, server, "tcconfig", 50, rounds=2)
         try:
             if kernel.netem_available():
                 run.start()
-                shaped = _qdiscs(ns)
+                shaped = _tc(ns, "qdisc")
                 assert "netem" in shaped and "delay" in shaped, shaped
                 assert list(run.follow(timeout_s=300))[-1]["kind"] == "run_end"
             else:
@@ -75,28 +81,8 @@ def test_tcconfig_over_ssh_shapes_the_hosts_interface_or_refuses_without_netem(t
         finally:
             run.stop()
             server.close()
-        left = _qdiscs(ns)
+        left = _tc(ns, "qdisc")
         assert "netem" not in left and "htb" not in left, left              # nothing left on the host
-
-
-KERNEL_SCENARIO = """
-name = "remote-kernel"
-ps_region = "East US"
-[[site]]
-name = "a"
-region = "East US"
-[[site]]
-name = "b"
-region = "West Europe"
-bandwidth_mbps = 20
-backend = "kernel"
-interface = "{interface}"
-"""
-
-
-def _htb_classes(ns: KernelLink) -> str:
-    return subprocess.run(ns.exec_prefix() + ["tc", "-s", "class", "show", "dev", ns.site_if], capture_output=True,
-                          text=True, check=True).stdout
 
 
 @pytest.mark.timeout(480)
@@ -109,23 +95,17 @@ def test_the_kernel_fallback_over_ssh_puts_htb_on_the_hosts_interface_and_remove
 
     with KernelLink("krn") as ns:
         server = SshServer(tmp_path / "sshd", exec_prefix=tuple(ns.exec_prefix()), listen=ns.site_ip)
-        scenario = tmp_path / "remote.toml"
-        scenario.write_text(KERNEL_SCENARIO.format(interface=ns.site_if))
-        host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
-                          key_file=server.key_file, known_hosts=str(server.known_hosts))
-        cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 3, "train.inner_steps": 8})
-        run = Run(cfg, run_dir=tmp_path / "run", plan=describe_scenario(scenario), remote={"b": host})
+        run = _run_on_host(tmp_path, ns, server, "kernel", 20, rounds=3)
         try:
             run.start()
-            shaped = _htb_classes(ns)
+            shaped = _tc(ns, "-s", "class")
             assert re.search(r"class htb 1:10 root .*rate 20Mbit ceil 20Mbit", shaped), shaped
             assert list(run.follow(timeout_s=300))[-1]["kind"] == "run_end"
-            sent = int(re.search(r"Sent (\d+) bytes", _htb_classes(ns)).group(1))
+            sent = int(re.search(r"Sent (\d+) bytes", _tc(ns, "-s", "class")).group(1))
         finally:
             run.stop()
             server.close()
-        left = subprocess.run(ns.exec_prefix() + ["tc", "qdisc", "show", "dev", ns.site_if], capture_output=True,
-                              text=True, check=True).stdout
+        left = _tc(ns, "qdisc")
         assert "htb" not in left, left                                        # nothing left on the host
     shaper_log = (tmp_path / "run" / "shaper-b.log").read_text()
     assert "rate 20 Mbit/s by htb" in shaper_log and "removed the shaping" in shaper_log, shaper_log

@@ -10,6 +10,7 @@ notebook dashboard (wantrain.ui) draws the same figures.
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -115,18 +116,27 @@ def summarize(events: list[dict]) -> dict:
     }
 
 
-def _whole_run(events: list[dict]) -> list[float]:
-    """The x range of a chart over the whole run: from its start to its last event."""
-    return [0.0, max((e["t"] for e in events), default=1.0) - run_start_time(events)]
+@dataclass(frozen=True)
+class _Frame:
+    """What every chart of one run shares, worked out once per drawing: the run's clock (t0), the
+    x range over the whole run, and each site's colour."""
+
+    t0: float
+    span: list[float]
+    colour: dict[str, str]
+
+    @classmethod
+    def of(cls, events: list[dict]) -> _Frame:
+        t0 = run_start_time(events)
+        return cls(t0, [0.0, max((e["t"] for e in events), default=t0 + 1.0) - t0], site_colours(events))
 
 
-def links_figure(events: list[dict], links: list[dict], max_points: int | None = None,
-                 everything: list[dict] | None = None) -> go.Figure | None:
+def links_figure(events: list[dict], links: list[dict], frame: _Frame, max_points: int | None = None
+                 ) -> go.Figure | None:
     samples = _rtt_samples(events)
     if not samples:
         return None
-    t0 = run_start_time(events)
-    colour = site_colours(events, sorted(samples))
+    t0, colour = frame.t0, frame.colour
     fig = go.Figure()
     for site in sorted(samples):
         t, rtt = np.array(samples[site], dtype=float).reshape(-1, 2).T      # (2, probes)
@@ -153,17 +163,15 @@ def links_figure(events: list[dict], links: list[dict], max_points: int | None =
     fig.update_layout(shapes=shapes, annotations=notes,
                       title="Links: RTT measured by the sites (Ping) and the trace in force", height=420,
                       xaxis_title="seconds since start", yaxis_title="RTT (ms)", yaxis_type="log",
-                      xaxis_range=_whole_run(everything if everything is not None else events))
+                      xaxis_range=frame.span)
     return fig
 
 
-def throughput_figure(events: list[dict], links: list[dict], max_points: int | None = None,
-                      everything: list[dict] | None = None) -> go.Figure | None:
+def throughput_figure(links: list[dict], frame: _Frame, max_points: int | None = None) -> go.Figure | None:
     rows_ = [ln for ln in links if ln["kind"] == "link"]
     if not rows_:
         return None
-    t0 = run_start_time(events)
-    colour = site_colours(events, sorted({ln["site"] for ln in rows_}))
+    t0, colour = frame.t0, frame.colour
     fig = go.Figure()
     for site in sorted({ln["site"] for ln in rows_}):
         mine = [ln for ln in rows_ if ln["site"] == site]
@@ -177,7 +185,7 @@ def throughput_figure(events: list[dict], links: list[dict], max_points: int | N
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{site} {label} Mbit/s",
                                      line=dict(dash="solid" if label == "up" else "dot", color=colour[site])))
     fig.update_layout(title="Links: throughput through the emulator", height=380, xaxis_title="seconds since start",
-                      yaxis_title="Mbit/s", xaxis_range=_whole_run(everything if everything is not None else events))
+                      yaxis_title="Mbit/s", xaxis_range=frame.span)
     return fig
 
 
@@ -191,7 +199,8 @@ def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure
     ends = rows(events, "round_end")
     start = rows(events, "run_start")
     names = sorted({e["site"] for e in sites})
-    colour = site_colours(everything, names)
+    frame = _Frame.of(everything)
+    colour = frame.colour
 
     loss = go.Figure()
     for name in names:
@@ -205,7 +214,7 @@ def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure
     loss.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="validation loss (global model)",
                               line=dict(width=3, color="black")))
     loss.update_layout(title="Loss against wall time", xaxis_title="seconds since start", yaxis_title="loss",
-                       height=420, xaxis_range=_whole_run(everything))
+                       height=420, xaxis_range=frame.span)
 
     wire = make_subplots(specs=[[{"secondary_y": True}]])
     for name in names:
@@ -227,8 +236,8 @@ def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure
                        xaxis_title="round")
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="times smaller than fp32", secondary_y=True, rangemode="tozero")
-    extra = [links_figure(events, links, max_points, everything), throughput_figure(events, links, max_points, everything)]
-    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(everything, max_points)]
+    extra = [links_figure(events, links, frame, max_points), throughput_figure(links, frame, max_points)]
+    return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(everything, max_points, frame)]
 
 
 # Markers of the timeline: event kind -> (label, colour, symbol).
@@ -241,10 +250,11 @@ _MARKERS = {
 }
 
 
-def timeline_figure(events: list[dict], max_points: int | None = None) -> go.Figure:
+def timeline_figure(events: list[dict], max_points: int | None = None, frame: _Frame | None = None) -> go.Figure:
     """Joins, leaves, deadlines missed, late deltas, restarts, outages and injected faults as
     markers, one row per site."""
-    t0 = run_start_time(events)
+    frame = frame or _Frame.of(events)
+    t0 = frame.t0
     marks = [e for e in events if e["kind"] in _MARKERS]
     fig = go.Figure()
     for kind, (label, colour, symbol) in _MARKERS.items():
@@ -255,7 +265,7 @@ def timeline_figure(events: list[dict], max_points: int | None = None) -> go.Fig
             marker=dict(color=colour, symbol=symbol, size=12, line=dict(width=2, color=colour)),
             text=[_describe(e) for e in mine], hoverinfo="text+x"))
     fig.update_layout(title="Timeline: joins, leaves, deadlines, restarts, outages, faults", height=300,
-                      xaxis_title="seconds since start", yaxis_type="category", xaxis_range=_whole_run(events))
+                      xaxis_title="seconds since start", yaxis_type="category", xaxis_range=frame.span)
     return fig
 
 
