@@ -127,7 +127,7 @@ def main() -> None:
                 q.put(wire.site_message(RoundMetrics(
                     round=start.round, train_loss=1.0, last_train_loss=1.0, tokens=1000, steps=1,
                     raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, huffman_bits_per_symbol=0.0, encode_s=0,
-                    decode_s=0, compute_s=0, comm_s=0, chunks=len(plan))))
+                    decode_s=0, compute_s=0, send_s=0, chunks=len(plan))))
                 out["push_gb"] = stats.wire_bytes / 1e9
                 for m in stream:
                     msg = wire.server_message_from_proto(m)

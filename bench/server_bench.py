@@ -69,7 +69,7 @@ def client(addresses: list[str], name: str, rounds: int, results: mp.Queue) -> N
             await call.write(wire.site_message(TensorChunk(DELTA, round_, k, len(chunks), spec, enc)))
         await call.write(wire.site_message(RoundMetrics(
             round=round_, train_loss=1.0, last_train_loss=1.0, tokens=1000, steps=1, raw_bytes=raw,
-            wire_bytes=wire_bytes, huffman_bits_per_symbol=0.0, encode_s=0, decode_s=0, compute_s=0, comm_s=0,
+            wire_bytes=wire_bytes, huffman_bits_per_symbol=0.0, encode_s=0, decode_s=0, compute_s=0, send_s=0,
             chunks=len(chunks))))
 
     async def run() -> None:

@@ -59,7 +59,7 @@ def test_site_killed_in_each_phase_rejoins(tmp_path, phase):
     trained = [e for e in rows(events, "site_round") if e["site"] == "b" and e["t"] > killed]
     assert trained, "the restarted site never trained again"
     e = trained[0]
-    began = e["t"] - e["compute_s"] - e["encode_s"] - e["comm_s"]      # its first inner step after the restart
+    began = e["t"] - e["compute_s"] - e["encode_s"] - e["send_s"]      # its first inner step after the restart
     print(f"\n{phase}: site b restarted at once; rejoined {back[0]['t'] - killed:.1f} s, training again "
           f"{began - killed:.1f} s, first delta in {e['t'] - killed:.1f} s after its kill")
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from wantrain import net
 from wantrain.errors import Reject
+from wantrain.messages import PROTOCOL_VERSION
 from wantrain.proto.v1 import ps_pb2 as pb
 from wantrain.ps import STATUS
 from wantrain.telemetry import read_events, rows
@@ -50,7 +51,7 @@ def join(site, token, version, device, resume_round, resume_hash) -> bytes:
 joins = st.one_of(                    # half of them valid, so that sequences get past the Join
     st.builds(join, st.just("fuzz"), st.just(SECRET), st.just(2), st.just("cpu"), st.just(0), st.just("")),
     st.builds(join, st.sampled_from(["fuzz", "fuzz", "real", "eve"]) | text,
-              st.sampled_from([SECRET, SECRET, "wrong", ""]), st.sampled_from([2, 2, 1]) | u32,
+              st.sampled_from([SECRET, SECRET, "wrong", ""]), st.sampled_from([PROTOCOL_VERSION] * 2 + [1]) | u32,
               st.just("cpu") | text, st.just(0) | u64, st.just("") | hashes))
 
 

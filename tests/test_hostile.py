@@ -91,7 +91,7 @@ class HandSite:
         metrics = RoundMetrics(round=round_, train_loss=3.0, last_train_loss=3.0,
                                tokens=t.batch_size * self.welcome.config.model.block_size, steps=1,
                                raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, huffman_bits_per_symbol=0.0,
-                               encode_s=0, decode_s=0, compute_s=1, comm_s=0, chunks=len(msgs))
+                               encode_s=0, decode_s=0, compute_s=1, send_s=0, chunks=len(msgs))
         return msgs, metrics
 
     def status(self) -> grpc.RpcError | None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from wantrain.errors import CheckpointError
-from wantrain.messages import Join
+from wantrain.messages import HashReport, Join
 from wantrain.ps import ParameterServer
 from wantrain.ps.journal import JOURNAL_DIR
 from wantrain.ps.rounds import MAX_STALENESS
@@ -140,6 +140,7 @@ def test_a_late_delta_counted_rounds_later_is_replayed(tmp_path):
         for c in late_msgs:
             ps.on_chunk(b, c)
         await ps.on_metrics(b, late_metrics)                   # b's delta of round 0, late
+        ps.on_hash_report(b, HashReport(0, ps.hash))           # b applied round 0: it is in round 1
         await play_round(ps, [a, b], seed=20)                  # round 1 counts it too
         return ps
 

@@ -108,6 +108,8 @@ def test_a_config_does_not_import_torch():
     assert r.stdout.strip() == "False", r.stderr
 
 
-def test_no_module_is_longer_than_350_lines():
-    long = {str(p.relative_to(ROOT)): n for p in sources() if (n := len(p.read_text().splitlines())) > 350}
+def test_no_module_is_longer_than_400_lines():
+    """A file past about 400 lines is a smell to look at (DEVELOPERS.md): split it along a seam, a
+    second reason to change, never to get under the count."""
+    long = {str(p.relative_to(ROOT)): n for p in sources() if (n := len(p.read_text().splitlines())) > 400}
     assert not long, long

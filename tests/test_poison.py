@@ -231,18 +231,18 @@ def test_a_site_given_a_broken_model_says_so(tmp_path):
     cfg = small_config(num_sites=1)
     site = Site(SiteOptions(ps="127.0.0.1:1", name="a", device="cpu", threads=1))
     site._on_welcome(Welcome("run", 0, cfg, 0, "0" * 16, 1))
-    first = next(iter(site.sizes))
-    bad = np.zeros(site.sizes[first], np.float32)
+    first = next(iter(site.replica.sizes))
+    bad = np.zeros(site.replica.sizes[first], np.float32)
     bad[5] = np.nan
     enc, _ = Codec(type(cfg.codec)(mode="fp32")).encode(bad)
     from wantrain.codec import ChunkSpec
     with pytest.raises(CorruptModelError, match="model the parameter server sent .* NaN or Inf in"):
-        site._place_model_chunk(TensorChunk(MODEL, 0, 0, 1, ChunkSpec(first, 0, bad.size), enc))
+        site.replica.place(TensorChunk(MODEL, 0, 0, 1, ChunkSpec(first, 0, bad.size), enc))
     update = [TensorChunk(UPDATE, 0, i, 1, ChunkSpec(k, 0, n), Codec(type(cfg.codec)(mode="fp32")).encode(
-        np.full(n, np.inf if k == first else 0, np.float32))[0]) for i, (k, n) in enumerate(site.sizes.items())]
+        np.full(n, np.inf if k == first else 0, np.float32))[0]) for i, (k, n) in enumerate(site.replica.sizes.items())]
     update = [TensorChunk(UPDATE, 0, i, len(update), c.spec, c.data) for i, c in enumerate(update)]
     with pytest.raises(CorruptModelError, match="update of round 0 .* global model is corrupt"):
-        site._apply_update(update, RoundResult(0, "0" * 16))
+        site.replica.apply(update, RoundResult(0, "0" * 16))
     with torch_no_grad():
         dict(site.model.named_parameters())[first].view(-1)[0] = float("nan")   # parameters already broken
     with pytest.raises(DivergedError, match="training loss became nan at inner step 0 of round 0"):

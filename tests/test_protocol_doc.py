@@ -28,7 +28,7 @@ def golden(name: str) -> str:
 
 
 def test_examples_are_what_wantrain_sends():
-    assert golden("join") == wire.site_message(Join("conformance", 2, 0, "", "spec-example",
+    assert golden("join") == wire.site_message(Join("conformance", PROTOCOL_VERSION, 0, "", "spec-example",
                                                     "conformance-secret-0123456789")).SerializeToString().hex()
     symbols = np.array([0, 0, 1, -1, 0, 2, 0, 0, -1, 1], np.int8)
     payload = huffman.encode(symbols, block=4, tables=1)

@@ -70,3 +70,35 @@ def test_stale_deltas_older_than_the_limit_are_dropped():
     assert list(s.take_stale(current=2)) == ["a@0"] and s.stale == {}
     s.stale = {"a": s.uploads["a"]}
     assert s.take_stale(current=3) == {}                 # MAX_STALENESS is 2
+
+
+def test_a_site_that_owes_a_delta_is_not_counted_on_until_heard_from():
+    s = RoundState()
+    s.start(3, {"a", "b"}, budget_s=10.0, now=0.0)
+    arrived(s, "a")
+    s.past_deadline = True
+    assert s.close() and s.owing() == {"b"}              # b missed round 3: it owes that delta
+    s.finish()
+    s.start(4, {"a"}, budget_s=10.0, now=20.0)            # (the PS leaves b out of round 4)
+    assert s.admission("b", 10.0, now=21.0) is None       # not even into the running round
+    assert s.heard_from("b", applied_round=2) is None     # a report about an older model: still owes
+    owed = s.heard_from("b", applied_round=3)             # it applied round 3 without sending: kept
+    assert owed is not None and owed.round == 3 and s.owing() == set()
+    with pytest.raises(ProtocolError):
+        s.upload_for("b", 3, current=4)                   # it said it moved on: round 3's delta is over
+    assert s.admission("b", 10.0, now=21.0) == 9.0
+
+
+def test_what_becomes_of_a_late_delta():
+    from wantrain.config import TrainConfig
+    from wantrain.ps.rounds import late_outcome
+
+    drop = TrainConfig(late_policy="drop")
+    stale = TrainConfig(late_policy="stale", staleness_discount=0.5)
+    assert late_outcome(drop, 3, committed=4, aggregating=False)[0] == "dropped"
+    action, why = late_outcome(stale, 3, committed=4, aggregating=False)
+    assert action == "deferred" and "counts in round 4" in why and "0.5" in why
+    assert late_outcome(stale, 3, committed=5, aggregating=False)[0] == "deferred"     # 2 rounds on
+    assert late_outcome(stale, 3, committed=5, aggregating=True)[0] == "dropped"      # its next commit is 6
+    action, why = late_outcome(stale, 3, committed=9, aggregating=False)
+    assert action == "dropped" and "too stale" in why

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from wantrain.config import TrainConfig
-from wantrain.messages import Join, RoundResult, RoundStart
+from wantrain.messages import DeltaOutcome, HashReport, Join, RoundResult, RoundStart
 from wantrain.ps import ParameterServer
 from wantrain.ps.rounds import RoundClock, stale_weight
 from wantrain.replica import param_hash
@@ -59,16 +59,24 @@ def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, p
         end = rows_of(ps, "round_end")[-1]
         assert end["sites"] == ["a"] and end["missed"] == ["b"]
         assert rows_of(ps, "deadline")[-1]["missing"] == ["b"]
-        # b, still pushing round 0, is sent round 0's update too (its replica must follow).
+        # b, still pushing round 0, is sent round 0's update too (its replica must follow), but no
+        # start of round 1: it owes round 0's delta and may be dark, so round 1 does not count on it.
         out_b = drain(b)
-        assert isinstance(out_b[-2], RoundResult) and out_b[-2].round == 0 and out_b[-2].sites == ("a",)
-        assert isinstance(out_b[-1], RoundStart) and out_b[-1].round == 1
+        assert isinstance(out_b[-1], RoundResult) and out_b[-1].round == 0 and out_b[-1].sites == ("a",)
+        assert not [m for m in out_b if isinstance(m, RoundStart)]
+        start = rows_of(ps, "round_start")[-1]
+        assert start["round"] == 1 and start["sites"] == ["a"] and start["dark"] == ["b"]
         h1 = ps.hash
         await push(ps, b, 0, seed=1)                          # b's late delta for round 0
         late = rows_of(ps, "late_delta")[-1]
         assert late["site"] == "b" and late["rounds_late"] == 1
         assert late["action"] == ("deferred" if policy == "stale" else "dropped")
+        told = [m for m in drain(b) if isinstance(m, DeltaOutcome)]     # and b hears what and why
+        assert [(m.round, m.outcome) for m in told] == [(0, late["action"])] and late["reason"] == told[0].reason
+        assert ("late_policy stale: it counts in round 1" if policy == "stale" else "late_policy drop") in told[0].reason
         assert ps.hash == h1 == param_hash(ps.model)          # a late delta never changes a committed round
+        ps.on_hash_report(b, HashReport(0, h1))               # b applied round 0: it is current, and in round 1
+        assert [s.round for s in starts(b)] == [1] and ps.in_round == {"a", "b"}
         await push(ps, a, 1, seed=2)
         await push(ps, b, 1, seed=3)
         await ps.round_task
@@ -129,19 +137,16 @@ def test_data_position_survives_in_the_checkpoint(tmp_path):
 
 
 def test_the_site_carries_an_unapplied_delta_forward():
-    from wantrain.codec import ErrorFeedback
-    from wantrain.site import Site, SiteOptions
+    from wantrain.site.uplink import Uplink
 
     for policy, applied_in in (("drop", None), ("stale", 1), ("stale", None)):
-        site = Site(SiteOptions(ps="x:1", name="b"))
-        site.cfg = small_config(**{"train.late_policy": policy})
-        site.feedback = ErrorFeedback()
+        site = Uplink("b", small_config(**{"train.late_policy": policy}))
         site.feedback.residuals = {"w": np.full(4, 0.5, np.float32)}
         site.pending = {0: {"w": np.ones(4, np.float32)}}
-        site._settle_pending(RoundResult(0, "h", sites=("a",)))        # round 0 went on without b
+        site.settle(RoundResult(0, "h", sites=("a",)))        # round 0 went on without b
         late = ("b",) if applied_in == 1 else ()
-        site._settle_pending(RoundResult(1, "h", sites=("a",), late_sites=late))
-        site._settle_pending(RoundResult(2, "h", sites=("a",)))
+        site.settle(RoundResult(1, "h", sites=("a",), late_sites=late))
+        site.settle(RoundResult(2, "h", sites=("a",)))
         carried = policy == "drop" or applied_in is None
         assert np.allclose(site.feedback.residuals["w"], 1.5 if carried else 0.5), policy
         assert site.pending == {}
@@ -152,27 +157,24 @@ def test_a_delta_some_shards_counted_carries_forward_only_the_other_tensors():
     shard of `w` and late at the shard of `v` carries forward `v`'s part only (nothing counted twice)."""
     from types import SimpleNamespace
 
-    from wantrain.codec import ErrorFeedback
     from wantrain.shards import ShardLayout
-    from wantrain.site import Site, SiteOptions
     from wantrain.site.sharded import ShardedStream
+    from wantrain.site.uplink import Uplink
 
     layout = ShardLayout.balanced({"w": 4, "v": 4}, 2)
-    merge = SimpleNamespace(site=SimpleNamespace(layout=layout))
+    merge = SimpleNamespace(site=SimpleNamespace(replica=SimpleNamespace(layout=layout)))
     per_shard = [("a", "b"), ("a",)] if layout.shard_of("w") == 0 else [("a",), ("a", "b")]
     everywhere, partial = ShardedStream._counted(merge, per_shard)
     assert everywhere == ("a",) and partial == (("b", frozenset({"w"})),)
 
     for policy, late_at_v_next_round in (("drop", False), ("stale", True), ("stale", False)):
-        site = Site(SiteOptions(ps="x:1", name="b"))
-        site.cfg = small_config(**{"train.late_policy": policy})
-        site.feedback = ErrorFeedback()
+        site = Uplink("b", small_config(**{"train.late_policy": policy}))
         site.feedback.residuals = {"w": np.zeros(4, np.float32), "v": np.zeros(4, np.float32)}
         site.pending = {0: {"w": np.ones(4, np.float32), "v": np.full(4, 2.0, np.float32)}}
-        site._settle_pending(RoundResult(0, "h", sites=everywhere, partial_sites=partial))
+        site.settle(RoundResult(0, "h", sites=everywhere, partial_sites=partial))
         late = ((("b", frozenset({"v"})),) if late_at_v_next_round else ())
-        site._settle_pending(RoundResult(1, "h", sites=("a",), partial_late=late))
-        site._settle_pending(RoundResult(2, "h", sites=("a",)))
+        site.settle(RoundResult(1, "h", sites=("a",), partial_late=late))
+        site.settle(RoundResult(2, "h", sites=("a",)))
         assert np.all(site.feedback.residuals["w"] == 0), policy                  # counted: never again
         v_carried = 0.0 if late_at_v_next_round else 2.0
         assert np.all(site.feedback.residuals["v"] == v_carried), (policy, late_at_v_next_round)

@@ -28,7 +28,7 @@ def metrics_for(cfg, round_, stats, chunks, steps=1, tokens=None):
     tokens = steps * cfg.train.batch_size * cfg.model.block_size if tokens is None else tokens
     return RoundMetrics(round=round_, train_loss=3.0, last_train_loss=3.0, tokens=tokens, steps=steps,
                         raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, huffman_bits_per_symbol=0.0,
-                        encode_s=0, decode_s=0, compute_s=0, comm_s=0, chunks=chunks)
+                        encode_s=0, decode_s=0, compute_s=0, send_s=0, chunks=chunks)
 
 
 def delta_chunks(ps, round_, scale=1e-3, seed=0):

@@ -20,7 +20,7 @@ def chunk():
 def metrics():
     return RoundMetrics(round=3, train_loss=2.5, last_train_loss=2.4, tokens=1000, steps=10, raw_bytes=400,
                         wire_bytes=100, huffman_bits_per_symbol=7.0, encode_s=0.1, decode_s=0.1, compute_s=1.0,
-                        comm_s=0.2, chunks=4)
+                        send_s=0.2, chunks=4)
 
 
 @pytest.mark.parametrize("make", [lambda: Join("us-east", 1, 2, H, "cpu"), chunk, metrics,

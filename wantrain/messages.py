@@ -12,11 +12,14 @@ from .codec import ChunkSpec, Encoded
 from .config import RunConfig
 
 __all__ = ["PROTOCOL_VERSION", "HASH_HEX_DIGITS", "MAX_STALENESS", "MODEL", "DELTA", "UPDATE", "Join", "Welcome",
-           "TensorChunk", "RoundStart", "RoundMetrics", "RoundResult", "Ready", "HashReport", "LinkProbe", "ErrorMessage"]
+           "TensorChunk", "RoundStart", "RoundMetrics", "RoundResult", "Ready", "HashReport", "LinkProbe", "ErrorMessage",
+           "DeltaOutcome", "DELTA_OUTCOMES"]
 
 # 2: Watch and Ping need a token; delta chunks must use the run's encoding and follow the PS's
 # chunk plan; hashes are 16 lowercase hex digits; limits and status codes as in docs/protocol.md.
-PROTOCOL_VERSION = 2
+# 3: a site that missed a deadline is not counted on until heard from; DeltaOutcome tells a site
+# what became of a delta that was not simply counted; RoundMetrics.comm_s is send_s.
+PROTOCOL_VERSION = 3
 MODEL, DELTA, UPDATE = "model", "delta", "update"   # chunk kinds
 MAX_STALENESS = 2   # a late delta more rounds old than this is dropped even under the "stale" policy:
                     # both sides use it (the PS to drop, the site to carry the delta forward)
@@ -76,7 +79,7 @@ class RoundMetrics:
     encode_s: float
     decode_s: float
     compute_s: float
-    comm_s: float
+    send_s: float             # in the send calls (gRPC buffers): not time on the wire
     chunks: int
     emulated_s: float = 0.0
     data_position: int = 0    # batches drawn from the shard so far, this round included
@@ -113,6 +116,16 @@ class HashReport:
 class LinkProbe:
     t: tuple[float, ...]
     rtt_ms: tuple[float, ...]
+
+
+DELTA_OUTCOMES = ("dropped", "deferred", "rejected", "clipped")
+
+
+@dataclass(frozen=True)
+class DeltaOutcome:
+    round: int
+    outcome: str        # one of DELTA_OUTCOMES
+    reason: str
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,13 @@ __all__ = ["server_options", "channel_options", "new_server", "bind", "channel",
            "stub", "add_service", "explain_unreachable"]
 
 MAX_STREAMS_PER_CONNECTION = 16     # a site uses two at once (Session and Ping), an observer one (Watch)
+# A site's link may go dark for up to 200 s (DESIGN.md) and its connection must outlive that: the
+# site rides the outage on its stream and never downloads the model again. gRPC ends a connection
+# whose HTTP/2 ping is not answered within the ping timeout, and uses the keepalive timeout as the
+# socket's TCP_USER_TIMEOUT (data unacknowledged, or a closed window, for that long), so both
+# exceed the longest outage. A dead peer is found later for it, and costs nothing meanwhile: the
+# round deadline goes on without it and the PS stops counting on it after one missed deadline.
+OUTAGE_TOLERANCE_MS = 300_000
 
 
 def server_options(limits: Limits) -> list[tuple[str, int]]:
@@ -35,8 +42,8 @@ def server_options(limits: Limits) -> list[tuple[str, int]]:
         ("grpc.max_receive_message_length", limits.max_message_bytes),
         ("grpc.max_send_message_length", limits.max_message_bytes),
         ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 20_000),
-        ("grpc.http2.ping_timeout_ms", 120_000),
+        ("grpc.keepalive_timeout_ms", OUTAGE_TOLERANCE_MS),
+        ("grpc.http2.ping_timeout_ms", OUTAGE_TOLERANCE_MS),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_ping_strikes", 0),
@@ -53,10 +60,10 @@ def channel_options(link_rtt_ms: float = 0.0, link_mbps: float = 0.0,
 
     The HTTP/2 ping that detects a dead connection waits behind queued data, so its timeout
     must exceed the time the largest message takes on the slowest link (plus a few RTTs), or
-    healthy transfers are killed. Unknown links get generous defaults.
+    healthy transfers are killed, and the longest outage a link rides out (OUTAGE_TOLERANCE_MS).
     """
     transfer_s = max_message_bytes * 8 / (link_mbps * 1e6) if link_mbps > 0 else 0.0
-    ping_timeout_ms = int(max(120_000, 1000 * (4 * transfer_s) + 8 * link_rtt_ms))
+    ping_timeout_ms = int(max(OUTAGE_TOLERANCE_MS, 1000 * (4 * transfer_s) + 8 * link_rtt_ms))
     keepalive_ms = int(max(30_000, 20 * link_rtt_ms))
     return [
         ("grpc.max_receive_message_length", max_message_bytes),

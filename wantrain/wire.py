@@ -22,8 +22,8 @@ from .codec import ChunkSpec, Encoded
 from .config import CODEC_MODES, RunConfig, check_site_name
 from .errors import CodecError, ConfigError, ProtocolError
 from .limits import Limits, safe_text
-from .messages import (DELTA, HASH_HEX_DIGITS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
-                       RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
+from .messages import (DELTA, DELTA_OUTCOMES, HASH_HEX_DIGITS, MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport,
+                       Join, LinkProbe, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from .proto.v1 import ps_pb2 as pb
 from .telemetry import REPORTED_KINDS
 
@@ -84,7 +84,10 @@ def site_message(obj: Join | TensorChunk | RoundMetrics | Ready | HashReport | L
     raise TypeError(f"not a site message: {type(obj).__name__}")
 
 
-def server_message(obj: Welcome | TensorChunk | RoundStart | RoundResult | ErrorMessage) -> pb.ServerMessage:
+ServerMessage = Welcome | TensorChunk | RoundStart | RoundResult | DeltaOutcome | ErrorMessage
+
+
+def server_message(obj: ServerMessage) -> pb.ServerMessage:
     if isinstance(obj, Welcome):
         return pb.ServerMessage(welcome=pb.Welcome(
             run_id=obj.run_id, site_index=obj.site_index, config_json=obj.config.to_json(), round=obj.round,
@@ -99,6 +102,8 @@ def server_message(obj: Welcome | TensorChunk | RoundStart | RoundResult | Error
         return pb.ServerMessage(round_result=pb.RoundResult(
             round=obj.round, model_hash=obj.model_hash, sites=list(obj.sites), val_loss=obj.val_loss,
             late_sites=list(obj.late_sites)))
+    if isinstance(obj, DeltaOutcome):
+        return pb.ServerMessage(delta_outcome=pb.DeltaOutcome(round=obj.round, outcome=obj.outcome, reason=obj.reason))
     if isinstance(obj, ErrorMessage):
         return pb.ServerMessage(error=pb.Error(code=obj.code, message=obj.message))
     raise TypeError(f"not a server message: {type(obj).__name__}")
@@ -119,7 +124,7 @@ def parse_site_message(raw: bytes) -> Join | TensorChunk | RoundMetrics | Ready 
     return site_message_from_proto(m)
 
 
-def parse_server_message(raw: bytes) -> Welcome | TensorChunk | RoundStart | RoundResult | ErrorMessage:
+def parse_server_message(raw: bytes) -> ServerMessage:
     try:
         m = pb.ServerMessage.FromString(raw)
     except (DecodeError, ValueError) as e:
@@ -250,7 +255,7 @@ def site_message_from_proto(m: pb.SiteMessage) -> Join | TensorChunk | RoundMetr
     raise ProtocolError("empty site message")
 
 
-def server_message_from_proto(m: pb.ServerMessage) -> Welcome | TensorChunk | RoundStart | RoundResult | ErrorMessage:
+def server_message_from_proto(m: pb.ServerMessage) -> ServerMessage:
     which = m.WhichOneof("body")
     if which == "welcome":
         w = m.welcome
@@ -279,6 +284,11 @@ def server_message_from_proto(m: pb.ServerMessage) -> Welcome | TensorChunk | Ro
                 raise ProtocolError(f"round result names an invalid site {safe_text(name, 60)!r}")
         return RoundResult(r.round, _hash(r.model_hash, "round result model_hash"), tuple(r.sites), r.val_loss,
                            tuple(r.late_sites))
+    if which == "delta_outcome":
+        o = m.delta_outcome
+        if o.outcome not in DELTA_OUTCOMES:
+            raise ProtocolError(f"delta outcome {safe_text(o.outcome, 40)!r} is not one of {', '.join(DELTA_OUTCOMES)}")
+        return DeltaOutcome(o.round, o.outcome, safe_text(o.reason, 2000))
     if which == "error":
         return ErrorMessage(safe_text(m.error.code, 64), safe_text(m.error.message, 2000))
     raise ProtocolError("empty server message")

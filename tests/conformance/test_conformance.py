@@ -34,7 +34,7 @@ SECRET = "conformance-secret-0123456789"      # the token of the spec's example 
 def test_example_join_is_what_the_spec_says():
     m = pb.SiteMessage.FromString(bytes.fromhex(spec.golden("join")))
     j = m.join
-    assert (j.site, j.protocol_version, j.device, j.token) == ("conformance", 2, "spec-example", SECRET)
+    assert (j.site, j.protocol_version, j.device, j.token) == ("conformance", 3, "spec-example", SECRET)
 
 
 def test_example_huffman_payload_decodes_and_encodes_as_the_spec_derives_it():
@@ -131,9 +131,9 @@ def test_refusals_carry_their_code_and_status(ps):
     address, _, _ = ps
     for join, code, status in [(pb.Join(site="conformance", protocol_version=1, token=SECRET), "protocol_version",
                                 grpc.StatusCode.FAILED_PRECONDITION),
-                               (pb.Join(site="conformance", protocol_version=2, token="wrong"), "unauthenticated",
+                               (pb.Join(site="conformance", protocol_version=3, token="wrong"), "unauthenticated",
                                 grpc.StatusCode.UNAUTHENTICATED),
-                               (pb.Join(site="conformance", protocol_version=2, token=SECRET, resume_hash="x"),
+                               (pb.Join(site="conformance", protocol_version=3, token=SECRET, resume_hash="x"),
                                 "invalid_message", grpc.StatusCode.INVALID_ARGUMENT)]:
         s = Session(address, pb.SiteMessage(join=join))
         try:

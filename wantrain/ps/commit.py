@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..aggregate import Contribution
 from ..codec import EncodeStats
 from ..config import RunConfig
-from ..messages import RoundResult
+from ..messages import DeltaOutcome, RoundResult
 from ..screening import Screen, Verdict, clipped
 from ..telemetry import Recorder
 from .rounds import stale_weight
@@ -26,7 +26,7 @@ from .uploads import Upload
 if TYPE_CHECKING:
     from .server import ParameterServer
 
-__all__ = ["commit_round", "judge", "contributions", "round_end"]
+__all__ = ["commit_round", "judge", "tell_sites", "contributions", "round_end"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -49,6 +49,19 @@ def judge(screen: Screen, cfg: RunConfig, round_: int, deltas: dict[str, Upload]
                                                                           if late_round else ""))
         log.warning("round %d: the delta of %s %s: %s", round_, key, action, v.reason)
     return verdicts
+
+
+def tell_sites(ps: ParameterServer, verdicts: dict[str, Verdict]) -> None:
+    """Each connected site whose delta was rejected or clipped hears so, and why, before the round's update."""
+    for key, v in verdicts.items():
+        site, _, late_round = key.partition("@")
+        link = ps.links.get(site)
+        if v.action == "accept" or link is None:
+            continue
+        outcome = "rejected" if v.action == "reject" else "clipped"
+        what = "rejected" if v.action == "reject" else f"clipped to {v.factor:.3g}x its norm"
+        link.outbox.put_nowait(DeltaOutcome(int(late_round) if late_round else ps.round, outcome,
+                                            f"screened when round {ps.round} committed: {v.reason}: {what}"))
 
 
 def contributions(uploads: dict[str, Upload], stale: dict[str, Upload], verdicts: dict[str, Verdict],
@@ -84,6 +97,7 @@ async def commit_round(ps: ParameterServer) -> None:
     uploads = {s: ps.uploads[s] for s in sorted(ps.in_round)}
     stale = ps.rounds.take_stale(ps.round)
     verdicts = judge(ps.screen, ps.cfg, ps.round, {**uploads, **stale}, ps.recorder)
+    tell_sites(ps, verdicts)
     accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
     accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
     await ps.downloads.freeze(ps.round)

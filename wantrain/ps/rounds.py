@@ -10,6 +10,13 @@ median time beyond it, never less than `deadline_min_s` beyond it. At the deadli
 aggregates the deltas that arrived; a delta that arrives later is dropped (the site carries it
 forward in its error feedback) or, with the "stale" policy, applied in a following round with
 its weight discounted per round of staleness.
+
+A site that missed a deadline owes that round's delta, and a site that owes a delta is not
+counted on in a new round: it may be dark (its link down for minutes), and a round start it
+cannot hear of would only make it owe another. It is heard from again when its late delta
+arrives, or when it reports having applied the update of the round it owes (a site sends in
+order, so that delta can no longer come); from then on it takes part again, in the running
+round if it is current and enough of the budget is left.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from ..errors import ProtocolError
 from ..messages import MAX_STALENESS
 from .uploads import Upload
 
-__all__ = ["RoundClock", "RoundState", "MAX_STALENESS", "stale_weight"]
+__all__ = ["RoundClock", "RoundState", "MAX_STALENESS", "stale_weight", "late_outcome", "kept_reason"]
 
 
 class RoundClock:
@@ -50,13 +57,36 @@ def stale_weight(tokens: float, staleness: int, discount: float) -> float:
     return tokens * discount ** staleness
 
 
+def late_outcome(train: TrainConfig, late_round: int, committed: int, aggregating: bool) -> tuple[str, str]:
+    """What becomes of a delta of `late_round` that arrived after its round closed, `committed` rounds
+    being committed (and the next one being aggregated, or not): ("deferred", why) if it will count in
+    the next commit it can reach, discounted ("stale" policy, at most MAX_STALENESS rounds on), else
+    ("dropped", why)."""
+    counts_in = committed + (1 if aggregating else 0)
+    closed = (f"round {late_round} committed without it" if committed > late_round
+              else f"round {late_round} closed without it") + " (its deadline passed)"
+    if train.late_policy != "stale":
+        return "dropped", f"{closed}; late_policy drop: a late delta is never applied"
+    if counts_in - late_round > MAX_STALENESS:
+        return "dropped", (f"{closed}, and the next commit it could count in is round {counts_in}, more than "
+                           f"{MAX_STALENESS} rounds later: too stale to apply")
+    discount = train.staleness_discount ** (counts_in - late_round)
+    return "deferred", (f"{closed}; late_policy stale: it counts in round {counts_in} with its weight multiplied "
+                        f"by {discount:.3g}")
+
+
+def kept_reason(owed_round: int) -> str:
+    return (f"round {owed_round} committed before the site sent its delta (the site missed the deadline: dark or "
+            f"slow), and the site keeps its change for its next delta")
+
+
 class RoundState:
     """The current round's members and their uploads, and late uploads of earlier rounds."""
 
     def __init__(self) -> None:
         self.members: set[str] = set()        # sites expected to deliver for the current round
         self.uploads: dict[str, Upload] = {}
-        self.late: dict[str, Upload] = {}     # sites that missed a deadline and are still pushing
+        self.late: dict[str, Upload] = {}     # sites that missed a deadline, owing that round's delta
         self.stale: dict[str, Upload] = {}    # complete late deltas for the next aggregation
         self.started_at = 0.0
         self.past_deadline = False
@@ -85,7 +115,7 @@ class RoundState:
     def admission(self, site: str, budget_s: float, now: float) -> float | None:
         """The compute budget a site (re)joining a running round gets, or None: it waits for the next
         round (none runs, it is in this one, or too little of the budget is left to be worth it)."""
-        if not self.members or self.aggregating or site in self.members:
+        if not self.members or self.aggregating or site in self.members or site in self.late:
             return None
         if not budget_s:
             return 0.0
@@ -95,6 +125,18 @@ class RoundState:
     def admit(self, site: str, round_: int, train_s: float) -> None:
         self.members.add(site)
         self.uploads[site] = Upload(round_, train_s)
+
+    def owing(self) -> set[str]:
+        """Sites that missed a deadline and have not been heard from since: not counted on."""
+        return set(self.late)
+
+    def heard_from(self, site: str, applied_round: int) -> Upload | None:
+        """The site applied the update of `applied_round`: a delta it owes for that round or an earlier
+        one can no longer come (it would have been sent first). Returns the upload it owed, if any."""
+        up = self.late.get(site)
+        if up is None or up.round > applied_round:
+            return None
+        return self.late.pop(site)
 
     def upload_for(self, site: str, round_: int, current: int) -> Upload:
         """The upload a delta message of `site` for `round_` belongs to; ProtocolError if none."""

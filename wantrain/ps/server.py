@@ -35,14 +35,14 @@ from ..data import load_run_data
 from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError, Reject, RejectedError
 from ..faults import Stalls
 from ..limits import Limits, safe_text
-from ..messages import HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart, TensorChunk, Welcome
+from ..messages import DeltaOutcome, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart, TensorChunk, Welcome
 from ..screening import Screen, check_claims
 from ..telemetry import Recorder
 from .catchup import Catchup
 from .commit import commit_round
 from .downloads import Downloads
 from .model import GlobalModel
-from .rounds import MAX_STALENESS, RoundClock, RoundState
+from .rounds import RoundClock, RoundState, kept_reason, late_outcome
 from .sites import SiteLink, check_join
 from .journal import JOURNAL_DIR, Journal
 from .state import CheckpointWriter, replay, restore, snapshot
@@ -230,7 +230,11 @@ class ParameterServer:
 
     def maybe_start_round(self) -> None:
         ready = {name for name, link in self.links.items() if link.ready}
-        if self.in_round or self.aggregating or self.done.is_set() or not ready:
+        # A site that owes the delta of a round it missed is not counted on (it may be dark: rounds.py);
+        # it is present all the same, so the quorum does not wait for it.
+        dark = ready & self.rounds.owing()
+        enrolled = ready - dark
+        if self.in_round or self.aggregating or self.done.is_set() or not enrolled:
             return
         wait = self.rounds.quorum_wait(ready, set(self.registry), self.cfg.num_sites, self.round,
                                        self.cfg.train.quorum_wait_s - (time.time() - self.last_commit_at))
@@ -239,10 +243,11 @@ class ParameterServer:
                 self._later(wait + 0.01, self.maybe_start_round)
             return
         budget = self.cfg.train.round_budget_s
-        self.rounds.start(self.round, ready, budget, time.time())
+        self.rounds.start(self.round, enrolled, budget, time.time())
         deadline = self.clock.deadline_s()
-        self.recorder.emit("round_start", round=self.round, sites=sorted(ready), deadline_s=deadline, budget_s=budget)
-        for name in sorted(ready):
+        self.recorder.emit("round_start", round=self.round, sites=sorted(enrolled), deadline_s=deadline,
+                           budget_s=budget, dark=sorted(dark))
+        for name in sorted(enrolled):
             self.links[name].outbox.put_nowait(RoundStart(self.round, self.hash, budget))
         self._later(deadline, self._on_deadline, self.round)
 
@@ -289,23 +294,31 @@ class ParameterServer:
         late = self.late.get(link.name) is up
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
-                           received_wire_bytes=up.wire_bytes, delta_norm=norm,
+                           received_wire_bytes=up.wire_bytes, upload_s=up.upload_s, delta_norm=norm,
                            delta_to_model=norm / self.global_model.norm if self.global_model.norm else 0.0, **fields)
         if late:
-            del self.late[link.name]
-            self._on_late_delta(link.name, up)
+            del self.late[link.name]        # heard from: counted on again from the next round
+            self._on_late_delta(link, up)
+            self.maybe_start_round()         # (every site was dark: none runs)
             return
         self.clock.arrived(time.time() - self.rounds.started_at)
         self._maybe_finish_round()
 
-    def _on_late_delta(self, site: str, up: Upload) -> None:
-        t = self.cfg.train
-        stale_by = self.round - up.round
-        keep = t.late_policy == "stale" and stale_by <= MAX_STALENESS
-        self.recorder.emit("late_delta", round=up.round, site=site, rounds_late=stale_by,
-                           action="deferred" if keep else "dropped", policy=t.late_policy)
-        if keep:
-            self.rounds.stale[site] = up
+    def _on_late_delta(self, link: SiteLink, up: Upload) -> None:
+        """A delta that arrived after its round closed: dropped or kept for the next commit, as
+        `train.late_policy` says (rounds.late_outcome); the site hears which and why."""
+        action, reason = late_outcome(self.cfg.train, up.round, self.round, self.aggregating)
+        self.recorder.emit("late_delta", round=up.round, site=link.name, rounds_late=self.round - up.round,
+                           action=action, policy=self.cfg.train.late_policy, reason=reason)
+        link.outbox.put_nowait(DeltaOutcome(up.round, action, reason))
+        if action == "deferred":
+            self.rounds.stale[link.name] = up
+
+    def _on_kept_delta(self, link: SiteLink, owed: Upload) -> None:
+        """A site that owed a delta reported a later model without sending it: it kept the delta."""
+        self.recorder.emit("late_delta", round=owed.round, site=link.name, rounds_late=self.round - owed.round,
+                           action="kept", policy=self.cfg.train.late_policy, reason=kept_reason(owed.round))
+        log.info("site %s is back: %s", link.name, kept_reason(owed.round))
 
     def _maybe_finish_round(self) -> None:
         """Aggregate once every site in the round has sent its delta, or at the deadline those that did,
@@ -324,12 +337,16 @@ class ParameterServer:
         """A site's hash after applying round h.round's update: each committed round at most once, in order."""
         if not link.check_hash_report(h, self.round):
             return
+        owed = self.rounds.heard_from(link.name, h.round)
+        if owed is not None:        # it kept that delta (its round closed before it went): recorded
+            self._on_kept_delta(link, owed)
         expected = self.hashes.get(h.round + 1)
         ok = expected == h.model_hash
         self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
                            ps_hash=expected)
         if ok and link.ready and h.round + 1 == self.round:
-            self._admit_to_round(link)    # a rejoined site that caught up with the rounds it missed
+            self._admit_to_round(link)    # a rejoined or dark site that caught up with the rounds it missed
+            self.maybe_start_round()
         if not ok and link.ready:          # one resync at a time: reports during a download change nothing
             self.recorder.emit("error", site=link.name, code="replica_mismatch",
                                message=f"site {link.name} has hash {h.model_hash} after round {h.round}, "

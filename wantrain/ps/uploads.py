@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -42,12 +43,23 @@ class Upload:
     delta: list[Extracted] | None = None   # checked; int8 symbols + scales: a quarter of fp32
     norm: float = 0.0
     journaled: asyncio.Future | None = None   # its write into the PS's journal (journal.py)
+    first_chunk_at: float = 0.0    # when its first chunk arrived (perf_counter)
+    last_chunk_at: float = 0.0     # and its latest: once the last is in, the PS holds it all
 
     def add(self, site: str, c: TensorChunk) -> None:
         """Take a checked chunk and start decoding it (the pool's thread holds the wire bytes until then)."""
+        self.last_chunk_at = time.perf_counter()
+        if not self.decoding:
+            self.first_chunk_at = self.last_chunk_at
         self.count = c.count
         self.decoding[c.index] = cpu.submit(extract_chunk, site, c)
         self.wire_bytes += c.data.wire_bytes
+
+    @property
+    def upload_s(self) -> float:
+        """From the first chunk's arrival to the last's: the delta's time on the wire, as the site sends
+        its smallest chunk first (less the link's one-way delay, which the first chunk took too)."""
+        return self.last_chunk_at - self.first_chunk_at
 
 
 def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str) -> None:

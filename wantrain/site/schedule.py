@@ -46,11 +46,12 @@ class Schedule:
         self._stop = threading.Event()
         self._task: asyncio.Future | None = None
 
-    async def round(self, round_: int, train_s: float, replica: dict[str, np.ndarray], start_hash: str
-                    ) -> tuple[dict[str, np.ndarray], dict]:
+    async def round(self, round_: int, train_s: float, replica: dict[str, np.ndarray], start_hash: str,
+                    stop: threading.Event | None = None) -> tuple[dict[str, np.ndarray], dict]:
         """Round `round_`'s pseudo-gradient against `replica` (the global model it starts from) and its
         figures, with `steps_ahead` and `ahead_s` (compute seconds) taken before this call. Steps taken
-        ahead count when they were moved onto that model; otherwise the round starts from it afresh."""
+        ahead count when they were moved onto that model; otherwise the round starts from it afresh.
+        `stop` set ends the round's steps early (after the one under way)."""
         seg = self.ahead
         if seg is not None and seg.round == round_ and self.base is None:
             await self._pause()
@@ -62,7 +63,7 @@ class Schedule:
             await asyncio.to_thread(load_flat, self.inner.model, replica)
             seg = Segment(round_, train_s)
         self.ahead = None
-        await asyncio.to_thread(self.inner.train, seg, None, start_hash)
+        await asyncio.to_thread(self.inner.train, seg, stop, start_hash)
         end = await asyncio.to_thread(flat_copy, self.inner.model)
         delta, info = await asyncio.to_thread(self.inner.delta, replica, end, seg, start_hash)
         if self.overlap:

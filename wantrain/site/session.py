@@ -11,6 +11,15 @@ outbound, and follows the PS's lead:
                              pseudo-gradient (start - end) through the codec with error
                              feedback, then the round's metrics
     update chunks + result   add exactly the decoded update, hash, report the hash
+    DeltaOutcome             what the PS did with a delta it did not simply count, and why: logged
+
+A round trains and pushes in a task of its own while the session goes on reading, so the site
+hears at once when its round closes without it: the round's result comes before its delta went
+(its link was dark past the deadline, or its RoundStart came late). It then stops after the
+inner step under way: under `late_policy` "drop" the PS would drop the delta, so its change goes
+into the next delta instead of onto the wire; under "stale" it is pushed at once, a late delta.
+Either way the site follows the results of the rounds it missed and takes part in the current
+one as soon as the PS hears from it (it is not counted on until then: ps/rounds.py).
 
 If the PS is not there (yet) or the stream breaks, the site retries with exponential backoff
 and says so; when it reconnects it joins again under the same name.
@@ -21,29 +30,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from ..codec import Codec, EncodeStats, ErrorFeedback, check_coverage, check_fits, encode_arrays, join_chunks
 from ..config import RunConfig
-from ..errors import (CodecError, ConfigError, CorruptModelError, ProtocolError, Reject,
-                      RejectedError, ReplicaMismatchError)
+from ..errors import ConfigError, ProtocolError, Reject, RejectedError, ReplicaMismatchError
 from ..faults import Stalls
-from ..messages import (DELTA, MAX_STALENESS, MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready,
-                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
-from ..replica import add_update, flat_copy, named_params
-from ..shards import ShardLayout, combine_hashes
+from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundResult,
+                        RoundStart, TensorChunk, Welcome)
 from ..tls import TLSClient
 from .progress import DownloadProgress
+from .replica import Replica
 from .retry import FAILURES, Reconnect
 from .schedule import Schedule
 from .sharded import ShardMemory
 from .stream import Stream, addresses, probe_rtt, session_stream
 from .group import build_inner
 from .train import InnerLoop
+from .uplink import Uplink
 
 __all__ = ["Site", "SiteOptions", "default_device"]
 
@@ -71,6 +78,18 @@ class SiteOptions:
     tls_server_name: str = ""      # check the PS's certificate for this name instead of the address's
 
 
+@dataclass(eq=False)
+class RoundInHand:
+    """The round a site is training or pushing while its session goes on reading from the PS."""
+
+    round: int
+    steps_planned: str                  # for the log: "10 inner steps" or "a 2.0 s budget"
+    stop: threading.Event = field(default_factory=threading.Event)   # set: no more inner steps
+    closed: bool = False                # its result came first: it committed without this delta
+    abandoned: bool = False             # the session ended under it
+    task: asyncio.Future | None = None
+
+
 class Site:
     """One site of a run (usually its own OS process: `wantrain worker`)."""
 
@@ -82,8 +101,6 @@ class Site:
         if not self.addresses:
             raise ConfigError("no parameter server address given")
         self.shard_memory = ShardMemory()      # for a sharded PS (sharded.py)
-        self.layout: ShardLayout | None = None
-        self.part_hashes: list[str] = []       # the replica's hash per shard (one: the hash)
         self.device = torch.device(default_device() if opts.device == "auto" else opts.device)
         if opts.threads:
             torch.set_num_threads(opts.threads)
@@ -91,20 +108,23 @@ class Site:
         self.model: torch.nn.Module | None = None
         self.inner: InnerLoop | None = None
         self.schedule: Schedule | None = None
-        self.replica: dict[str, np.ndarray] = {}    # the global model, flat float32 (the model trains)
-        self.feedback: ErrorFeedback | None = None
-        self.codec: Codec | None = None
-        self.round = 0               # committed rounds this replica holds
-        self.hash = ""
+        self.replica: Replica | None = None           # the global model it holds (the model trains)
+        self.uplink: Uplink | None = None             # its deltas: error feedback, pushed, settled
         self.finished = False
-        self.last_decode_s = 0.0
         self.probes: list[tuple[float, float]] = []   # (Unix time, RTT ms) not yet reported
         self._probes_sent_at = -math.inf
         self.pushed_at: float | None = None           # when the last push ended (idle accounting)
         self.stalls = Stalls(opts.stalls, log)
-        # Deltas pushed and not yet known to be applied: round -> values as decoded. One the PS
-        # drops (late) goes back into the error feedback, so its mass is not lost.
-        self.pending: dict[int, dict[str, np.ndarray]] = {}
+        self.in_hand: RoundInHand | None = None       # the round training or pushing now
+
+    @property
+    def round(self) -> int:
+        """Committed rounds of the global model this site holds (0 before any)."""
+        return self.replica.round if self.replica is not None else 0
+
+    @property
+    def hash(self) -> str:
+        return self.replica.hash if self.replica is not None else ""
 
     # ------------------------------------------------------------ connection
 
@@ -137,58 +157,98 @@ class Site:
             await stream.send(LinkProbe(tuple(t for t, _ in batch), tuple(r for _, r in batch)))
 
     async def _follow(self, stream: Stream) -> None:
-        """Handle what the PS sends until the run is finished or the stream breaks."""
+        """Handle what the PS sends until the run is finished or the stream breaks. The round in hand
+        trains and pushes in its own task meanwhile (see the module's doc); a model, the next round
+        or the update of its round are taken only once it is done with."""
         await stream.send(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
                                device=str(self.device), token=self.opts.token))
         model_specs: list = []           # model chunks placed so far (each straight into the model)
         update_parts: list[TensorChunk] = []
         expected_model = 0
-        while not self.finished:
-            msg = await stream.receive()
-            if isinstance(msg, ErrorMessage):
-                raise RejectedError(Reject.from_wire(msg.code), msg.message)
-            if isinstance(msg, Welcome):
-                if self.schedule is not None:
-                    await self.schedule.discard()      # a new global model: steps ahead belong to no round
-                await asyncio.to_thread(self._on_welcome, msg)
-                if msg.model_chunks == 0:       # the PS lets it keep its replica; missed updates follow
-                    await stream.send(Ready(self.round, self.hash))
+        try:
+            while not self.finished:
+                msg = await stream.receive()
+                if isinstance(msg, ErrorMessage):
+                    raise RejectedError(Reject.from_wire(msg.code), msg.message)
+                if isinstance(msg, DeltaOutcome):
+                    self._loaded()[3].heard(msg)
                     continue
-                expected_model, model_specs = msg.model_chunks, []
-                progress = DownloadProgress(self.opts.name, expected_model)
-            elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
-                self._place_model_chunk(msg)      # memory: one chunk, never a second copy of the model
-                model_specs.append(msg.spec)
-                progress.update(msg.data.wire_bytes)
-                if len(model_specs) == 1:
-                    await self.stalls.asleep("download", self.round)
-                if len(model_specs) == expected_model:
-                    progress.close()
-                    await asyncio.to_thread(self._finish_model, model_specs)
-                    model_specs = []
-                    await stream.send(Ready(self.round, self.hash))
-                    if self.round >= self._config().train.rounds:   # joined as the run ended: the final model
+                if isinstance(msg, TensorChunk) and msg.kind == UPDATE:
+                    update_parts.append(msg)
+                    continue
+                await self._end_round(msg.round if isinstance(msg, RoundResult) else None)
+                if isinstance(msg, Welcome):
+                    if self.schedule is not None:
+                        await self.schedule.discard()      # a new global model: steps ahead belong to no round
+                    await asyncio.to_thread(self._on_welcome, msg)
+                    if msg.model_chunks == 0:       # the PS lets it keep its replica; missed updates follow
+                        await stream.send(Ready(self.round, self.hash))
+                        continue
+                    expected_model, model_specs = msg.model_chunks, []
+                    progress = DownloadProgress(self.opts.name, expected_model)
+                elif isinstance(msg, TensorChunk) and msg.kind == MODEL:
+                    self._held().place(msg)
+                    model_specs.append(msg.spec)
+                    progress.update(msg.data.wire_bytes)
+                    if len(model_specs) == 1:
+                        await self.stalls.asleep("download", self.round)
+                    if len(model_specs) == expected_model:
+                        progress.close()
+                        await asyncio.to_thread(self._held().finish_download, model_specs)
+                        model_specs = []
+                        await stream.send(Ready(self.round, self.hash))
+                        if self.round >= self._config().train.rounds:   # joined as the run ended: the final model
+                            await self._finish()
+                elif isinstance(msg, RoundStart):
+                    if msg.model_hash != self.hash:
+                        raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
+                                                   f"this replica has {self.hash}")
+                    self._start_round(stream, msg)
+                elif isinstance(msg, RoundResult):
+                    await asyncio.to_thread(self._held().apply, update_parts, msg)
+                    self._loaded()[3].settle(msg)
+                    update_parts = []
+                    await stream.send(HashReport(msg.round, self.hash))
+                    await self._flush_probes(stream)
+                    if self.round >= self._config().train.rounds:
                         await self._finish()
-            elif isinstance(msg, RoundStart):
-                if msg.model_hash != self.hash:
-                    raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
-                                               f"this replica has {self.hash}")
-                await self._train_and_push(stream, msg)
-            elif isinstance(msg, TensorChunk) and msg.kind == UPDATE:
-                update_parts.append(msg)
-            elif isinstance(msg, RoundResult):
-                await asyncio.to_thread(self._apply_update, update_parts, msg)
-                self._settle_pending(msg)
-                update_parts = []
-                await stream.send(HashReport(msg.round, self.hash))
-                await self._flush_probes(stream)
-                if self.round >= self._config().train.rounds:
-                    await self._finish()
-                elif self.schedule is not None:
-                    await self.schedule.moved_to(self.replica)
-            else:
-                raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
+                    elif self.schedule is not None:
+                        await self.schedule.moved_to(self._held().arrays)
+                else:
+                    raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
+        finally:
+            await self._abandon_round()
         await stream.close()
+
+    # ------------------------------------------------------------ the round in hand
+
+    def _start_round(self, stream: Stream, start: RoundStart) -> None:
+        planned = (f"a {start.train_s:.1f} s budget" if start.train_s
+                   else f"{self._config().train.inner_steps} inner steps")
+        hand = RoundInHand(start.round, planned)
+        hand.task = asyncio.ensure_future(self._train_and_push(stream, start, hand))
+        self.in_hand = hand
+
+    async def _end_round(self, result_round: int | None) -> None:
+        """Be done with the round in hand before the next message is taken: wait for its push. With
+        its own result (`result_round`), the round committed without this site: it stops first."""
+        hand, self.in_hand = self.in_hand, None
+        if hand is None or hand.task is None:
+            return
+        if result_round == hand.round:
+            hand.closed = True
+            hand.stop.set()
+        await hand.task
+
+    async def _abandon_round(self) -> None:
+        """The session ends (the stream broke, the PS refused): the round in hand stops and pushes
+        nothing more; no training thread outlives the session."""
+        hand, self.in_hand = self.in_hand, None
+        if hand is None or hand.task is None:
+            return
+        hand.abandoned = True
+        hand.stop.set()
+        await asyncio.wait([hand.task])       # its failure (a send on a broken stream) is this one's
 
     async def _finish(self) -> None:
         self.finished = True
@@ -202,11 +262,16 @@ class Site:
             raise ProtocolError("the parameter server sent a round message before any Welcome")
         return self.cfg
 
-    def _loaded(self) -> tuple[RunConfig, torch.nn.Module, InnerLoop, Codec]:
+    def _loaded(self) -> tuple[RunConfig, torch.nn.Module, InnerLoop, Uplink]:
         """What the first Welcome set up; a PS that sends round messages before any is broken."""
-        if self.cfg is None or self.model is None or self.inner is None or self.codec is None:
+        if self.cfg is None or self.model is None or self.inner is None or self.uplink is None:
             raise ProtocolError("the parameter server sent a round message before any Welcome")
-        return self.cfg, self.model, self.inner, self.codec
+        return self.cfg, self.model, self.inner, self.uplink
+
+    def _held(self) -> Replica:
+        if self.replica is None:
+            raise ProtocolError("the parameter server sent a model or an update before any Welcome")
+        return self.replica
 
     def _on_welcome(self, w: Welcome) -> None:
         first = self.cfg is None
@@ -222,121 +287,50 @@ class Site:
             self.inner = build_inner(w.config, w.site_index, w.data_position, self.device, self.opts.name,
                                      self.opts.speed_factor)
             self.model = self.inner.model
-            self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}
-            self.layout = ShardLayout.balanced(self.sizes, w.shards)
             t = w.config.train
             self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s)
-            self.replica = flat_copy(self.model)
-            self.feedback = ErrorFeedback() if w.config.codec.error_feedback else None
-            self.codec = Codec(w.config.codec)
+            self.replica = Replica(self.model, w.shards, self.opts.name)
+            self.uplink = Uplink(self.opts.name, w.config, self.stalls)
             log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
                      w.site_index, w.config.model.preset, self.device, w.data_position)
-        self.round = w.round
-        self._expected_hash = w.model_hash
-        if w.model_chunks:        # a fresh model: whatever was in flight is the PS's business now
-            self.pending = {}     # (kept on a catch-up: the missed rounds' results settle it)
+        self._held().expect(w.round, w.model_hash)
+        if w.model_chunks:
+            self._loaded()[3].fresh_model()
 
-    def _rehash(self) -> None:
-        assert self.layout is not None
-        self.part_hashes = self.layout.hashes(self.replica)
-        self.hash = combine_hashes(self.part_hashes)
-
-    def _join(self, parts: list[TensorChunk]) -> dict[str, np.ndarray]:
-        """Decode chunks that cover the whole model into flat arrays (ProtocolError if they don't)."""
-        values = Codec.decode_many([c.data for c in parts])
-        try:
-            return join_chunks([c.spec for c in parts], values, self.sizes)
-        except CodecError as e:
-            raise ProtocolError(f"from the PS: {e}") from None
-
-    def _place_model_chunk(self, c: TensorChunk) -> None:
-        (values,) = Codec.decode_many([c.data])
-        try:
-            check_fits(c.spec, values, self.sizes)
-        except CodecError as e:
-            raise ProtocolError(f"model chunk from the PS: {e}") from None
-        if not np.all(np.isfinite(values)):
-            raise CorruptModelError(f"the model the parameter server sent (round {self.round}) holds NaN or Inf in "
-                                    f"{c.spec.tensor!r}: the global model is corrupt; this site will not train on it")
-        self.replica[c.spec.tensor][c.spec.offset: c.spec.offset + c.spec.length] = values
-
-    def _finish_model(self, specs: list) -> None:
-        try:
-            check_coverage(specs, self.sizes)
-        except CodecError as e:
-            raise ProtocolError(f"model download from the PS: {e}") from None
-        self._rehash()
-        if self.hash != self._expected_hash:
-            raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self._expected_hash}")
-        log.info("site %s: model at round %d loaded (%s)", self.opts.name, self.round, self.hash)
-
-    async def _train_and_push(self, stream: Stream, start: RoundStart) -> None:
+    async def _train_and_push(self, stream: Stream, start: RoundStart, hand: RoundInHand) -> None:
         round_ = start.round
         since_push_s = time.time() - self.pushed_at if self.pushed_at else 0.0
         log.info("site %s: round %d starts%s", self.opts.name, round_,
                  f" ({start.train_s:.1f} s budget)" if start.train_s else "")
         await self.stalls.asleep("train", round_)
-        codec = self._loaded()[3]
+        uplink = self._loaded()[3]
         assert self.schedule is not None
-        delta, info = await self.schedule.round(round_, start.train_s, self.replica, self.hash)
+        delta, info = await self.schedule.round(round_, start.train_s, self._held().arrays, self.hash, hand.stop)
         wait_s = max(0.0, since_push_s - info.pop("ahead_s"))     # idle, not computing ahead
-        stats = EncodeStats()
-        chunks, sent = await asyncio.to_thread(encode_arrays, delta, codec, self.feedback, stats)
-        if self.feedback is not None:
-            self.pending[round_] = sent
-        t0 = time.perf_counter()
-        for i, (spec, enc) in enumerate(chunks):
-            await stream.send(TensorChunk(DELTA, round_, i, len(chunks), spec, enc))
-            if i == 0:
-                await self.stalls.asleep("push", round_)
-        comm_s = time.perf_counter() - t0
+        if hand.closed or hand.abandoned:
+            if not self._push_anyway(hand, info["steps"], uplink):
+                uplink.keep(delta)
+                return
+        stats = await uplink.push(stream, round_, delta, {**info, "wait_s": wait_s, "decode_s": self._held().decode_s})
         await self._flush_probes(stream)
-        await stream.send(RoundMetrics(
-            round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
-            huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
-            decode_s=self.last_decode_s, comm_s=comm_s, chunks=len(chunks), wait_s=wait_s, **info))
         self.pushed_at = time.time()
-        log.info("site %s: round %d pushed, %d steps, loss %.4f, %.2f MB on the wire (%.2fx)", self.opts.name, round_,
-                 info["steps"], info["train_loss"], stats.wire_bytes / 1e6, stats.ratio)
+        log.info("site %s: round %d pushed, %d steps, loss %.4f, %.2f MB on the wire (%.2fx)%s", self.opts.name,
+                 round_, info["steps"], info["train_loss"], stats.wire_bytes / 1e6, stats.ratio,
+                 " (late: its round committed without it)" if hand.closed else "")
 
-    def _settle_pending(self, result: RoundResult) -> None:
-        """After a round's result: were our pushed deltas applied? One that never will be is carried forward."""
-        stale = self._config().train.late_policy == "stale"
-        me = self.opts.name
-        for r in sorted(self.pending):
-            if (r == result.round and me in result.sites) or (r < result.round and me in result.late_sites):
-                del self.pending[r]
-                continue
-            # A sharded PS may have counted some tensors' parts: only the others are still pending.
-            counted = dict(result.partial_sites if r == result.round else
-                           result.partial_late if r < result.round else ()).get(me, frozenset())
-            self.pending[r] = {k: v for k, v in self.pending[r].items() if k not in counted}
-            if not self.pending[r]:
-                del self.pending[r]
-            elif r <= result.round and not (stale and result.round - r < MAX_STALENESS):
-                sent = self.pending.pop(r)
-                if self.feedback is not None:    # what the PS never applied goes out again next round
-                    self.feedback.carry(sent)
-                log.warning("site %s: the delta of round %d was not applied (late)%s; carried forward", me, r,
-                            f" for {len(sent)} of its tensors (the rest counted)" if counted else "")
-
-    def _apply_update(self, parts: list[TensorChunk], result: RoundResult) -> None:
-        if result.round != self.round:
-            raise ProtocolError(f"result for round {result.round}, this replica is at round {self.round}")
-        t0 = time.perf_counter()
-        parts = sorted(parts, key=lambda c: c.index)
-        if not parts or len(parts) != parts[0].count or any(c.round != result.round for c in parts):
-            raise ProtocolError(f"round {result.round}: got {len(parts)} update chunks, "
-                                f"expected {parts[0].count if parts else 'some'}")
-        update = self._join(parts)
-        for name, u in update.items():
-            if not np.all(np.isfinite(u)):
-                raise CorruptModelError(f"the update of round {result.round} from the parameter server holds NaN "
-                                        f"or Inf in {name!r}: the global model is corrupt; this site stops here")
-        add_update(self.replica, update)
-        self.last_decode_s = time.perf_counter() - t0
-        self.round = result.round + 1
-        self._rehash()
-        if self.hash != result.model_hash:
-            log.error("site %s: replica hash %s differs from the PS's %s after round %d", self.opts.name,
-                      self.hash, result.model_hash, result.round)
+    def _push_anyway(self, hand: RoundInHand, steps: int, uplink: Uplink) -> bool:
+        """A round that committed without this site's delta (or whose session ended): push it all the
+        same? Only under late_policy "stale", where the PS may still apply it; otherwise its change
+        goes into the next delta (error feedback) and nothing goes on the wire."""
+        me, r = self.opts.name, hand.round
+        if hand.abandoned:
+            log.warning("site %s: the session ended during round %d (after %d steps); their change goes into "
+                        "the next delta", me, r, steps)
+            return False
+        late = uplink.pushes_late and steps > 0
+        log.warning("site %s: round %d committed without this site's delta (the PS's deadline passed first: its "
+                    "result came after %d inner step(s) of %s); %s", me, r, steps, hand.steps_planned,
+                    "late_policy stale: pushing what it has, a late delta" if late else
+                    "late_policy drop: not pushing it, its change goes into the next delta" if steps else
+                    "no step taken, nothing to push")
+        return late

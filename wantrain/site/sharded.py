@@ -16,6 +16,7 @@ the logic of one PS:
     RoundStart                once every shard has started the round
     update chunks, result     once every shard's result is in: the chunks renumbered, one result
                               (its sites: those every shard counted)
+    DeltaOutcome, Error       at once, naming the shard
 
 A shard that restarts (it journals each commit before announcing it, so it loses no committed
 round) asks again for a round whose delta the site had already pushed to it; the site replays
@@ -38,8 +39,8 @@ import grpc
 from .. import wire
 from ..codec import plan_chunks
 from ..errors import ConnectionLostError, ProtocolError
-from ..messages import (MODEL, UPDATE, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundResult,
-                        RoundStart, TensorChunk, Welcome)
+from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundMetrics,
+                        RoundResult, RoundStart, TensorChunk, Welcome)
 from ..shards import combine_hashes
 
 __all__ = ["ShardedStream", "ShardMemory"]
@@ -58,8 +59,8 @@ class ShardMemory:
 
 
 class ShardedStream:
-    """The session's stream to N shards. `site` gives the layout (`site.layout`), its part hashes
-    (`site.part_hashes`), tensor sizes and config once the first Welcome has set them up."""
+    """The session's stream to N shards. `site.replica` (replica.py) gives the layout, the part hashes
+    and the tensor sizes, and `site.cfg` the config, once the first Welcome has set them up."""
 
     def __init__(self, calls: list, site, memory: ShardMemory) -> None:
         self.calls, self.site, self.mem, self.n = calls, site, memory, len(calls)
@@ -75,6 +76,7 @@ class ShardedStream:
         self.sent_index: list[int] = []          # delta chunks sent to each shard this round
         self.sent_bytes: list[int] = []
         self._counts: tuple[list[int], list[int]] | None = None
+        self._index: dict | None = None
 
     async def _read(self, i: int, call) -> None:
         try:
@@ -109,6 +111,8 @@ class ShardedStream:
     async def _take(self, i: int, m) -> None:
         if isinstance(m, ErrorMessage):
             self.out.append(replace(m, message=f"shard {i}: {m.message}"))
+        elif isinstance(m, DeltaOutcome):
+            self.out.append(replace(m, reason=f"shard {i}: {m.reason}"))
         elif isinstance(m, Welcome):
             self._welcome(i, m)
         elif isinstance(m, TensorChunk) and m.kind == MODEL:
@@ -201,7 +205,7 @@ class ShardedStream:
         partial = []
         for site in dict.fromkeys(s for x in per_shard for s in x if s not in everywhere):
             partial.append((site, frozenset(t for k, x in enumerate(per_shard) if site in x
-                                            for t in self.site.layout.tensors[k])))
+                                            for t in self.site.replica.layout.tensors[k])))
         return everywhere, tuple(partial)
 
     # ------------------------------------------------------------ to the shards
@@ -211,10 +215,10 @@ class ShardedStream:
             whole, self.mem.whole_models = self.mem.whole_models or not msg.resume_hash, False
             for i in range(self.n):
                 await self._write(i, replace(msg, resume_round=0, resume_hash="") if whole
-                                  else replace(msg, resume_hash=self.site.part_hashes[i]))
+                                  else replace(msg, resume_hash=self.site.replica.part_hashes[i]))
         elif isinstance(msg, (Ready, HashReport)):
             for i in range(self.n):
-                await self._write(i, replace(msg, model_hash=self.site.part_hashes[i]))
+                await self._write(i, replace(msg, model_hash=self.site.replica.part_hashes[i]))
         elif isinstance(msg, TensorChunk):
             await self._delta_chunk(msg)
         elif isinstance(msg, RoundMetrics):
@@ -233,17 +237,26 @@ class ShardedStream:
         if not self.sent_index:      # a round's push begins (a push cut short by a failure is not replayed)
             self.mem.pushed_round, self.mem.pushed, self.mem.complete = c.round, [[] for _ in range(self.n)], False
             self.sent_index, self.sent_bytes = [0] * self.n, [0] * self.n
-        i = self.site.layout.shard_of(c.spec.tensor)
-        m = replace(c, index=self.sent_index[i], count=self._plan_counts()[0][i])
+        i = self.site.replica.layout.shard_of(c.spec.tensor)
+        m = replace(c, index=self._shard_index()[c.spec], count=self._plan_counts()[0][i])
         self.sent_index[i] += 1
         self.sent_bytes[i] += c.data.wire_bytes
         self.mem.pushed[i].append(m)
         await self._write(i, m)
 
+    def _shard_index(self) -> dict:
+        """Each chunk's index in its shard's own plan (the site may send a round's chunks in any order)."""
+        if self._index is None:
+            sizes, layout = self.site.replica.sizes, self.site.replica.layout
+            per = self.site.cfg.codec.chunk_elements()
+            self._index = {spec: k for names in layout.tensors
+                           for k, spec in enumerate(plan_chunks({t: sizes[t] for t in names}, per))}
+        return self._index
+
     def _plan_counts(self) -> tuple[list[int], list[int]]:
         """Each shard's delta chunks and elements: its own plan over its tensors (as its PS plans)."""
         if self._counts is None:
-            sizes, layout = self.site.sizes, self.site.layout
+            sizes, layout = self.site.replica.sizes, self.site.replica.layout
             per = self.site.cfg.codec.chunk_elements()
             self._counts = ([len(plan_chunks({t: sizes[t] for t in names}, per)) for names in layout.tensors],
                             [sum(sizes[t] for t in names) for names in layout.tensors])

@@ -132,6 +132,7 @@ class InnerLoop:
             raise DivergedError(f"site {self.name}: the delta of round {seg.round} holds NaN or Inf in {bad!r} "
                                 f"after {seg.steps} inner steps from the global model {start_hash}; not sending it")
         t = self.t
-        return delta, dict(train_loss=float(np.mean(seg.losses)), last_train_loss=seg.losses[-1],
+        losses = seg.losses or [math.nan]       # no step: a round stopped before its first (its delta is 0)
+        return delta, dict(train_loss=float(np.mean(losses)), last_train_loss=losses[-1],
                            tokens=seg.steps * t.batch_size * self.block_size, steps=seg.steps,
                            compute_s=seg.compute_s, emulated_s=seg.emulated_s, data_position=self.sampler.batches_drawn)

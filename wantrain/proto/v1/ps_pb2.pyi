@@ -105,7 +105,7 @@ class RoundStart(_message.Message):
     def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., train_s: _Optional[float] = ...) -> None: ...
 
 class RoundMetrics(_message.Message):
-    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "comm_s", "chunks", "emulated_s", "data_position", "wait_s", "steps_ahead")
+    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "send_s", "chunks", "emulated_s", "data_position", "wait_s", "steps_ahead")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     LAST_TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -117,7 +117,7 @@ class RoundMetrics(_message.Message):
     ENCODE_S_FIELD_NUMBER: _ClassVar[int]
     DECODE_S_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
-    COMM_S_FIELD_NUMBER: _ClassVar[int]
+    SEND_S_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     EMULATED_S_FIELD_NUMBER: _ClassVar[int]
     DATA_POSITION_FIELD_NUMBER: _ClassVar[int]
@@ -134,13 +134,13 @@ class RoundMetrics(_message.Message):
     encode_s: float
     decode_s: float
     compute_s: float
-    comm_s: float
+    send_s: float
     chunks: int
     emulated_s: float
     data_position: int
     wait_s: float
     steps_ahead: int
-    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., comm_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ..., steps_ahead: _Optional[int] = ...) -> None: ...
+    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ..., steps_ahead: _Optional[int] = ...) -> None: ...
 
 class RoundResult(_message.Message):
     __slots__ = ("round", "model_hash", "sites", "val_loss", "late_sites")
@@ -180,6 +180,16 @@ class LinkProbe(_message.Message):
     rtt_ms: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, t: _Optional[_Iterable[float]] = ..., rtt_ms: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class DeltaOutcome(_message.Message):
+    __slots__ = ("round", "outcome", "reason")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    outcome: str
+    reason: str
+    def __init__(self, round: _Optional[int] = ..., outcome: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class Error(_message.Message):
     __slots__ = ("code", "message")
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -205,18 +215,20 @@ class SiteMessage(_message.Message):
     def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("welcome", "chunk", "round_start", "round_result", "error")
+    __slots__ = ("welcome", "chunk", "round_start", "round_result", "error", "delta_outcome")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     ROUND_START_FIELD_NUMBER: _ClassVar[int]
     ROUND_RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    DELTA_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     chunk: Chunk
     round_start: RoundStart
     round_result: RoundResult
     error: Error
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., round_start: _Optional[_Union[RoundStart, _Mapping]] = ..., round_result: _Optional[_Union[RoundResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    delta_outcome: DeltaOutcome
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., round_start: _Optional[_Union[RoundStart, _Mapping]] = ..., round_result: _Optional[_Union[RoundResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., delta_outcome: _Optional[_Union[DeltaOutcome, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("from_seq",)

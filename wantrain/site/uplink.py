@@ -1,0 +1,110 @@
+"""A site's deltas on their way to the PS, and what became of them.
+
+`Uplink` owns what the site has sent and not yet seen counted:
+
+    the error feedback   what quantization left out of each delta, and deltas the PS never
+                         applied, added to the next delta so their change is not lost
+    pending              deltas pushed and not yet settled by a RoundResult (round -> values as
+                         the PS decodes them)
+    outcomes             what the PS said of deltas it did not simply count (DeltaOutcome)
+
+`push` encodes a round's delta and sends its chunks and metrics; `keep` puts a delta that will
+not be sent into the error feedback (its round committed without it, under late_policy "drop");
+`settle` reads each RoundResult: a pushed delta that was counted is done, one that never will
+be (late past what the policy allows, rejected) goes into the error feedback. Under a sharded PS
+each shard decides alone, so only the tensors no shard counted are carried (docs/protocol.md 3a).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import numpy as np
+
+from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays
+from ..config import RunConfig
+from ..faults import Stalls
+from ..messages import DELTA, MAX_STALENESS, DeltaOutcome, RoundMetrics, RoundResult, TensorChunk
+
+__all__ = ["Uplink"]
+
+log = logging.getLogger("wantrain.site")
+
+
+class Uplink:
+    """One site's deltas: encoded with error feedback, pushed, and settled by the PS's results."""
+
+    def __init__(self, site: str, cfg: RunConfig, stalls: Stalls | None = None) -> None:
+        self.site, self.cfg = site, cfg
+        self.codec = Codec(cfg.codec)
+        self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
+        self.stalls = stalls or Stalls((), log)
+        self.pending: dict[int, dict[str, np.ndarray]] = {}
+        self.outcomes: dict[int, DeltaOutcome] = {}
+
+    @property
+    def pushes_late(self) -> bool:
+        """Is a delta whose round committed without it still worth sending? Only if the PS may apply it."""
+        return self.cfg.train.late_policy == "stale"
+
+    async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict) -> EncodeStats:
+        """Encode the round's delta (error feedback in) and send its chunks, then its RoundMetrics with
+        `figures` (the training's, wait_s, decode_s). The smallest chunk goes first: the PS times the
+        upload from the first chunk's arrival to the last's, so the first must take no time itself."""
+        stats = EncodeStats()
+        chunks, sent = await asyncio.to_thread(encode_arrays, delta, self.codec, self.feedback, stats)
+        if self.feedback is not None:
+            self.pending[round_] = sent
+        first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
+        t0 = time.perf_counter()
+        for n, i in enumerate([first, *(i for i in range(len(chunks)) if i != first)]):
+            spec, enc = chunks[i]
+            await stream.send(TensorChunk(DELTA, round_, i, len(chunks), spec, enc))
+            if n == 0:
+                await self.stalls.asleep("push", round_)
+        metrics = RoundMetrics(round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
+                               huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
+                               send_s=time.perf_counter() - t0, chunks=len(chunks), **figures)
+        await stream.send(metrics)
+        return stats
+
+    def keep(self, delta: dict[str, np.ndarray]) -> None:
+        """A delta that will not be sent: its change goes into the next one."""
+        if self.feedback is not None:
+            self.feedback.carry(delta)
+
+    def fresh_model(self) -> None:
+        """A whole model was loaded: what was in flight is the PS's business now (a catch-up keeps it:
+        the missed rounds' results settle it)."""
+        self.pending = {}
+
+    def heard(self, o: DeltaOutcome) -> None:
+        self.outcomes[o.round] = o
+        log.warning("site %s: the PS %s the delta of round %d: %s", self.site, o.outcome, o.round, o.reason)
+        for r in [r for r in self.outcomes if r < o.round - 2 * MAX_STALENESS]:
+            del self.outcomes[r]
+
+    def settle(self, result: RoundResult) -> None:
+        """After a round's result: were the pushed deltas applied? One that never will be is carried forward."""
+        stale = self.pushes_late
+        me = self.site
+        for r in sorted(self.pending):
+            if (r == result.round and me in result.sites) or (r < result.round and me in result.late_sites):
+                del self.pending[r]
+                continue
+            # A sharded PS may have counted some tensors' parts: only the others are still pending.
+            counted = dict(result.partial_sites if r == result.round else
+                           result.partial_late if r < result.round else ()).get(me, frozenset())
+            self.pending[r] = {k: v for k, v in self.pending[r].items() if k not in counted}
+            if not self.pending[r]:
+                del self.pending[r]
+            elif r <= result.round and not (stale and result.round - r < MAX_STALENESS):
+                sent = self.pending.pop(r)
+                if self.feedback is not None:    # what the PS never applied goes out again next round
+                    self.feedback.carry(sent)
+                said = self.outcomes.get(r)
+                why = f"the PS {said.outcome} it" if said else "its round committed without it"
+                log.warning("site %s: the delta of round %d was not applied (%s)%s; its change goes into the next "
+                            "delta", me, r, why, f" for {len(sent)} of its tensors (the rest counted)" if counted else "")
