@@ -136,3 +136,38 @@ def test_a_broken_scenario_is_bad_input(tmp_path):
     assert r.returncode == 2, r.stderr
     assert "s.toml:6: field site[0].region" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_every_option_of_every_command_has_a_help_line():
+    import argparse
+
+    from wantrain.cli import build_parser
+
+    def missing(parser: argparse.ArgumentParser, name: str) -> list[str]:
+        out = []
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub_name, sub in a.choices.items():
+                    out += missing(sub, f"{name} {sub_name}")
+            elif not isinstance(a, argparse._HelpAction) and not (a.help and a.help.strip()):
+                out.append(f"{name} {'/'.join(a.option_strings) or a.dest}")
+        return out
+    assert not missing(build_parser(), "wantrain")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, needle", [
+    (["host", "check", "ssh://no-such-host.invalid", "--no-host-key-check", "--connect-timeout", "5"],
+     "ssh://{user}@no-such-host.invalid:22: cannot connect"),        # no user: this account's, as ssh does
+    (["watch", "--ps", "127.0.0.1:{port}", "--connect-timeout", "2"], "nothing listens on 127.0.0.1:{port}"),
+    (["watch", "--ps", "127.0.0.1:{port}", "--timeout", "2"], "no parameter server answered at 127.0.0.1:{port}"),
+])
+def test_cli_failures_are_one_line_and_an_error_exit(args, needle, tmp_path):
+    import getpass
+
+    port = free_port()
+    fill = dict(user=getpass.getuser(), port=port)
+    r = wantrain(*(a.format(**fill) for a in args), cwd=tmp_path, timeout=60)
+    assert r.returncode != 0, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle.format(**fill) in lines[0] and "Traceback" not in r.stderr, r.stderr

