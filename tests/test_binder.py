@@ -46,8 +46,8 @@ def test_binder_pins_match_the_project():
     assert "--no-deps" in text
 
 
-def test_binder_lands_on_the_quickstart():
+def test_binder_lands_on_the_first_tutorial():
     readme = (ROOT / "README.md").read_text()
     link = re.search(r"https://mybinder\.org/v2/\S+?urlpath=lab/tree/(notebooks/[\w.-]+\.ipynb)", readme)
     assert link, "README has no Binder link"
-    assert link[1] == "notebooks/01-quickstart.ipynb" and (ROOT / link[1]).is_file()
+    assert link[1] == "notebooks/00-what-is-diloco.ipynb" and (ROOT / link[1]).is_file()

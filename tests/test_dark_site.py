@@ -32,7 +32,7 @@ def dark_run(tmp_path, policy: str, outages: list[float], rounds: int) -> tuple[
                           "train.deadline_s": DEADLINE_S, "train.late_policy": policy, "train.quorum_wait_s": 1.0})
     pending, back_after = list(outages), 2          # the first outage once round 2 committed with everyone
     with Run(cfg, run_dir=tmp_path / policy, plan=plan) as run:
-        for ev in run.follow(timeout_s=400):
+        for ev in run.follow(timeout_s=120 + 4 * rounds):
             if ev["kind"] == "round_end" and pending and ev["round"] >= back_after and dark in ev["sites"]:
                 run.outage(dark, pending.pop(0) * DEADLINE_S)
                 back_after = ev["round"] + 1

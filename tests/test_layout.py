@@ -108,6 +108,17 @@ def test_a_config_does_not_import_torch():
     assert r.stdout.strip() == "False", r.stderr
 
 
+def test_the_panel_and_the_command_line_load_neither_torch_nor_numba():
+    """A notebook kernel that drives runs, and `wantrain` itself, hold no model and code no delta:
+    torch (about 150 MB a process) and numba (about 30 MB) are for the PS and the sites."""
+    import subprocess
+    import sys
+    code = ("import sys, wantrain.ui, wantrain.cli, wantrain.wire; "
+            "print(sorted(m for m in ('torch', 'numba') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
 def test_no_module_is_longer_than_400_lines():
     """A file past about 400 lines is a smell to look at (DEVELOPERS.md): split it along a seam, a
     second reason to change, never to get under the count."""

@@ -28,6 +28,9 @@ def _setup_logging(level: str = "INFO") -> None:
 
 
 def cmd_ps(args: argparse.Namespace) -> int:
+    from .memory import limit_malloc_arenas
+
+    limit_malloc_arenas()              # before any thread allocates: see memory.py
     from .auth import Authenticator, new_secret_file
     from .config import RunConfig
     from .limits import Limits

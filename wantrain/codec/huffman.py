@@ -31,7 +31,6 @@ import numpy as np
 
 from ..cpu import map_ordered
 from ..errors import CodecError
-from . import huffman_kernels as kernels
 from .huffman_codes import (MAX_CODE_LEN, canonical_codes, code_lengths, decode_table, is_prefix_code, pack_lengths,
                             unpack_lengths)
 
@@ -45,6 +44,14 @@ _LENGTHS_BYTES = 128
 
 
 # ---------------------------------------------------------------- encoding
+
+def _compiled():
+    """The compiled loops (numba), imported by the first encode or decode: a process that only
+    reads the format (the notebook, the command line) never loads numba."""
+    from . import huffman_kernels
+
+    return huffman_kernels
+
 
 def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAULT_TABLES) -> bytes:
     """Huffman-code a flat uint8 or int8 array into one self-describing payload.
@@ -61,6 +68,7 @@ def encode(symbols: np.ndarray, block: int = DEFAULT_BLOCK, tables: int = DEFAUL
     nblocks = -(-n // block)
     if n == 0:
         return _HEADER.pack(VERSION, 1, block, 0) + pack_lengths(np.zeros(256, np.uint8))
+    kernels = _compiled()
     group = block_groups(lambda: kernels.block_spread(sym.view(np.int8), block), nblocks, tables)
     counts = kernels.count_symbols(sym, block, group, int(group.max()) + 1)     # (T, 256)
     lengths, entries = codes_of(counts)
@@ -169,6 +177,7 @@ def decode_many(payloads: list[bytes], threads: int | None = None) -> list[np.nd
     if not jobs:
         return results
     inputs = [_kernel_inputs(p) for p in parsed]
+    kernels = _compiled()
 
     def run(job: tuple[int, int, int]) -> None:
         i, first, last = job
@@ -182,7 +191,7 @@ def decode_many(payloads: list[bytes], threads: int | None = None) -> list[np.nd
 
 def _kernel_inputs(p: _Parsed) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The decoder's arrays: native-order words with zeros after them, each block's first bit, tables."""
-    words = np.zeros(p.words.size + kernels.words_after(p.block), np.uint32)
+    words = np.zeros(p.words.size + _compiled().words_after(p.block), np.uint32)
     words[:p.words.size] = p.words
     starts = np.cumsum(p.block_bits) - p.block_bits
     # Only the tables some block uses were checked (a payload may carry others, of any lengths).

@@ -6,13 +6,14 @@ scale (its largest magnitude / 127) and every element becomes round(x / scale) i
 sender keeps it as error feedback (see feedback.py) so nothing is lost for good.
 
 Dequantization is a plain float32 multiply, kept separate from any later add, so that
-every replica (CPU or GPU, numpy or torch) computes the same bits.
+every replica (CPU or GPU, numpy or torch) computes the same bits. The quantizing loop is compiled
+(quantize_kernels.py), and imported only by what quantizes: numba costs a process about 30 MB and
+a quarter of a second, which the notebook's panel and the command line need not pay.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from ..errors import CodecError
 
@@ -35,33 +36,11 @@ def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     q = np.empty(x.size, np.int8)
     scales = np.empty(num_blocks(x.size, block), np.float32)
     x = np.ascontiguousarray(x)
-    if not _quantize(x, x.view(np.uint32), block, q, scales):
+    from .quantize_kernels import quantize_blocks      # numba: only where something is quantized
+
+    if not quantize_blocks(x, x.view(np.uint32), block, q, scales):
         raise CodecError("cannot quantize non-finite values")
     return q, scales
-
-
-@njit(nogil=True, cache=True)
-def _quantize(x: np.ndarray, bits: np.ndarray, block: int, q: np.ndarray, scales: np.ndarray) -> bool:
-    """One pass per block for its absmax, one for round-half-even(x / scale) in float32 (the rule
-    above, bit for bit). `bits` is x viewed as uint32: with the sign bit cleared, the integer order
-    of finite floats is their order, and NaN and infinities lie above them, so the absmax is an
-    integer max (vectorized, where a float max with NaN checks is not). False at a non-finite value."""
-    qmax = np.float32(QMAX)
-    for b in range(scales.size):
-        lo, hi = b * block, min(x.size, (b + 1) * block)
-        xb, bb, qb = x[lo:hi], bits[lo:hi], q[lo:hi]     # views from 0, no branch inside the loops
-        top = np.uint32(0)
-        for j in range(hi - lo):
-            top = max(top, bb[j] & np.uint32(0x7FFFFFFF))
-        if top >= np.uint32(0x7F800000):                          # NaN or infinite
-            return False
-        absmax = np.array([top], np.uint32).view(np.float32)[0]
-        scale = absmax / qmax if absmax >= TINY else np.float32(0)
-        scales[b] = scale
-        safe = scale if scale > 0 else np.float32(1)
-        for j in range(hi - lo):
-            qb[j] = np.int8(min(max(np.rint(xb[j] / safe), -qmax), qmax))
-    return True
 
 
 def dequantize_int8(q: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:

@@ -19,15 +19,15 @@ class BatchSampler:
     def __init__(self, tokens: np.ndarray, batch_size: int, block_size: int, seed: int) -> None:
         if tokens.size <= block_size + 1:
             raise DataError(f"shard of {tokens.size} tokens is too small for sequences of {block_size}")
-        self.tokens = torch.from_numpy(tokens.astype(np.int64))
+        self.tokens = np.ascontiguousarray(tokens)     # as compact as it came: int64 only per batch
         self.batch_size, self.block_size = batch_size, block_size
         self.rng = np.random.default_rng(seed)
         self.batches_drawn = 0
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = self.rng.integers(0, self.tokens.numel() - self.block_size - 1, self.batch_size)
-        idx = torch.from_numpy(starts)[:, None] + torch.arange(self.block_size + 1)   # (B, T+1)
-        seq = self.tokens[idx]
+        starts = self.rng.integers(0, self.tokens.size - self.block_size - 1, self.batch_size)
+        idx = starts[:, None] + np.arange(self.block_size + 1)                       # (B, T+1)
+        seq = torch.from_numpy(self.tokens[idx].astype(np.int64))
         self.batches_drawn += 1
         return seq[:, :-1], seq[:, 1:]                                               # (B, T), (B, T)
 
@@ -36,7 +36,7 @@ class BatchSampler:
         if batches < self.batches_drawn:
             raise DataError(f"cannot seek back from batch {self.batches_drawn} to {batches}")
         while self.batches_drawn < batches:
-            self.rng.integers(0, self.tokens.numel() - self.block_size - 1, self.batch_size)
+            self.rng.integers(0, self.tokens.size - self.block_size - 1, self.batch_size)
             self.batches_drawn += 1
 
     def state(self) -> dict:

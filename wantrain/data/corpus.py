@@ -130,7 +130,7 @@ _BLANKS = re.compile(r"\n{3,}")
 
 @dataclass
 class TokenizedCorpus:
-    tokens: np.ndarray          # (N,) int32, all documents back to back
+    tokens: np.ndarray          # (N,) all documents back to back, in the smallest dtype that holds the vocabulary
     doc_starts: np.ndarray      # (D + 1,) offsets of each document, last = N
     val_start: int              # tokens[val_start:] are held out
     names: tuple[str, ...] = ()     # the documents, in order
@@ -147,9 +147,9 @@ class TokenizedCorpus:
         if not 0 <= index < num_shards:
             raise DataError(f"shard index {index} out of range for {num_shards} shards")
         train = self.tokens[: self.val_start]
-        if by == "contiguous":
+        if by == "contiguous":       # a copy: a site keeps its shard, not the whole corpus
             bounds = np.linspace(0, train.size, num_shards + 1).astype(np.int64)
-            return train[bounds[index]: bounds[index + 1]]
+            return train[bounds[index]: bounds[index + 1]].copy()
         starts = self.doc_starts[self.doc_starts < self.val_start]
         ends = np.append(starts[1:], self.val_start)
         mine = [train[s:e] for k, (s, e) in enumerate(zip(starts, ends)) if k % num_shards == index]
@@ -162,10 +162,15 @@ class TokenizedCorpus:
         return self.tokens[self.val_start:]
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest dtype that holds every token id (byte-level: one byte a token, not four)."""
+    return np.dtype(np.uint8 if vocab_size <= 1 << 8 else np.uint16 if vocab_size <= 1 << 16 else np.int32)
+
+
 def tokenize_corpus(docs: list[Document], tokenizer: Tokenizer, val_fraction: float) -> TokenizedCorpus:
     pieces = [tokenizer.encode(d.text) for d in docs]
     lengths = np.array([p.size for p in pieces], dtype=np.int64)
-    tokens = np.concatenate(pieces).astype(np.int32)
+    tokens = np.concatenate(pieces).astype(token_dtype(tokenizer.vocab_size))
     doc_starts = np.concatenate([[0], np.cumsum(lengths)])
     val_start = int(tokens.size * (1 - val_fraction))
     return TokenizedCorpus(tokens, doc_starts, val_start, tuple(d.name for d in docs),

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..aggregate import Contribution
 from ..codec import EncodeStats
 from ..config import RunConfig
+from ..memory import trim_heap
 from ..messages import DeltaOutcome, RoundResult
 from ..screening import Screen, Verdict, clipped
 from ..telemetry import Recorder
@@ -142,6 +143,7 @@ async def commit_round(ps: ParameterServer) -> None:
         if name in ps.links:
             ps.send_model(ps.links[name])
     ps.awaiting_model.clear()
+    trim_heap()                             # the commit's scratch memory, back while the sites train
     if ps.round >= ps.cfg.train.rounds:
         ps.recorder.emit("run_end", rounds=ps.round, val_loss=ps.val_loss)
         log.info("run finished: %d rounds, validation loss %.4f", ps.round, ps.val_loss)

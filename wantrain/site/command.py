@@ -18,6 +18,9 @@ ARGV_VARIABLE = "WANTRAIN_WORKER_ARGV"     # a group's ranks: the `wantrain work
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from ..memory import limit_malloc_arenas
+
+    limit_malloc_arenas()              # before any thread allocates: see memory.py
     import torch
 
     from ..auth import read_secret

@@ -39,6 +39,7 @@ import torch
 from ..config import RunConfig
 from ..errors import ConfigError, ProtocolError, Reject, RejectedError, ReplicaMismatchError
 from ..faults import Stalls
+from ..memory import trim_heap
 from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundResult,
                         RoundStart, TensorChunk, Welcome)
 from ..tls import TLSClient
@@ -314,6 +315,7 @@ class Site:
         stats = await uplink.push(stream, round_, delta, {**info, "wait_s": wait_s, "decode_s": self._held().decode_s})
         await self._flush_probes(stream)
         self.pushed_at = time.time()
+        trim_heap()                       # the round's scratch memory, back while the PS commits
         log.info("site %s: round %d pushed, %d steps, loss %.4f, %.2f MB on the wire (%.2fx)%s", self.opts.name,
                  round_, info["steps"], info["train_loss"], stats.wire_bytes / 1e6, stats.ratio,
                  " (late: its round committed without it)" if hand.closed else "")

@@ -23,6 +23,7 @@ from ..config import TrainConfig
 from ..data import BatchSampler
 from ..errors import DivergedError
 from ..replica import flat_copy, load_flat
+from .adamw import InnerAdamW
 
 __all__ = ["InnerLoop", "Segment", "lr_at"]
 
@@ -62,8 +63,8 @@ class InnerLoop:
                  device: torch.device, name: str = "site", speed_factor: float = 1.0) -> None:
         self.model, self.sampler, self.t, self.block_size = model, sampler, train, block_size
         self.device, self.name, self.speed_factor = device, name, speed_factor
-        self.opt = torch.optim.AdamW(model.parameters(), lr=train.inner_lr, betas=(0.9, 0.95),
-                                     weight_decay=train.inner_weight_decay)
+        self.opt = InnerAdamW(model.parameters(), lr=train.inner_lr, betas=(0.9, 0.95),
+                              weight_decay=train.inner_weight_decay)
         self.steps = 0                 # inner steps of this optimizer, over every round
         self.net: torch.nn.Module = model   # what the steps run through (a DDP wrapper in a group: group.py)
 
@@ -90,14 +91,13 @@ class InnerLoop:
             frac = seg.compute_s / seg.train_s if seg.train_s > 0 else seg.steps / t.inner_steps
             lr = lr_at(t, self.steps, seg.round + frac)
             self.steps += 1
-            for g in self.opt.param_groups:
-                g["lr"] = lr
+            self.opt.lr = lr
             x, y = self.sampler.next()
             x, y = x.to(self.device), y.to(self.device)
             with autocast:
                 logits = self.net(x)                                     # (B, T, vocab)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            self.opt.zero_grad(set_to_none=True)
+            self.opt.zero_grad()
             loss.backward()
             if t.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip)
