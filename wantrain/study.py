@@ -3,8 +3,8 @@
 `real_delta` trains a model for a few AdamW steps and returns the DiLoCo pseudo-gradient;
 `codec_stages` puts it through the codec's two stages as the system does (one Huffman payload
 per wire chunk) and reports bits per parameter per stage, the entropy bound and speeds;
-`diloco_vs_sync` trains one model two ways in this process, DiLoCo and per-step synchronous data
-parallelism, on the same shards (tutorial 00).
+`diloco_vs_sync` trains one model two ways in this process, DiLoCo as a wantrain run does it and
+per-step synchronous data parallelism, on the same shards, for several seeds (tutorial 00).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 
 import numpy as np
 
-from .codec import huffman
-from .cpu import cores
+from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, huffman
 from .codec.quantize import dequantize_int8, quantize_int8
-from .config import CodecConfig, DataConfig
+from .config import CodecConfig, DataConfig, RunConfig
+from .cpu import cores
 from .errors import CodecError
 
 __all__ = ["real_delta", "codec_stages", "best_of", "entropy_bits", "quantize_bits", "diloco_vs_sync"]
@@ -121,80 +121,94 @@ def quantize_bits(flat: np.ndarray, bits: int, block: int = 4096) -> dict:
             "entropy_bits": entropy, "bits_per_param": entropy + 32 * blocks.shape[0] / n, "counts": counts}
 
 
-def diloco_vs_sync(preset: str = "tiny", workers: int = 3, rounds: int = 6, inner_steps: int = 10, batch: int = 8,
-                   block: int = 64, lr: float = 1e-3, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                   seed: int = 0, threads: int = 2, eval_batches: int = 4) -> dict:
-    """One model, the same data shards and the same number of gradients, trained two ways here:
+def diloco_vs_sync(cfg: RunConfig, seeds: tuple[int, ...] = (0, 1, 2), threads: int = 1) -> dict:
+    """One model trained two ways here, on the same data shards and the same number of gradients, for
+    each seed in `seeds` (the model's initial weights and every shard's batch order):
 
-    sync     per-step synchronous data parallelism (a datacenter's all-reduce): every step the
-             workers' gradients are averaged and one AdamW step is taken; each worker sends a
-             gradient (4 bytes a parameter in fp32) every step
-    diloco   each worker takes `inner_steps` AdamW steps on its own shard from the global model;
-             then one outer Nesterov step on the average of their pseudo-gradients (start minus
-             end); each worker sends a pseudo-gradient once a round
+    diloco   what a wantrain run does, in one process: `cfg.num_sites` sites, each a site's inner loop
+             (site/train.py: AdamW, the run's learning-rate schedule, its batches of its own shard),
+             `cfg.train.inner_steps` steps from the global model; each delta through the run's codec
+             with error feedback; the PS's global model (ps/model.py) averages them weighted by the
+             tokens they trained, takes the outer Nesterov step and applies the decoded update
+    sync     per-step synchronous data parallelism (a datacenter's all-reduce): every step the sites'
+             gradients on the same batches are averaged and one AdamW step is taken, with the same
+             optimizer, learning rate and schedule; each site would send a gradient every step
 
-    Returns the validation loss before training and after each round (every `inner_steps` steps),
-    the fp32 bytes each worker sent, and the seconds each took."""
+    Returns, per seed and arm, the validation loss before training and after each round (every
+    inner_steps steps, on the PS's validation batches), and the bytes each site sends: DiLoCo's
+    as measured on the wire, synchronous as fp32 gradients."""
     import torch
-    import torch.nn.functional as F
 
-    from .data import BatchSampler, load_run_data
-    from .data import eval_batches as fixed_batches
+    from .aggregate import Contribution
+    from .data import load_run_data
+    from .memory import trim_heap
     from .models import build_model
-    from .outer import OuterNesterov
+    from .ps.model import GlobalModel
+    from .replica import flat_copy, load_flat
+    from .site.adamw import InnerAdamW
+    from .site.group import build_inner, site_sampler
+    from .site.train import Segment, lr_at
 
     torch.set_num_threads(threads)
-    tok, corpus = load_run_data(DataConfig())
-    val = fixed_batches(corpus.val, batch, block, eval_batches)
+    tok, corpus = load_run_data(cfg.data)
+    t, workers = cfg.train, cfg.num_sites
+    out: dict = {"seeds": list(seeds), "workers": workers, "rounds": t.rounds, "inner_steps": t.inner_steps,
+                 "diloco_val": [], "sync_val": [], "diloco_wire_bytes": [], "raw_bytes": 0}
+    for seed in seeds:
+        run = cfg.replace(**{"model.seed": seed, "train.seed": seed})
+        ps = GlobalModel(run, tok.vocab_size, corpus.val)
+        sites = [build_inner(run, k, 0, torch.device("cpu"), f"site-{k}") for k in range(workers)]
+        uplinks = [Codec(run.codec) for _ in sites]
+        feedback = [ErrorFeedback() if run.codec.error_feedback else None for _ in sites]
+        val, wire = [ps.evaluate()], 0
+        for r in range(t.rounds):
+            start = {k: v.copy() for k, v in ps.views.items()}
+            parts = {}
+            for k, inner in enumerate(sites):
+                load_flat(inner.model, start)
+                seg = Segment(r, 0.0)
+                inner.train(seg)
+                delta, info = inner.delta(start, flat_copy(inner.model), seg)
+                stats = EncodeStats()
+                chunks, _ = encode_arrays(delta, uplinks[k], feedback[k], stats)
+                wire += stats.wire_bytes
+                parts[f"site-{k}"] = Contribution(Codec.extract_many([e for _, e in chunks]), float(info["tokens"]))
+            ps.apply(r, parts)
+            val.append(ps.evaluate())
+        out["diloco_val"].append(val)
+        out["diloco_wire_bytes"].append(wire / workers)
+        out["raw_bytes"] = 4 * ps.num_params
 
-    def loss_of(model, x, y):
-        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())        # (B*T, vocab) vs (B*T,)
+        model = build_model(run.model.preset, tok.vocab_size, seed)
+        opt = InnerAdamW(model.parameters(), lr=t.inner_lr, betas=(0.9, 0.95), weight_decay=t.inner_weight_decay)
+        data = [site_sampler(run, corpus, k) for k in range(workers)]
+        sync_val, step = [_val_loss(model, ps.val)], 0
+        for r in range(t.rounds):
+            for j in range(t.inner_steps):
+                opt.lr = lr_at(t, step, r + j / t.inner_steps)
+                opt.zero_grad()
+                for sampler in data:                        # the average of the sites' gradients
+                    x, y = sampler.next()
+                    (torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()) / workers).backward()
+                if t.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+                opt.step()
+                step += 1
+            sync_val.append(_val_loss(model, ps.val))
+        out["sync_val"].append(sync_val)
+        del ps, sites, model, opt
+        trim_heap()
+    steps = t.rounds * t.inner_steps
+    out["sync_bytes_per_site"] = out["raw_bytes"] * steps         # an fp32 gradient every step
+    out["diloco_fp32_bytes_per_site"] = out["raw_bytes"] * t.rounds  # an fp32 delta every round
+    return out
 
-    @torch.no_grad()
-    def evaluate(model) -> float:
-        return float(np.mean([loss_of(model, x, y).item() for x, y in val]))
 
-    def shards() -> list:
-        return [BatchSampler(corpus.shard(k, workers), batch, block, seed + k) for k in range(workers)]
+def _val_loss(model, batches) -> float:
+    import torch
 
-    sync, data, t0 = build_model(preset, tok.vocab_size, seed), shards(), time.perf_counter()
-    opt = torch.optim.AdamW(sync.parameters(), lr=lr)
-    sync_val = [evaluate(sync)]
-    for _ in range(rounds):
-        for _ in range(inner_steps):
-            opt.zero_grad(set_to_none=True)
-            for s in data:                                    # the average of the workers' gradients
-                x, y = s.next()
-                (loss_of(sync, x, y) / workers).backward()
-            opt.step()
-        sync_val.append(evaluate(sync))
-    sync_s = time.perf_counter() - t0
-
-    model, data, t0 = build_model(preset, tok.vocab_size, seed), shards(), time.perf_counter()
-    replicas = [build_model(preset, tok.vocab_size, seed) for _ in range(workers)]
-    inner = [torch.optim.AdamW(m.parameters(), lr=lr) for m in replicas]    # each keeps its own state
-    outer = OuterNesterov(outer_lr, outer_momentum)
-    diloco_val = [evaluate(model)]
-    for _ in range(rounds):
-        start = {n: p.detach().clone() for n, p in model.named_parameters()}
-        deltas = []
-        for m, o, s in zip(replicas, inner, data):
-            m.load_state_dict(model.state_dict())
-            for _ in range(inner_steps):
-                o.zero_grad(set_to_none=True)
-                x, y = s.next()
-                loss_of(m, x, y).backward()
-                o.step()
-            deltas.append({n: start[n] - p.detach() for n, p in m.named_parameters()})
-        mean = {n: torch.stack([d[n] for d in deltas]).mean(0).numpy().ravel() for n in start}
-        update = outer.update(mean)                           # what every replica adds
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                p.add_(torch.from_numpy(update[n]).view_as(p))
-        diloco_val.append(evaluate(model))
-    diloco_s = time.perf_counter() - t0
-
-    params = sum(p.numel() for p in model.parameters())
-    return {"params": params, "workers": workers, "rounds": rounds, "inner_steps": inner_steps,
-            "sync_val": sync_val, "diloco_val": diloco_val, "sync_s": sync_s, "diloco_s": diloco_s,
-            "sync_bytes_per_worker": 4 * params * rounds * inner_steps, "diloco_bytes_per_worker": 4 * params * rounds}
+    with torch.no_grad():
+        model.eval()
+        losses = [torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item() for x, y in batches]
+        model.train()
+    return float(np.mean(losses))

@@ -37,7 +37,7 @@ from ..models import build_model
 from ..replica import param_hash
 from .train import InnerLoop, Segment
 
-__all__ = ["group_rank", "build_inner", "GroupInnerLoop", "follow", "leave"]
+__all__ = ["group_rank", "build_inner", "site_sampler", "GroupInnerLoop", "follow", "leave"]
 
 log = logging.getLogger("wantrain.site")
 
@@ -67,13 +67,18 @@ def build_inner(cfg: RunConfig, site_index: int, data_position: int, device: tor
         _command(("setup", cfg.to_json(), site_index, data_position, name, speed_factor))
     tok, corpus = load_run_data(cfg.data)
     model = build_model(cfg.model.preset, tok.vocab_size, cfg.model.seed, device)
-    shard = corpus.shard(site_index, cfg.num_sites, cfg.data.sharding)
-    t = cfg.train
-    # Rank r draws its own batches of the shard: its own seed, the same count as every other rank.
-    sampler = BatchSampler(shard, t.batch_size, cfg.model.block_size, t.seed + 1000 * site_index + 100_003 * rank)
+    sampler = site_sampler(cfg, corpus, site_index, rank)
     sampler.seek(data_position)         # a restarted site picks up its shard where it left off
     cls = GroupInnerLoop if world > 1 else InnerLoop
-    return cls(model, sampler, t, cfg.model.block_size, device, name, speed_factor)
+    return cls(model, sampler, cfg.train, cfg.model.block_size, device, name, speed_factor)
+
+
+def site_sampler(cfg: RunConfig, corpus, site_index: int, rank: int = 0) -> BatchSampler:
+    """The batches site `site_index` trains on: its shard of the corpus, in the order of its own seed
+    (rank r of a group: its own seed too, the same count as every other rank)."""
+    shard = corpus.shard(site_index, cfg.num_sites, cfg.data.sharding)
+    t = cfg.train
+    return BatchSampler(shard, t.batch_size, cfg.model.block_size, t.seed + 1000 * site_index + 100_003 * rank)
 
 
 class GroupInnerLoop(InnerLoop):
