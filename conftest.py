@@ -9,7 +9,8 @@ import pytest
 
 # ------------------------------------------------------------------ tutorials, rendered
 # nbmake executes each tutorial and keeps nothing; keep the executed copy, and once the notebook
-# has passed, check that its HTML export draws every figure (tests/rendered.py).
+# has passed, check that its HTML export draws every figure (tests/rendered.py) and that what it
+# printed about its run is what the run's log says (tests/claims.py).
 
 def _keep_executed_notebooks() -> None:
     try:
@@ -40,7 +41,11 @@ _keep_executed_notebooks()
 def pytest_runtest_call(item):
     result = yield
     if type(item).__name__ == "NotebookItem":
+        from tests.claims import check_claims
         from tests.rendered import EXECUTED, check_rendered
-        wanted, drawn = check_rendered(EXECUTED / Path(str(item.fspath)).name)
-        print(f"{Path(str(item.fspath)).name}: {len(drawn)} figures drawn in its HTML export of {len(wanted)}")
+        executed = EXECUTED / Path(str(item.fspath)).name
+        wanted, drawn = check_rendered(executed)
+        print(f"{executed.name}: {len(drawn)} figures drawn in its HTML export of {len(wanted)}")
+        if check_claims(executed):
+            print(f"{executed.name}: every figure it printed about its run recounted from the run's log")
     return result

@@ -57,3 +57,25 @@ def test_tutorial_sizes_go_through_the_switch(name):
     nb = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
     code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
     assert "sized(" in code and "WANTRAIN_QUICK" in "".join("".join(c["source"]) for c in nb["cells"])
+
+
+def test_the_claims_check_catches_a_count_the_run_does_not_support():
+    """tests/claims.py recounts what 04 prints from the run's log: a line that says more than the log
+    (one hash check too many, a fault round timed from its restart, not its first start) fails."""
+    from tests.claims import check_04
+
+    def ev(kind, t, **f):
+        return {"kind": kind, "t": t, **f}
+    events = [ev("round_start", 0.0, round=0), ev("round_end", 2.0, round=0), ev("round_start", 2.0, round=1),
+              ev("fault", 2.5, action="restart PS"), ev("round_start", 5.0, round=1), ev("round_end", 7.0, round=1),
+              ev("ready", 5.5, since_join_s=1.2), ev("hash_check", 7.1, ok=True), ev("round_start", 7.0, round=2),
+              ev("round_end", 9.0, round=2)]
+    true = ("rounds committed: [0, 1, 2]\nreplica hash checks: 1, mismatches: 0\n"
+            "a round no fault touched took 2.0 s from its start to its commit (median of 1)\n"
+            "round 1, with a fault (restart PS), took 5.0 s from its first start to its commit\n"
+            "the killed site had the model again 1.2 s after it rejoined; ...\n")
+    check_04(true, events)
+    for wrong in (true.replace("checks: 1", "checks: 2"), true.replace("took 5.0 s", "took 2.0 s"),
+                  true.replace("(median of 1)", "(median of 2)")):
+        with pytest.raises(AssertionError):
+            check_04(wrong, events)

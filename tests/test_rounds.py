@@ -19,13 +19,30 @@ from .test_server import delta_chunks, drain, enter, rows_of
 def test_derived_deadline_follows_recent_arrivals():
     clock = RoundClock(TrainConfig(deadline_initial_s=300, deadline_min_s=2, deadline_factor=3))
     assert clock.deadline_s() == 300                          # nothing timed yet
-    for a in (1.0, 1.2, 5.0):
-        clock.arrived(a)
+    for site, a in (("a", 1.0), ("b", 1.2), ("c", 5.0)):
+        clock.arrived(site, a)
     assert clock.deadline_s() == pytest.approx(3.6)           # 3 x median 1.2
     budget = RoundClock(TrainConfig(round_budget_s=10, deadline_min_s=2, deadline_factor=3))
-    budget.arrived(10.5)
+    budget.arrived("a", 10.5)
     assert budget.deadline_s() == pytest.approx(12)           # budget + max(floor, 3 x 0.5)
     assert RoundClock(TrainConfig(deadline_s=7)).deadline_s() == 7
+
+
+def test_a_site_away_for_a_while_keeps_its_place_in_the_deadline():
+    """The typical arrival is the median over sites of each site's own median: while c is dark, a and
+    b arrive round after round, and the deadline still leaves c the time it took before; nor can one
+    site, however slow or however many deltas it sends, move it past the next site's time."""
+    clock = RoundClock(TrainConfig(deadline_min_s=0.5, deadline_factor=1.5))
+    for site, a in (("a", 2.0), ("b", 2.4), ("c", 3.0)):
+        clock.arrived(site, a)
+    before = clock.deadline_s()
+    for _ in range(20):                                       # c is dark: only a and b are timed
+        clock.arrived("a", 1.8)
+        clock.arrived("b", 2.0)
+    assert clock.deadline_s() == pytest.approx(1.5 * 2.0) and clock.deadline_s() >= 0.8 * before
+    for _ in range(20):
+        clock.arrived("c", 500.0)                             # c drips: still the middle site's time
+    assert clock.deadline_s() == pytest.approx(1.5 * 2.0)
     assert stale_weight(1000, 2, 0.5) == 250
 
 

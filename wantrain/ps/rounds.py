@@ -6,7 +6,11 @@ now and who missed it); the PS does the I/O (messages, timers, telemetry) around
 
 A round never waits forever. Its deadline is fixed (`train.deadline_s`) or derived from how long
 deltas took to arrive in recent rounds: the compute budget plus `deadline_factor` times the
-median time beyond it, never less than `deadline_min_s` beyond it. At the deadline the PS
+typical time beyond it, never less than `deadline_min_s` beyond it. "Typical" is the median over
+the sites of each site's own median arrival (late ones included): a site that was away for a
+while keeps its history, so the others, timed alone meanwhile, do not shrink the deadline below
+what it needs to come back; and one site, however slow, moves the median of three or more by
+no more than the next site's time. At the deadline the PS
 aggregates the deltas that arrived; a delta that arrives later is dropped (the site carries it
 forward in its error feedback) or, with the "stale" policy, applied in a following round with
 its weight discounted per round of staleness.
@@ -33,14 +37,18 @@ __all__ = ["RoundClock", "RoundState", "MAX_STALENESS", "stale_weight", "late_ou
 
 
 class RoundClock:
-    """Remembers when deltas arrived (seconds after their round started) and sets deadlines."""
+    """Remembers when each site's deltas arrived (seconds after their round started) and sets deadlines."""
 
     def __init__(self, train: TrainConfig, window: int = 8) -> None:
-        self.train = train
-        self.arrivals: deque[float] = deque(maxlen=window)
+        self.train, self.window = train, window
+        self.arrivals: dict[str, deque[float]] = {}
 
-    def arrived(self, after_s: float) -> None:
-        self.arrivals.append(max(0.0, after_s))
+    def arrived(self, site: str, after_s: float) -> None:
+        self.arrivals.setdefault(site, deque(maxlen=self.window)).append(max(0.0, after_s))
+
+    def typical_s(self) -> float:
+        """The median over the sites of each one's median arrival."""
+        return statistics.median(statistics.median(a) for a in self.arrivals.values())
 
     def deadline_s(self) -> float:
         t = self.train
@@ -48,7 +56,7 @@ class RoundClock:
             return t.deadline_s
         if not self.arrivals:
             return max(t.deadline_initial_s, t.round_budget_s + t.deadline_min_s)
-        beyond = max(0.0, statistics.median(self.arrivals) - t.round_budget_s)
+        beyond = max(0.0, self.typical_s() - t.round_budget_s)
         return t.round_budget_s + max(t.deadline_min_s, t.deadline_factor * beyond)
 
 

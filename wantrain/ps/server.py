@@ -297,11 +297,13 @@ class ParameterServer:
                            received_wire_bytes=up.wire_bytes, upload_s=up.upload_s, delta_norm=norm,
                            delta_to_model=norm / self.global_model.norm if self.global_model.norm else 0.0, **fields)
         if late:
+            if up.round == self.round:     # its round is closed but not committed: its timing is known
+                self.clock.arrived(link.name, time.time() - self.rounds.started_at)
             del self.late[link.name]        # heard from: counted on again from the next round
             self._on_late_delta(link, up)
             self.maybe_start_round()         # (every site was dark: none runs)
             return
-        self.clock.arrived(time.time() - self.rounds.started_at)
+        self.clock.arrived(link.name, time.time() - self.rounds.started_at)
         self._maybe_finish_round()
 
     def _on_late_delta(self, link: SiteLink, up: Upload) -> None:
