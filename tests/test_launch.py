@@ -166,6 +166,25 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.timeout(60)
+def test_sigterm_unwinds_and_ends_the_process_though_a_thread_is_stuck():
+    # A thread in a call that does not return (here a sleep; in a site, a step on a loaded machine)
+    # would hold interpreter shutdown until it returned.
+    prog = ("import sys, threading, time; from wantrain.cli import exit_on_sigterm; exit_on_sigterm(0.5)\n"
+            "threading.Thread(target=time.sleep, args=(300,)).start()\n"
+            "try:\n    print('ready', flush=True); time.sleep(300)\n"
+            "finally:\n    print('unwound', flush=True)\n")
+    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 143
+        assert p.stdout.read() == "unwound\n"
+    finally:
+        p.kill()
+        p.wait()
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_demo_leaves_no_process_behind(tmp_path, sig):

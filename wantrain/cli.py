@@ -9,8 +9,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from .config import CODEC_MODES, SCHEDULES, TrainConfig
@@ -21,6 +24,31 @@ from .launch.command import add_host_parser
 from .site.command import add_worker_parser
 
 __all__ = ["main"]
+
+TERM_DEADLINE_S = 10.0    # after SIGTERM, the process is gone within this, cleanup done or not
+
+
+def exit_on_sigterm(deadline_s: float = TERM_DEADLINE_S) -> None:
+    """SIGTERM unwinds like Ctrl-C (so `with Run(...)` stops the processes it started), and ends the
+    process within `deadline_s` even where the unwinding cannot finish: interpreter shutdown waits
+    for every worker thread, and one inside a long C call (a training step on a loaded machine, a
+    numba compile, a model build) holds the process for as long as that call takes. A parent-death
+    SIGTERM (launch/local.py) has no SIGKILL after it, so a process that outlived its CLI that way
+    stayed (a busy CI run). Its own children die with it the same way; the journal makes a cut-off
+    PS lose nothing."""
+    armed = threading.Event()
+
+    def hard_exit() -> None:
+        time.sleep(deadline_s)
+        os._exit(143)
+
+    def on_sigterm(*_) -> None:
+        if not armed.is_set():
+            armed.set()
+            threading.Thread(target=hard_exit, name="wantrain-term-deadline", daemon=True).start()
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _setup_logging(level: str = "INFO") -> None:
@@ -309,8 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # SIGTERM unwinds like Ctrl-C, so `with Run(...)` stops the processes it started.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    exit_on_sigterm()
     try:
         return args.func(args)
     except (ConfigError, DataError) as e:
