@@ -19,7 +19,9 @@ WANTRAIN_QUICK ?= 1
 
 # pytest runs in two worker processes (pytest-xdist): most tests wait on real processes and sockets,
 # so two of them fill a 2-core machine that one leaves half idle (pytest 11 minutes instead of 15 here).
-# Tests that change the host's network share a file lock (tests/conftest.py: host_network).
+# Tests that change the host's network share a file lock (tests/conftest.py: host_network). The
+# heaviest tests (a browser beside a run, whole multi-site runs) share the xdist group "heavy", so
+# they run one after another on one worker instead of starving each other (a loaded CI machine).
 TEST_WORKERS ?= 2
 
 $(STAMP): pyproject.toml constraints.txt
@@ -37,7 +39,7 @@ test: $(STAMP)
 	bash tools/install_sysdeps.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --durations=15
+	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # Every benchmark, then the table of issue 12's figures from what they measured in this run
 # (bench/table.py). LARGE=1 adds the llama3-1b round (bench/large_model.py: minutes, and a PS of several GB).

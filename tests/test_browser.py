@@ -141,7 +141,8 @@ def lab(tmp_path):
         assert not leftovers, f"processes of the run outlived the kernel: {leftovers}"
 
 
-@pytest.mark.timeout(900)     # each wait below is generous: a loaded CI machine draws slowly
+@pytest.mark.timeout(1200)    # each wait below is generous: a loaded CI machine draws slowly
+@pytest.mark.xdist_group("heavy")     # never beside another heavy test (Makefile)
 def test_quickstart_in_a_real_browser(lab):
     from playwright.sync_api import sync_playwright
 
@@ -183,15 +184,18 @@ def test_quickstart_in_a_real_browser(lab):
             runs_on.press("Tab")                  # the widget syncs on input; Tab as a person would
             _shot(panel, SHOTS / "1-control-panel.png")
 
+            def wait_showing(cond, timeout_s: float, what: str) -> float:
+                try:
+                    return _wait(cond, timeout_s, what)
+                except AssertionError:        # what the page showed, for whoever reads the CI log
+                    page.screenshot(path=str(SHOTS / f"failed-waiting-for-{'-'.join(what.split()[:4])}.png"))
+                    print("charts:", page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map(g => "
+                                                   "[g.layout.title.text, (g.data || []).map(d => (d.x || []).length)])"))
+                    print("panel:", panel.inner_text()[:1500])
+                    raise
+
             page.locator(".wantrain-start").click(no_wait_after=True)
-            try:
-                took = _wait(lambda: _points(page, "Loss", "validation") >= 2, 240, "the loss chart's first round")
-            except AssertionError:            # what the page showed, for whoever reads the CI log
-                page.screenshot(path=str(SHOTS / "failed-waiting-for-loss.png"))
-                print("charts:", page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map("
-                                               "g => [g.layout.title.text, (g.data || []).map(d => (d.x || []).length)])"))
-                print("panel:", panel.inner_text()[:1500])
-                raise
+            took = wait_showing(lambda: _points(page, "Loss", "validation") >= 2, 240, "the loss chart's first round")
             print(f"\nfirst validation point {took:.1f} s after pressing Start")
             host = panel.locator(".wantrain-host").nth(SSH_ROW)
             assert host.inner_text().strip().endswith("installed"), host.inner_text()   # prepared before it started
@@ -213,9 +217,9 @@ def test_quickstart_in_a_real_browser(lab):
             print(f"trivial cell answered in {answered - t0:.2f} s during training")
 
             page.locator(".wantrain-kill").click(no_wait_after=True)    # kills the selected site (us-west)
-            _wait(lambda: _points(page, "Timeline", "fault injected") >= 1 and _points(page, "Timeline", "leave") >= 1,
-                  180, "the fault and the site's leave on the timeline")
-            _wait(lambda: _points(page, "Timeline", "join") >= 4, 180, "the killed site's rejoin on the timeline")
+            wait_showing(lambda: _points(page, "Timeline", "fault injected") >= 1 and _points(page, "Timeline", "leave") >= 1,
+                         300, "the fault and the site's leave on the timeline")
+            wait_showing(lambda: _points(page, "Timeline", "join") >= 4, 300, "the killed site's rejoin on the timeline")
             timeline = page.locator(".js-plotly-plot").filter(has_text="Timeline")
             _shot(timeline, SHOTS / "3-timeline-with-fault.png")
             assert _points(page, "Loss", "validation") >= 2

@@ -69,6 +69,7 @@ def check_dark_site(events: list[dict], dark: str, log: str, rounds: int, action
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group("heavy")     # never beside another heavy test (Makefile)
 def test_a_site_dark_for_2_5_5_and_10_deadlines_comes_back_on_its_stream(tmp_path):
     rounds = 50
     events, dark, log = dark_run(tmp_path, "drop", [2.5, 5.0, 10.0], rounds)
@@ -77,6 +78,7 @@ def test_a_site_dark_for_2_5_5_and_10_deadlines_comes_back_on_its_stream(tmp_pat
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.xdist_group("heavy")     # never beside another heavy test (Makefile)
 def test_under_the_stale_policy_a_dark_site_pushes_what_it_has(tmp_path):
     rounds = 16
     events, dark, log = dark_run(tmp_path, "stale", [2.5], rounds)

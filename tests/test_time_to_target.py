@@ -39,6 +39,7 @@ def test_time_to_target_from_events():
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.xdist_group("heavy")     # never beside another heavy test (Makefile)
 def test_quick_harness_measures_every_arm(tmp_path):
     out = tmp_path / "ttt.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "time_to_target.py"), "--quick", "--out", str(out)],
