@@ -20,6 +20,12 @@ def test_authenticator_rules(tmp_path):
     assert a.check("a", "t-a") is None and a.check("a", "t-b") == "bad token" and a.check("z", "t-a") == "unknown site"
     s = Authenticator(shared_secret="s")
     assert s.check("anyone", "s") is None and s.check("anyone", "") == "bad token"
+    # Watch and Report: the observer token; a site's credential only where the run grants it.
+    for sites_observe in (False, True):
+        o = Authenticator(tokens={"a": "t-a"}, shared_secret="s", observer_token="o", sites_observe=sites_observe)
+        assert o.may_watch("o") and not o.may_watch("") and not o.may_watch("x")
+        assert o.may_watch("s") is sites_observe and o.may_watch("t-a") is sites_observe
+    assert Authenticator().may_watch("") and not Authenticator(shared_secret="s", sites_observe=True).may_watch("")
     f = new_secret_file(tmp_path / "secret")
     assert stat.S_IMODE(f.stat().st_mode) == 0o600 and len(f.read_text().strip()) >= 32
     (tmp_path / "bad.json").write_text('["a"]')

@@ -103,3 +103,19 @@ def test_reported_events_keep_their_time_and_say_where_they_came_from(tmp_path):
     rec.close()
     ev = read_events(tmp_path)[1]
     assert (ev["seq"], ev["v"], ev["t"], ev["elapsed_s"], ev["source"]) == (1, SCHEMA_VERSION, 150.0, 50.0, "reported")
+
+
+def test_a_reported_time_the_run_cannot_have_seen_is_replaced_by_the_arrival(tmp_path):
+    import time
+
+    from wantrain.telemetry import REPORTED_TIME_SLACK_S, Recorder
+    start = time.time() - 100
+    rec = Recorder(tmp_path / "events.jsonl", start_time=start)
+    for t in (4e12, start - 2 * REPORTED_TIME_SLACK_S, start - REPORTED_TIME_SLACK_S / 2):
+        rec.record_reported({"kind": "fault", "t": t, "action": "kill site", "site": "a", "claimed_t": 1.0})
+    arrived = time.time()
+    rec.close()
+    far_future, long_before, just_before = read_events(tmp_path)
+    for ev, claimed in ((far_future, 4e12), (long_before, start - 2 * REPORTED_TIME_SLACK_S)):
+        assert ev["claimed_t"] == claimed and start < ev["t"] <= arrived      # where the run's clock put it
+    assert just_before["t"] == start - REPORTED_TIME_SLACK_S / 2 and "claimed_t" not in just_before

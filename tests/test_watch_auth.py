@@ -1,8 +1,9 @@
 """Finding 8: Watch and Ping need a token, as Join does.
 
 The run's telemetry names its sites and devices and carries its config, losses, hashes and
-error messages: only an observer (the observer token, or the run's shared secret) may read it.
-`Run` (the notebook, `wantrain demo`) and `wantrain watch` pass the token.
+error messages: only an observer (the observer token) may read it, and only an observer may
+write events into the run's log (Report); a site's credential does neither unless the run grants
+it. `Run` (the notebook, `wantrain demo`) and `wantrain watch` pass the token.
 """
 
 import json
@@ -52,7 +53,7 @@ def ping(address: str, site: str, metadata=()):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("metadata", [(), bearer("wrong"), (("authorization", SECRET),)])
+@pytest.mark.parametrize("metadata", [(), bearer("wrong"), (("authorization", SECRET),), bearer(SECRET)])
 def test_watch_without_the_observer_token_is_refused(ps, metadata):
     address, proc, _ = ps
     with pytest.raises(grpc.RpcError) as info:
@@ -67,7 +68,23 @@ def test_observers_with_a_token_see_the_run(ps):
     observer = (tmp / "run" / "observer-token").read_text().strip()      # made by the PS, 0600
     assert (tmp / "run" / "observer-token").stat().st_mode & 0o077 == 0
     assert first_event(address, bearer(observer))["kind"] == "run_start"
-    assert first_event(address, bearer(SECRET))["kind"] == "run_start"     # the run's owner may too
+
+
+@pytest.mark.timeout(60)
+def test_only_an_observer_writes_into_the_runs_log(ps):
+    address, proc, tmp = ps
+    fault = pb.ReportRequest(events=[json.dumps({"kind": "fault", "action": "kill site", "site": "a"})])
+    with net.channel(address) as ch:
+        for metadata in ((), bearer(SECRET)):        # a site's credential is not an operator's
+            with pytest.raises(grpc.RpcError) as info:
+                net.stub(ch).Report(fault, metadata=metadata, timeout=20)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "observer token" in info.value.details()
+        observer = (tmp / "run" / "observer-token").read_text().strip()
+        net.stub(ch).Report(fault, metadata=bearer(observer), timeout=20)
+    faults = [e for e in (json.loads(ln) for ln in (tmp / "run" / "events.jsonl").read_text().splitlines())
+              if e["kind"] == "fault"]
+    assert len(faults) == 1 and faults[0]["source"] == "reported"
+    assert proc.p.poll() is None
 
 
 @pytest.mark.timeout(60)

@@ -1,9 +1,12 @@
 """Who may join a run, and who may watch it: per-site tokens or one shared secret, and an observer token.
 
 Sites present their secret in the Join. Watch (the run's telemetry: config, sites, losses, hashes,
-errors) and Ping need one too, as gRPC metadata `authorization: Bearer <token>`: the observer
-token or the shared secret for Watch (a notebook, the CLI), a site's own secret for Ping. A PS
-with no secret at all is open to everyone (development on one machine).
+errors), Report (events into the run's log: faults, link outages) and Ping need one too, as gRPC
+metadata `authorization: Bearer <token>`. Watch and Report are an operator's: they take the
+observer token (a notebook, the CLI, the link emulator), and a site's credential only where the
+run grants it (`sites_observe`): sites of different institutions would otherwise read each other's
+telemetry and write events into the run's log. Ping takes a site's own secret or the observer
+token. A PS with no secret at all is open to everyone (development on one machine).
 
 Secrets never travel in the run config (which every site receives) and never sit on a command
 line: the PS reads them from files (`--tokens FILE`: a JSON object site -> token;
@@ -55,6 +58,7 @@ class Authenticator:
     tokens: dict[str, str] = field(default_factory=dict, repr=False)   # site -> token
     shared_secret: str = field(default="", repr=False)
     observer_token: str = field(default="", repr=False)
+    sites_observe: bool = False      # a site's credential may also Watch and Report
 
     @property
     def open(self) -> bool:
@@ -62,7 +66,7 @@ class Authenticator:
 
     @classmethod
     def from_files(cls, tokens_file: str | Path | None = None, shared_secret_file: str | Path | None = None,
-                   observer_token_file: str | Path | None = None):
+                   observer_token_file: str | Path | None = None, sites_observe: bool = False):
         tokens: dict[str, str] = {}
         if tokens_file:
             p = Path(tokens_file)
@@ -74,7 +78,7 @@ class Authenticator:
                                                         for k, v in tokens.items()):
                 raise ConfigError(f"tokens file {p} must be a JSON object of site name -> non-empty token")
         return cls(tokens, read_secret(shared_secret_file) if shared_secret_file else "",
-                   read_secret(observer_token_file) if observer_token_file else "")
+                   read_secret(observer_token_file) if observer_token_file else "", sites_observe)
 
     def check(self, site: str, token: str) -> str | None:
         """None if the site may join, else the reason (for the log; the site hears less)."""
@@ -88,12 +92,15 @@ class Authenticator:
         return "unknown site" if self.tokens and site not in self.tokens and not self.shared_secret else "bad token"
 
     def may_watch(self, token: str) -> bool:
-        """Watch: the observer token or the run's shared secret (anyone, if the PS has no secret)."""
+        """Watch and Report: the observer token, or a site's secret where the run grants it (anyone, if
+        the PS has no secret)."""
         if self.open:
             return True
         given = token.encode()
-        return any(secret and hmac.compare_digest(given, secret.encode())
-                   for secret in (self.observer_token, self.shared_secret))
+        if self.observer_token and hmac.compare_digest(given, self.observer_token.encode()):
+            return True
+        return self.sites_observe and bool(token) and any(
+            hmac.compare_digest(given, secret.encode()) for secret in (self.shared_secret, *self.tokens.values()))
 
     def may_ping(self, site: str, token: str) -> bool:
         """Ping: what may join (a site's own secret) or watch."""

@@ -81,8 +81,8 @@ def cmd_ps(args: argparse.Namespace) -> int:
         observer_file = run_dir / "observer-token"
         if not observer_file.exists():
             new_secret_file(observer_file)
-        log.info("observers (Watch) need the token in %s (wantrain watch --observer-token-file ...)", observer_file)
-    auth = Authenticator.from_files(args.tokens, args.shared_secret_file, observer_file)
+        log.info("observers (Watch, Report) need the token in %s (wantrain watch --observer-token-file ...)", observer_file)
+    auth = Authenticator.from_files(args.tokens, args.shared_secret_file, observer_file, args.sites_may_observe)
     tls = None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
@@ -290,8 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     s.add_argument("--tls-client-ca", default=None, help="PEM CA: require client certificates signed by it")
     s.add_argument("--observer-token-file", default=None,
-                   help="file holding the token observers (Watch) must present (default with --tokens or "
+                   help="file holding the token observers (Watch, Report) must present (default with --tokens or "
                         "--shared-secret-file: a new one in the run folder)")
+    s.add_argument("--sites-may-observe", action="store_true",
+                   help="let a site's token or the shared secret also watch the run's telemetry and report events "
+                        "into its log (default: only the observer token may)")
     s.add_argument("--max-connections", type=int, default=0,
                    help="TCP connections at once (default 0: 80%% of the open-file limit)")
     s.add_argument("--max-streams-per-peer", type=int, default=32, help="Session and Watch calls at once per IP")

@@ -40,6 +40,11 @@ PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_en
 LINK_KINDS = ("links_start", "link", "outage_start", "outage_end", "spike", "reset", "command_error")
 REPORTED_KINDS = (*LINK_KINDS, "fault", "shard")
 EVENT_KINDS = (*PS_KINDS, *REPORTED_KINDS)
+# A reported event keeps the time it says it happened if that lies between this much before the
+# run started (a link emulator starts first) and this much after now (clocks differ); otherwise it
+# is recorded at its arrival, the time it claimed kept as `claimed_t`: a reporter cannot place
+# events where the run's charts and figures would take them as real.
+REPORTED_TIME_SLACK_S = 600.0
 
 
 def _clean(v: Any) -> Any:
@@ -80,11 +85,15 @@ class Recorder:
 
     def record_reported(self, event: dict[str, Any]) -> int:
         """Record an event that happened outside the PS (a REPORTED_KINDS kind, already checked by
-        the caller), at the time it says it happened; returns its sequence number."""
-        fields = {k: v for k, v in event.items() if k not in ("v", "seq", "kind", "t", "elapsed_s")}
-        t = event.get("t")
-        when = float(t) if isinstance(t, (int, float)) and math.isfinite(t) else time.time()
-        return self._append(event["kind"], when, {**fields, "source": "reported"})["seq"]
+        the caller), at the time it says it happened if that is plausible (REPORTED_TIME_SLACK_S);
+        returns its sequence number."""
+        fields = {k: v for k, v in event.items() if k not in ("v", "seq", "kind", "t", "elapsed_s", "claimed_t")}
+        t, now = event.get("t"), time.time()
+        if isinstance(t, (int, float)) and math.isfinite(t):
+            if self.start - REPORTED_TIME_SLACK_S <= t <= now + REPORTED_TIME_SLACK_S / 10:
+                return self._append(event["kind"], float(t), {**fields, "source": "reported"})["seq"]
+            fields["claimed_t"] = float(t)
+        return self._append(event["kind"], now, {**fields, "source": "reported"})["seq"]
 
     def _append(self, kind: str, t: float, fields: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
