@@ -34,6 +34,8 @@ __all__ = ["Servicer", "STATUS", "add_to_server", "peer_host"]
 
 log = logging.getLogger("wantrain.ps")
 
+DRAIN_S = 2.0       # an ended Session reads what its peer still sends for at most this long (_drain)
+
 STATUS = {
     Reject.PROTOCOL_VERSION: grpc.StatusCode.FAILED_PRECONDITION,
     Reject.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
@@ -118,6 +120,24 @@ class Servicer:
     async def Session(self, requests, context):
         # An async generator: gRPC writes what we yield, so no write is ever in flight when the
         # handler ends. A reader task feeds the site's messages to the PS.
+        try:
+            async for reply in self._session(requests, context):
+                yield reply
+        finally:
+            await self._drain(requests)
+
+    @staticmethod
+    async def _drain(requests) -> None:
+        """Read what the peer still sends, to its end or for at most DRAIN_S: gRPC holds a call whose
+        requests were not read to their end, and a connection carries at most 16 calls at once, so
+        16 refused Sessions left their connection refusing every call (REFUSED_STREAM) for 20 s."""
+        async def to_end() -> None:
+            async for _ in requests:
+                pass
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(to_end(), DRAIN_S)
+
+    async def _session(self, requests, context):
         host = peer_host(context.peer())
         with self._stream_slot(host) as admitted:
             if not admitted:
