@@ -46,6 +46,44 @@ def test_a_site_away_for_a_while_keeps_its_place_in_the_deadline():
     assert stale_weight(1000, 2, 0.5) == 250
 
 
+def test_one_sites_lateness_cannot_stretch_the_deadline():
+    t = TrainConfig(deadline_min_s=0.5, deadline_factor=3, round_budget_s=10, deadline_initial_s=600)
+    two = RoundClock(t)
+    for _ in range(8):
+        two.arrived("honest", 10.4)
+        two.arrived("drip", 90.0)
+    assert two.deadline_s() == pytest.approx(10 + 3 * 0.4)    # of two sites, the faster one's time
+    # Within a round: once the first half of its sites are in, their times bound the deadline.
+    assert two.bound_s([], 2) is None and two.bound_s([10.2], 2) == pytest.approx(10.6)
+    assert two.bound_s([11.0], 3) is None and two.bound_s([12.0, 11.0], 3) == pytest.approx(16)
+    assert two.bound_s([3.0], 1) is None                     # alone, a site is its own pace
+    assert RoundClock(TrainConfig(deadline_s=30)).bound_s([1.0, 1.0], 2) is None    # fixed: as configured
+
+
+@pytest.mark.timeout(120)
+def test_a_site_that_drips_its_delta_holds_the_first_round_only_to_the_others_bound(tmp_path):
+    """Round 0 has nothing timed yet (deadline_initial_s, 600 s): a site that sends one chunk and then
+    nothing more kept the other waiting for all of it; now the round closes at the bound a's arrival
+    gives (3 x its time, at least deadline_min_s), with a deadline event naming b."""
+    async def scenario():
+        cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_min_s": 0.5,
+                                           "train.deadline_factor": 3.0, "train.deadline_initial_s": 600.0})
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        b_msgs, _ = delta_chunks(ps, 0, seed=1)
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        drain(a), drain(b)
+        assert rows_of(ps, "round_start")[-1]["deadline_s"] == 600.0
+        ps.on_chunk(b, b_msgs[0])                            # b's first chunk, then a drip of nothing
+        await push(ps, a, 0, seed=0)
+        assert ps.round == 0 and ps.rounds.deadline_s < 2.0
+        await asyncio.sleep(ps.rounds.deadline_s + 0.5)
+        await ps.round_task
+        assert ps.round == 1 and rows_of(ps, "deadline")[-1]["missing"] == ["b"]
+        assert rows_of(ps, "round_end")[-1]["sites"] == ["a"]
+
+    asyncio.run(scenario())
+
+
 async def push(ps, link, round_, seed):
     msgs, m = delta_chunks(ps, round_, seed=seed)
     for c in msgs:

@@ -100,7 +100,7 @@ class TrainConfig:
     round_budget_s: float = 0.0
     # Rounds never wait forever: the PS aggregates what has arrived at the deadline and moves on.
     deadline_s: float = 0.0          # fixed deadline after a round's start; 0: derived, see below
-    deadline_factor: float = 3.0     # derived: budget + factor x median (arrival - budget) of recent rounds
+    deadline_factor: float = 3.0     # derived: budget + factor x typical (arrival - budget) (ps/rounds.py)
     deadline_min_s: float = 10.0     # floor of the derived deadline
     deadline_initial_s: float = 600.0  # derived deadline before any delta has been timed
     late_policy: str = "drop"        # a delta that misses its round: "drop" (the site carries it

@@ -6,11 +6,14 @@ now and who missed it); the PS does the I/O (messages, timers, telemetry) around
 
 A round never waits forever. Its deadline is fixed (`train.deadline_s`) or derived from how long
 deltas took to arrive in recent rounds: the compute budget plus `deadline_factor` times the
-typical time beyond it, never less than `deadline_min_s` beyond it. "Typical" is the median over
-the sites of each site's own median arrival (late ones included): a site that was away for a
-while keeps its history, so the others, timed alone meanwhile, do not shrink the deadline below
-what it needs to come back; and one site, however slow, moves the median of three or more by
-no more than the next site's time. At the deadline the PS
+typical time beyond it, never less than `deadline_min_s` beyond it. "Typical" is the lower median
+over the sites of each site's own median arrival (late ones included): a site that was away for
+a while keeps its history, so the others, timed alone meanwhile, do not shrink the deadline below
+what it needs to come back; and one site, however slow, cannot move it past the next site's
+time (with two sites it is the faster one's). Within a round, once the first half of its sites
+have delivered, the deadline is at most what their arrivals in this round would derive: a site
+that drips its chunks (or a first round, with nothing timed yet) cannot keep the others waiting
+longer than their own times allow. At the deadline the PS
 aggregates the deltas that arrived; a delta that arrives later is dropped (the site carries it
 forward in its error feedback) or, with the "stale" policy, applied in a following round with
 its weight discounted per round of staleness.
@@ -47,17 +50,29 @@ class RoundClock:
         self.arrivals.setdefault(site, deque(maxlen=self.window)).append(max(0.0, after_s))
 
     def typical_s(self) -> float:
-        """The median over the sites of each one's median arrival."""
-        return statistics.median(statistics.median(a) for a in self.arrivals.values())
+        """The lower median over the sites of each one's median arrival."""
+        return statistics.median_low(statistics.median(a) for a in self.arrivals.values())
 
     def deadline_s(self) -> float:
+        """A new round's deadline, seconds after its start."""
         t = self.train
         if t.deadline_s:
             return t.deadline_s
         if not self.arrivals:
             return max(t.deadline_initial_s, t.round_budget_s + t.deadline_min_s)
-        beyond = max(0.0, self.typical_s() - t.round_budget_s)
-        return t.round_budget_s + max(t.deadline_min_s, t.deadline_factor * beyond)
+        return self._derived(self.typical_s())
+
+    def bound_s(self, arrived_s: list[float], members: int) -> float | None:
+        """The running round's deadline as the arrivals of the first half of its `members` would derive
+        it (`arrived_s`: seconds after its start), or None (too few arrived, or a fixed deadline)."""
+        quorum = (members + 1) // 2
+        if self.train.deadline_s or members < 2 or len(arrived_s) < quorum:
+            return None
+        return self._derived(sorted(arrived_s)[quorum - 1])
+
+    def _derived(self, typical_s: float) -> float:
+        t = self.train
+        return t.round_budget_s + max(t.deadline_min_s, t.deadline_factor * max(0.0, typical_s - t.round_budget_s))
 
 
 def stale_weight(tokens: float, staleness: int, discount: float) -> float:
@@ -97,14 +112,16 @@ class RoundState:
         self.late: dict[str, Upload] = {}     # sites that missed a deadline, owing that round's delta
         self.stale: dict[str, Upload] = {}    # complete late deltas for the next aggregation
         self.started_at = 0.0
+        self.deadline_s = 0.0                 # after started_at
+        self.arrived_s: list[float] = []      # when the round's deltas arrived, after started_at
         self.past_deadline = False
         self.last_members: set[str] = set()   # sites the last (or current) round started with
         self.aggregating = False
 
-    def start(self, round_: int, sites: set[str], budget_s: float, now: float) -> None:
+    def start(self, round_: int, sites: set[str], budget_s: float, now: float, deadline_s: float) -> None:
         self.members, self.last_members = set(sites), set(sites)
         self.uploads = {name: Upload(round_, budget_s) for name in sites}
-        self.started_at, self.past_deadline = now, False
+        self.started_at, self.deadline_s, self.arrived_s, self.past_deadline = now, deadline_s, [], False
 
     def quorum_wait(self, ready: set[str], known: set[str], num_sites: int, committed: int,
                     quorum_left_s: float) -> float | None:
