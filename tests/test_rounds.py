@@ -53,11 +53,13 @@ def test_one_sites_lateness_cannot_stretch_the_deadline():
         two.arrived("honest", 10.4)
         two.arrived("drip", 90.0)
     assert two.deadline_s() == pytest.approx(10 + 3 * 0.4)    # of two sites, the faster one's time
-    # Within a round: once the first half of its sites are in, their times bound the deadline.
-    assert two.bound_s([], 2) is None and two.bound_s([10.2], 2) == pytest.approx(10.6)
-    assert two.bound_s([11.0], 3) is None and two.bound_s([12.0, 11.0], 3) == pytest.approx(16)
-    assert two.bound_s([3.0], 1) is None                     # alone, a site is its own pace
-    assert RoundClock(TrainConfig(deadline_s=30)).bound_s([1.0, 1.0], 2) is None    # fixed: as configured
+    # A round started untimed: once the first half of its sites are in, their times bound it.
+    fresh = RoundClock(t)
+    assert fresh.untimed and fresh.deadline_s() == 600
+    assert fresh.bound_s([], 2) is None and fresh.bound_s([10.2], 2) == pytest.approx(10.6)
+    assert fresh.bound_s([11.0], 3) is None and fresh.bound_s([12.0, 11.0], 3) == pytest.approx(16)
+    assert fresh.bound_s([3.0], 1) is None                   # alone, a site is its own pace
+    assert not two.untimed and not RoundClock(TrainConfig(deadline_s=30)).untimed   # timed, or fixed
 
 
 @pytest.mark.timeout(120)

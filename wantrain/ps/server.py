@@ -244,7 +244,7 @@ class ParameterServer:
             return
         budget = self.cfg.train.round_budget_s
         deadline = self.clock.deadline_s()
-        self.rounds.start(self.round, enrolled, budget, time.time(), deadline)
+        self.rounds.start(self.round, enrolled, budget, time.time(), deadline, untimed=self.clock.untimed)
         self.recorder.emit("round_start", round=self.round, sites=sorted(enrolled), deadline_s=deadline,
                            budget_s=budget, dark=sorted(dark))
         for name in sorted(enrolled):
@@ -310,7 +310,10 @@ class ParameterServer:
         self._maybe_finish_round()
 
     def _bound_deadline(self) -> None:
-        """Bring the deadline forward to what this round's first arrivals allow (rounds.py)."""
+        """A round that started untimed: bring its deadline forward to what its first arrivals allow
+        (rounds.py)."""
+        if not self.rounds.untimed:
+            return
         bound = self.clock.bound_s(self.rounds.arrived_s, len(self.rounds.members))
         if bound is not None and bound < self.rounds.deadline_s:
             self.rounds.deadline_s = bound
