@@ -16,7 +16,7 @@ def arrived(state: RoundState, site: str) -> None:
 
 def test_a_round_closes_when_everyone_is_in_or_at_the_deadline_with_whoever_is():
     s = RoundState()
-    s.start(3, {"a", "b", "c"}, budget_s=0.0, now=100.0, deadline_s=60.0)
+    s.start(3, {"a", "b", "c"}, budget_s=0.0, now=100.0)
     assert not s.close()
     arrived(s, "a")
     assert not s.close() and s.missing() == ["b", "c"]
@@ -34,7 +34,7 @@ def test_a_round_closes_when_everyone_is_in_or_at_the_deadline_with_whoever_is()
 
 def test_nobody_arrived_means_the_deadline_does_not_close_the_round():
     s = RoundState()
-    s.start(0, {"a"}, 0.0, now=0.0, deadline_s=60.0)
+    s.start(0, {"a"}, 0.0, now=0.0)
     s.past_deadline = True
     assert not s.close()
 
@@ -42,7 +42,7 @@ def test_nobody_arrived_means_the_deadline_does_not_close_the_round():
 def test_a_site_joining_a_running_round_gets_what_is_left_of_the_budget():
     s = RoundState()
     assert s.admission("b", budget_s=10.0, now=5.0) is None           # no round runs
-    s.start(1, {"a"}, budget_s=10.0, now=100.0, deadline_s=60.0)
+    s.start(1, {"a"}, budget_s=10.0, now=100.0)
     assert s.admission("a", 10.0, now=101.0) is None                   # already in it
     assert s.admission("b", 10.0, now=103.0) == 7.0
     assert s.admission("b", 10.0, now=109.5) is None                   # under a tenth left: next round
@@ -55,17 +55,17 @@ def test_quorum_waits_at_the_start_then_only_for_a_site_of_the_last_round():
     s = RoundState()
     assert s.quorum_wait({"a"}, {"a", "b"}, num_sites=2, committed=0, quorum_left_s=5.0) == math.inf
     assert s.quorum_wait({"a", "b"}, {"a", "b"}, 2, committed=0, quorum_left_s=5.0) is None
-    s.start(0, {"a", "b"}, 0.0, now=0.0, deadline_s=60.0)
+    s.start(0, {"a", "b"}, 0.0, now=0.0)
     s.finish()
     assert s.quorum_wait({"a"}, {"a", "b"}, 2, committed=1, quorum_left_s=2.5) == 2.5   # b was in it
     assert s.quorum_wait({"a"}, {"a", "b"}, 2, committed=1, quorum_left_s=-0.1) is None  # waited enough
-    s.start(1, {"a"}, 0.0, now=0.0, deadline_s=60.0)
+    s.start(1, {"a"}, 0.0, now=0.0)
     assert s.quorum_wait({"a"}, {"a", "b"}, 2, committed=2, quorum_left_s=2.5) is None  # b missed the last
 
 
 def test_stale_deltas_older_than_the_limit_are_dropped():
     s = RoundState()
-    s.start(0, {"a"}, 0.0, now=0.0, deadline_s=60.0)
+    s.start(0, {"a"}, 0.0, now=0.0)
     s.stale = {"a": s.uploads["a"]}
     assert list(s.take_stale(current=2)) == ["a@0"] and s.stale == {}
     s.stale = {"a": s.uploads["a"]}
@@ -74,12 +74,12 @@ def test_stale_deltas_older_than_the_limit_are_dropped():
 
 def test_a_site_that_owes_a_delta_is_not_counted_on_until_heard_from():
     s = RoundState()
-    s.start(3, {"a", "b"}, budget_s=10.0, now=0.0, deadline_s=60.0)
+    s.start(3, {"a", "b"}, budget_s=10.0, now=0.0)
     arrived(s, "a")
     s.past_deadline = True
     assert s.close() and s.owing() == {"b"}              # b missed round 3: it owes that delta
     s.finish()
-    s.start(4, {"a"}, budget_s=10.0, now=20.0, deadline_s=60.0)            # (the PS leaves b out of round 4)
+    s.start(4, {"a"}, budget_s=10.0, now=20.0)            # (the PS leaves b out of round 4)
     assert s.admission("b", 10.0, now=21.0) is None       # not even into the running round
     assert s.heard_from("b", applied_round=2) is None     # a report about an older model: still owes
     owed = s.heard_from("b", applied_round=3)             # it applied round 3 without sending: kept

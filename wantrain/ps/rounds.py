@@ -10,11 +10,9 @@ typical time beyond it, never less than `deadline_min_s` beyond it. "Typical" is
 over the sites of each site's own median arrival (late ones included): a site that was away for
 a while keeps its history, so the others, timed alone meanwhile, do not shrink the deadline below
 what it needs to come back; and one site, however slow, cannot move it past the next site's
-time (with two sites it is the faster one's). A round that starts before anything was timed (the
-first, under `deadline_initial_s`) is bounded from within: once the first half of its sites have
-delivered, its deadline is at most what their arrivals would derive, so a site that drips its
-chunks holds the others no longer there either. (Later rounds are not bounded from within: that
-would drop the history that lets a site back from an outage be counted again.) At the deadline the PS
+time (with two sites it is the faster one's), however it drips its chunks. The first round, with
+nothing timed, waits up to `deadline_initial_s`: it carries each site's one-time costs (a compile,
+a cold cache), which the others' times there do not bound. At the deadline the PS
 aggregates the deltas that arrived; a delta that arrives later is dropped (the site carries it
 forward in its error feedback) or, with the "stale" policy, applied in a following round with
 its weight discounted per round of staleness.
@@ -54,11 +52,6 @@ class RoundClock:
         """The lower median over the sites of each one's median arrival."""
         return statistics.median_low(statistics.median(a) for a in self.arrivals.values())
 
-    @property
-    def untimed(self) -> bool:
-        """Nothing timed yet and no fixed deadline: a new round gets deadline_initial_s."""
-        return not self.train.deadline_s and not self.arrivals
-
     def deadline_s(self) -> float:
         """A new round's deadline, seconds after its start."""
         t = self.train
@@ -67,14 +60,6 @@ class RoundClock:
         if not self.arrivals:
             return max(t.deadline_initial_s, t.round_budget_s + t.deadline_min_s)
         return self._derived(self.typical_s())
-
-    def bound_s(self, arrived_s: list[float], members: int) -> float | None:
-        """The deadline of a round that started untimed, as the arrivals of the first half of its
-        `members` would derive it (`arrived_s`: seconds after its start), or None (too few arrived)."""
-        quorum = (members + 1) // 2
-        if members < 2 or len(arrived_s) < quorum:
-            return None
-        return self._derived(sorted(arrived_s)[quorum - 1])
 
     def _derived(self, typical_s: float) -> float:
         t = self.train
@@ -118,19 +103,14 @@ class RoundState:
         self.late: dict[str, Upload] = {}     # sites that missed a deadline, owing that round's delta
         self.stale: dict[str, Upload] = {}    # complete late deltas for the next aggregation
         self.started_at = 0.0
-        self.deadline_s = 0.0                 # after started_at
-        self.untimed = False                  # started before any arrival was timed: bounded from within
-        self.arrived_s: list[float] = []      # when the round's deltas arrived, after started_at
         self.past_deadline = False
         self.last_members: set[str] = set()   # sites the last (or current) round started with
         self.aggregating = False
 
-    def start(self, round_: int, sites: set[str], budget_s: float, now: float, deadline_s: float,
-              untimed: bool = False) -> None:
+    def start(self, round_: int, sites: set[str], budget_s: float, now: float) -> None:
         self.members, self.last_members = set(sites), set(sites)
         self.uploads = {name: Upload(round_, budget_s) for name in sites}
-        self.started_at, self.deadline_s, self.arrived_s, self.past_deadline = now, deadline_s, [], False
-        self.untimed = untimed
+        self.started_at, self.past_deadline = now, False
 
     def quorum_wait(self, ready: set[str], known: set[str], num_sites: int, committed: int,
                     quorum_left_s: float) -> float | None:
