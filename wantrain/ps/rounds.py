@@ -59,11 +59,8 @@ class RoundClock:
             return t.deadline_s
         if not self.arrivals:
             return max(t.deadline_initial_s, t.round_budget_s + t.deadline_min_s)
-        return self._derived(self.typical_s())
-
-    def _derived(self, typical_s: float) -> float:
-        t = self.train
-        return t.round_budget_s + max(t.deadline_min_s, t.deadline_factor * max(0.0, typical_s - t.round_budget_s))
+        beyond = max(0.0, self.typical_s() - t.round_budget_s)
+        return t.round_budget_s + max(t.deadline_min_s, t.deadline_factor * beyond)
 
 
 def stale_weight(tokens: float, staleness: int, discount: float) -> float:
