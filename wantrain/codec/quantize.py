@@ -38,7 +38,7 @@ def quantize_int8(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     x = np.ascontiguousarray(x)
     from .quantize_kernels import quantize_blocks      # numba: only where something is quantized
 
-    if not quantize_blocks(x, x.view(np.uint32), block, q, scales):
+    if not quantize_blocks(x, x.view(np.uint32), block, q, scales, np.float32(QMAX), TINY):
         raise CodecError("cannot quantize non-finite values")
     return q, scales
 
