@@ -66,6 +66,7 @@ def test_dashboard_follows_a_run_without_blocking(tmp_path):
     joins = next(tr for tr in timeline.data if tr.name == "join")
     assert sorted(joins.y) == sorted(run.sites)
     assert "finished: 3 rounds" in live.status.value
+    assert "alert" in live.status.value and "no rule can tell" in live.status.value   # two untrusted sites
     assert 2 <= live.redraws <= len(events)
     # Rate cap and thinning: a redraw for the first event and one for run_end (one, if both came
     # while the first was drawing), and the last one shows the end.

@@ -172,8 +172,9 @@ def test_arrival_order_and_sharding_change_no_bit_of_the_model(tmp_path):
     cfg = small_config(**{"sites": list(SITES), "train.rounds": 2})
     rng = np.random.default_rng(0)
     whole = ParameterServer(cfg, run_dir=tmp_path / "probe")
-    deltas = [{s: {k: (rng.standard_normal(n) * 1e-3).astype(np.float32) for k, n in whole.shapes.items()}
-               for s in SITES} for _ in range(2)]
+    common = [{k: rng.standard_normal(n) for k, n in whole.shapes.items()} for _ in range(2)]   # deltas agree
+    deltas = [{s: {k: ((c[k] + rng.standard_normal(n)) * 1e-3).astype(np.float32) for k, n in whole.shapes.items()}
+               for s in SITES} for c in common]
     results = []
     for seed in range(3):
         ps = ParameterServer(cfg, run_dir=tmp_path / f"order{seed}")

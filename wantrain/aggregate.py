@@ -14,6 +14,7 @@ finite, bounded by the model's norm, so no float32 below can overflow.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -25,9 +26,8 @@ from .codec import ChunkSpec, Codec, EncodeStats, ErrorFeedback, Extracted
 from .errors import WantrainError
 from .messages import UPDATE, TensorChunk
 from .outer import OuterNesterov
-from .screening import trim_count, trimmed_mean
 
-__all__ = ["Contribution", "aggregate_round", "weighted_mean", "apply_sent"]
+__all__ = ["Contribution", "aggregate_round", "weighted_mean", "trim_count", "trimmed_mean", "apply_sent"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,24 @@ def weighted_mean(parts: list[Extracted] | list[np.ndarray], weights: list[float
         else:
             kernels.add_weighted_int8(acc, x.data, x.scales, x.block, np.float32(w / total))
     assert acc is not None
+    return acc
+
+
+def trim_count(n: int, fraction: float) -> int:
+    """Deltas dropped at each end of every coordinate: ceil(fraction x n), leaving at least one."""
+    t = math.ceil(fraction * n) if fraction > 0 else 0
+    return max(0, min(t, (n - 1) // 2))
+
+
+def trimmed_mean(values: list[np.ndarray], trim: int) -> np.ndarray:
+    """Coordinate-wise: sort the deltas' values, drop `trim` at each end, average the rest (float32,
+    summed in sorted order, so the result does not depend on the order of the sites)."""
+    stacked = np.sort(np.stack(values), axis=0)                  # (n, length)
+    kept = stacked[trim: stacked.shape[0] - trim]
+    acc = np.zeros(stacked.shape[1], np.float32)
+    for row in kept:
+        acc += row
+    acc /= np.float32(kept.shape[0])
     return acc
 
 

@@ -28,6 +28,7 @@ LATE_POLICIES = ("drop", "stale")
 SCHEDULES = ("sync", "overlap")
 NORM_ACTIONS = ("reject", "clip")
 AGGREGATES = ("mean", "trimmed_mean")
+TRUST = ("untrusted", "trusted")
 
 
 SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}")
@@ -175,25 +176,33 @@ class RobustConfig:
 
     A site could be buggy or hostile; either way, one delta must not be able to destroy the run."""
 
-    norm_factor: float = 10.0        # a delta whose L2 norm exceeds this x the reference (the median of the
-                                     # round's other deltas and of recently accepted ones) is ... (0: no check)
-    norm_action: str = "reject"      # ... "reject"ed (quarantined for the round) or "clip"ped to that bound
-    norm_history: int = 16           # accepted delta norms (any site) kept as the reference
+    trust: str = "untrusted"         # "untrusted": judge each round's deltas against each other (below);
+                                     # "trusted": only the absolute bounds (max_delta_ratio, claims)
+    norm_factor: float = 10.0        # two deltas disagree if one's L2 norm is over this x the other's (0: never) ...
+    min_cosine: float = 0.0          # ... or the cosine of their angle is under this (-1: never); a delta that
+                                     # disagrees with more than half of the other sites' is ...
+    norm_action: str = "reject"      # ... "reject"ed, or (if it is only too large) "clip"ped to norm_factor x
+                                     # the others' median norm
+    clip_ratio: float = 2.0          # counted deltas' norms capped at this x their median (0: no cap) ...
+    weight_ratio: float = 2.0        # ... and their weights (tokens) at this x their median (0: no cap)
+    alert_after: int = 3             # rounds in a row a site's deltas are out of line before an `alert` event
     max_delta_ratio: float = 10.0    # no delta may exceed this x the larger of the global parameters' norm and
                                      # steps x inner_lr x sqrt(parameters) (how far AdamW can move) (0: no bound)
     max_steps_per_s: float = 1000.0  # time-budgeted rounds: steps a site may claim per second of its budget
-    aggregate: str = "mean"          # "mean" (weighted by tokens) or "trimmed_mean" (per coordinate, unweighted:
-                                     # for runs with untrusted sites)
+    aggregate: str = "mean"          # "mean" (weighted by tokens) or "trimmed_mean" (per coordinate, unweighted)
     trim_fraction: float = 0.2       # trimmed_mean: share of the deltas dropped at each end of every coordinate
 
     def validate(self, prefix: str = "robust") -> None:
-        for name in ("norm_factor", "max_delta_ratio"):
+        _check(self.trust in TRUST, f"{prefix}.trust", f"must be one of {TRUST}", self.trust)
+        for name in ("norm_factor", "clip_ratio", "weight_ratio"):
             v = getattr(self, name)
-            _check(math.isfinite(v) and (v == 0 or v >= 1 if name == "norm_factor" else v >= 0), f"{prefix}.{name}",
-                   "must be 0 (off) or >= 1" if name == "norm_factor" else "must be >= 0 (0: off)", v)
+            _check(math.isfinite(v) and (v == 0 or v >= 1), f"{prefix}.{name}", "must be 0 (off) or >= 1", v)
+        _check(math.isfinite(self.max_delta_ratio) and self.max_delta_ratio >= 0, f"{prefix}.max_delta_ratio",
+               "must be >= 0 (0: off)", self.max_delta_ratio)
+        _check(-1 <= self.min_cosine < 1, f"{prefix}.min_cosine", "must be in [-1, 1)", self.min_cosine)
         _check(self.norm_action in NORM_ACTIONS, f"{prefix}.norm_action", f"must be one of {NORM_ACTIONS}",
                self.norm_action)
-        _check(1 <= self.norm_history <= 10_000, f"{prefix}.norm_history", "must be in [1, 10000]", self.norm_history)
+        _check(1 <= self.alert_after <= 10_000, f"{prefix}.alert_after", "must be in [1, 10000]", self.alert_after)
         _check(math.isfinite(self.max_steps_per_s) and self.max_steps_per_s > 0, f"{prefix}.max_steps_per_s",
                "must be a positive number", self.max_steps_per_s)
         _check(self.aggregate in AGGREGATES, f"{prefix}.aggregate", f"must be one of {AGGREGATES}", self.aggregate)

@@ -246,7 +246,7 @@ _MARKERS = {
     "deadline": ("deadline missed", "orange", "x"), "late_delta": ("late delta", "orange", "circle-open"),
     "restart": ("PS restart", "red", "star"), "quarantine": ("quarantined", "purple", "square"),
     "error": ("error", "red", "x-thin"), "outage_start": ("outage", "red", "line-ns"),
-    "fault": ("fault injected", "black", "hexagram"),
+    "fault": ("fault injected", "black", "hexagram"), "alert": ("alert", "crimson", "diamond"),
 }
 
 
@@ -280,6 +280,8 @@ def _describe(e: dict) -> str:
         return f"PS restarted from its checkpoint at round {e['round']}"
     if e["kind"] == "fault":
         return f"{e['action']} {e.get('site', '')}".strip() + (f" for {e['seconds']:g} s" if "seconds" in e else "")
+    if e["kind"] in ("alert", "quarantine"):
+        return f"round {e['round']}: {e['message']}"
     if e["kind"] == "outage_start" and e.get("forced"):
         return f"outage {e['site']} (forced now)"
     return f"{e['kind']} {e.get('site', '')}".strip()

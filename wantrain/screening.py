@@ -10,31 +10,34 @@ seen, so it needs no tuning per model:
   parameters' norm and how far its inner steps could have moved them (AdamW moves an element by
   about the learning rate per step), checked when the delta arrives (the site's stream is
   ended: no honest site gets there). This also keeps every float32 of the outer step finite;
-- outliers: at the round's commit each delta's norm is compared with a reference, the median
-  of the round's other deltas and of recently accepted ones; one over `norm_factor` x the
-  reference is rejected (quarantined for the round) or clipped to the bound (`Screen`);
-- optionally, a coordinate-wise trimmed mean replaces the token-weighted mean (`trimmed_mean`).
+- out of line: at the round's commit each delta is judged against the other sites' deltas of
+  the round (`Screen`): one that disagrees (norm over `norm_factor` x longer or shorter, angle
+  past `min_cosine`) with more than half of them is rejected, and the counted deltas' norms and
+  weights are capped at multiples of their medians. Nothing one site sends enters the
+  reference it is judged by, and with fewer than three sites nothing is compared at all;
+- optionally, a coordinate-wise trimmed mean replaces the token-weighted mean (aggregate.py).
 
-Norms are computed from the int8 symbols and scales the PS keeps, without dequantizing.
+Norms are computed from the int8 symbols and scales the PS keeps, without dequantizing; the
+angles (`gram`) dequantize one chunk at a time.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from .codec import Extracted
+from .cpu import map_ordered
 from .codec.quantize import num_blocks
 from .config import RunConfig
 from .errors import ProtocolError
 from .messages import RoundMetrics
 
-__all__ = ["check_claims", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "Verdict", "Screen",
-           "trim_count", "trimmed_mean", "max_steps"]
+__all__ = ["check_claims", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram", "Verdict", "Screen",
+           "max_steps"]
 
 
 def max_steps(cfg: RunConfig, train_s: float) -> int:
@@ -105,70 +108,192 @@ def clipped(parts: list[Extracted], factor: float) -> list[Extracted]:
             for x in parts]
 
 
+def gram(deltas: list[list[Extracted]]) -> np.ndarray:
+    """Every pair's dot product of whole deltas, (n, n) float64: the norms on the diagonal, the
+    angles off it. Chunk by chunk on every core, each chunk dequantized once, summed in float64."""
+    n = len(deltas)
+
+    def chunk(i: int) -> np.ndarray:
+        x = np.stack([d[i].values() for d in deltas]).astype(np.float64)     # (n, chunk length)
+        return x @ x.T
+
+    out = np.zeros((n, n))
+    for g in map_ordered(chunk, range(len(deltas[0])) if deltas else ()):
+        out += g
+    return out
+
+
 @dataclass(frozen=True)
 class Verdict:
-    action: str          # "accept" | "reject" | "clip"
-    norm: float
-    reference: float     # 0.0: nothing to compare with
-    factor: float = 1.0  # "clip": the delta is multiplied by this
+    """What the screen decided for one delta of a round, and why."""
 
-    @property
-    def reason(self) -> str:
-        return (f"delta norm {self.norm:.4g} is {self.norm / self.reference:.1f}x the reference {self.reference:.4g} "
-                f"(the median of the round's other deltas and recent accepted ones)")
+    action: str                   # "accept" | "reject" | "clip"
+    norm: float
+    weight: float                 # its weight in the round's mean (its tokens, capped: see Screen)
+    factor: float = 1.0           # the delta is multiplied by this before it counts ("clip")
+    reference: float = 0.0        # the median norm of the deltas it was judged against (0: not judged)
+    reason: str = ""              # empty when accepted as sent
+    disagrees: tuple[str, ...] = ()   # the other sites whose deltas it is out of line with
 
 
 class Screen:
-    """Remembers the norms of recently accepted deltas and judges each round's deltas against them."""
+    """Judges each round's deltas against each other, never against itself or a history one site
+    could fill, and remembers who has been out of line for how long (for the operator's alert).
+
+    Rules (docs/protocol.md section 7), for a round with deltas from at least three sites:
+    - two deltas disagree when one's norm is over `norm_factor` x the other's, or their cosine is
+      under `min_cosine`; a delta that disagrees with more than half of the other sites' deltas
+      is rejected (with `norm_action = "clip"`, one that is only too large is clipped instead).
+      Honest deltas agree with each other, so while honest sites are a majority, none of theirs
+      can be rejected: an honest delta disagrees at most with the hostile ones, fewer than half;
+    - of the deltas counted, none may be longer than `clip_ratio` x their median norm, nor weigh
+      more than `weight_ratio` x their median weight: what one site can move the mean by is
+      bounded by these medians, which the honest majority sets.
+    With one or two sites, no rule can tell an honest delta from a hostile one: nothing is
+    compared (the absolute bounds on arrival still hold), and disagreement is only reported.
+    A site's late delta is judged against the current ones and gives no vote of its own.
+    `trusted = True` (robust.trust) turns the relative rules off."""
+
+    MIN_SITES = 3            # a majority needs three voices
 
     def __init__(self, cfg: RunConfig) -> None:
         self.robust = cfg.robust
-        self.history: deque[float] = deque(maxlen=cfg.robust.norm_history)
+        self.trusted = cfg.robust.trust == "trusted"
+        self.streaks: dict[str, list[int]] = {}     # site (or "a|b") -> [first round, rounds] out of line
+        self.alerted: set[str] = set()
 
-    def judge(self, norms: dict[str, float]) -> dict[str, Verdict]:
-        """A verdict per delta of a round (keys: whatever names the deltas). A delta is compared with
-        the others and the history, never with itself, so one huge delta cannot raise its own bar."""
+    def cannot_decide(self, num_sites: int) -> str | None:
+        """What a run of `num_sites` untrusted sites must be told at its start, if anything."""
+        if self.trusted or num_sites >= self.MIN_SITES:
+            return None
+        return (f"robust.trust is 'untrusted' but the run has {num_sites} site(s): with fewer than "
+                f"{self.MIN_SITES} no rule can tell an honest delta from a hostile one, so no delta is judged "
+                f"against another (each is still bounded on arrival by robust.max_delta_ratio and its "
+                f"claims)" + ("; an alert is raised if the two sites' deltas keep disagreeing" if num_sites == 2
+                              else ""))
+
+    def judge(self, keys: list[str], g: np.ndarray, weights: list[float]) -> dict[str, Verdict]:
+        """A verdict per delta: keys "site" or "site@round" (a late delta), `g` their Gram matrix
+        (gram()), `weights` their tokens (discounted when late)."""
         r = self.robust
-        out = {}
-        for key, norm in norms.items():
-            pool = [v for k, v in norms.items() if k != key] + list(self.history)
-            reference = statistics.median(pool) if pool else 0.0
-            bound = r.norm_factor * reference
-            if not r.norm_factor or reference <= 0 or norm <= bound:
-                out[key] = Verdict("accept", norm, reference)
-            elif r.norm_action == "clip":
-                out[key] = Verdict("clip", norm, reference, bound / norm)
-            else:
-                out[key] = Verdict("reject", norm, reference)
+        norms = np.sqrt(np.maximum(np.diag(g), 0.0))
+        site = [k.partition("@")[0] for k in keys]
+        voters = [i for i, k in enumerate(keys) if "@" not in k]
+        judged = not self.trusted and len({site[i] for i in voters}) >= self.MIN_SITES
+
+        def disagreement(i: int, j: int) -> str:
+            a, b = norms[i], norms[j]
+            if r.norm_factor and a > r.norm_factor * b:
+                return "larger"
+            if r.norm_factor and b > r.norm_factor * a:
+                return "smaller"
+            if a > 0 and b > 0 and g[i, j] / (a * b) < r.min_cosine:
+                return "against"
+            return ""
+
+        out: dict[str, Verdict] = {}
+        for i, key in enumerate(keys):
+            others = [j for j in voters if site[j] != site[i]]
+            kinds = {site[j]: disagreement(i, j) for j in others}
+            against = tuple(sorted(s for s, kind in kinds.items() if kind))
+            reference = float(np.median([norms[j] for j in others])) if others else 0.0
+            verdict = Verdict("accept", float(norms[i]), weights[i], reference=reference, disagrees=against)
+            if judged and 2 * len(against) > len(others):
+                reason = _reason(norms[i], reference, kinds)
+                if r.norm_action == "clip" and all(kinds[s] == "larger" for s in against):
+                    bound = r.norm_factor * reference
+                    verdict = Verdict("clip", float(norms[i]), weights[i], bound / norms[i], reference,
+                                      f"{reason}: clipped to {bound:.4g}", against)
+                else:
+                    verdict = Verdict("reject", float(norms[i]), weights[i], 0.0, reference, f"{reason}: rejected",
+                                      against)
+            out[key] = verdict
+        if judged and all(v.action == "reject" for v in out.values()):
+            # No delta is in line with a majority: nothing can be decided, so nothing is rejected.
+            out = {k: Verdict("accept", v.norm, v.weight, reference=v.reference, disagrees=v.disagrees,
+                              reason="no delta agrees with a majority of the others: none rejected")
+                   for k, v in out.items()}
+        return self._bounded(out) if judged else out
+
+    def _bounded(self, verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
+        """Cap the counted deltas' norms and weights at multiples of their medians."""
+        r = self.robust
+        counted = {k: v for k, v in verdicts.items() if v.action != "reject"}
+        if len(counted) < self.MIN_SITES:
+            return verdicts
+        norm_cap = r.clip_ratio * statistics.median(v.norm * v.factor for v in counted.values())
+        weight_cap = r.weight_ratio * statistics.median(v.weight for v in counted.values())
+        out = dict(verdicts)
+        for k, v in counted.items():
+            notes = []
+            factor, weight = v.factor, v.weight
+            if r.clip_ratio and v.norm * factor > norm_cap > 0:
+                factor = norm_cap / v.norm
+                notes.append(f"norm {v.norm:.4g} clipped to {norm_cap:.4g} (robust.clip_ratio "
+                             f"{r.clip_ratio:g} x the median of the counted deltas)")
+            if r.weight_ratio and weight > weight_cap:
+                weight = weight_cap
+                notes.append(f"weight {v.weight:.4g} capped at {weight_cap:.4g} (robust.weight_ratio "
+                             f"{r.weight_ratio:g} x the median)")
+            if notes:
+                reason = "; ".join(([v.reason] if v.reason else []) + notes)
+                out[k] = Verdict("clip" if factor < 1 else v.action, v.norm, weight, factor, v.reference, reason,
+                                 v.disagrees)
         return out
 
-    def remember(self, verdicts: dict[str, Verdict]) -> None:
-        """After a commit: the norms that went into the aggregate (clipped ones at their bound)."""
-        for v in verdicts.values():
-            if v.action != "reject":
-                self.history.append(v.norm * v.factor)
+    def record(self, round_: int, verdicts: dict[str, Verdict]) -> list[dict]:
+        """After a commit: who was out of line this round. Returns the alerts to raise: a site out of
+        line `alert_after` rounds in a row (or, with two sites, the pair), once per streak."""
+        current = {k: v for k, v in verdicts.items() if "@" not in k}
+        out_of_line = {k for k, v in current.items() if v.reason}
+        if len(current) == 2 and any(v.disagrees for v in current.values()):
+            out_of_line.add("|".join(sorted(current)))
+        alerts = []
+        for key in set(self.streaks) | out_of_line:
+            if key not in out_of_line:
+                if "|" in key or key in current:       # a site that sent nothing keeps its streak
+                    self.streaks.pop(key, None)
+                    self.alerted.discard(key)
+                continue
+            first, n = self.streaks.get(key, [round_, 0])
+            self.streaks[key] = [first, n + 1]
+            if n + 1 >= self.robust.alert_after and key not in self.alerted:
+                self.alerted.add(key)
+                alerts.append(self._alert(key, first, n + 1, verdicts))
+        return alerts
 
-    def state_dict(self) -> list[float]:
-        return list(self.history)
+    def _alert(self, key: str, first: int, rounds: int, verdicts: dict[str, Verdict]) -> dict:
+        if "|" in key:
+            a, b = key.split("|")
+            return {"site": a, "sites": [a, b], "since": first, "rounds": rounds, "action": "none",
+                    "message": f"the deltas of {a} and {b} have disagreed in every round since round {first} "
+                               f"(norms {verdicts[a].norm:.4g} and {verdicts[b].norm:.4g}); with two sites no rule can tell "
+                               f"which one is honest, so both were counted"}
+        v = verdicts[key]
+        done = {"reject": "rejected", "clip": "clipped", "accept": "counted"}[v.action]
+        return {"site": key, "sites": [key], "since": first, "rounds": rounds, "action": v.action,
+                "message": f"{key}'s deltas have been out of line with the other sites' in every round since "
+                           f"round {first} ({rounds} rounds); this round's was {done}: {v.reason}"}
 
-    def load_state_dict(self, state: list[float]) -> None:
-        self.history.clear()
-        self.history.extend(float(x) for x in state)
+    def state_dict(self) -> dict:
+        return {"streaks": {k: list(v) for k, v in self.streaks.items()}, "alerted": sorted(self.alerted)}
+
+    def load_state_dict(self, state) -> None:
+        """A checkpoint's screen state (older ones kept a list of norms: nothing to carry over)."""
+        state = state if isinstance(state, dict) else {}
+        self.streaks = {k: [int(a), int(b)] for k, (a, b) in state.get("streaks", {}).items()}
+        self.alerted = set(state.get("alerted", []))
 
 
-def trim_count(n: int, fraction: float) -> int:
-    """Deltas dropped at each end of every coordinate: ceil(fraction x n), leaving at least one."""
-    t = math.ceil(fraction * n) if fraction > 0 else 0
-    return max(0, min(t, (n - 1) // 2))
-
-
-def trimmed_mean(values: list[np.ndarray], trim: int) -> np.ndarray:
-    """Coordinate-wise: sort the deltas' values, drop `trim` at each end, average the rest (float32,
-    summed in sorted order, so the result does not depend on the order of the sites)."""
-    stacked = np.sort(np.stack(values), axis=0)                  # (n, length)
-    kept = stacked[trim: stacked.shape[0] - trim]
-    acc = np.zeros(stacked.shape[1], np.float32)
-    for row in kept:
-        acc += row
-    acc /= np.float32(kept.shape[0])
-    return acc
+def _reason(norm: float, reference: float, kinds: dict[str, str]) -> str:
+    """Why a delta is out of line: with how many of the others, and how."""
+    what = {"larger": "over robust.norm_factor x longer than", "smaller": "over robust.norm_factor x shorter than",
+            "against": "at an angle past robust.min_cosine to"}
+    parts = []
+    for kind, text in what.items():
+        names = sorted(s for s, k in kinds.items() if k == kind)
+        if names:
+            parts.append(f"{text} {', '.join(names)}")
+    against = sum(1 for k in kinds.values() if k)
+    return (f"delta norm {norm:.4g} (the other sites' median {reference:.4g}) is out of line with {against} of "
+            f"the {len(kinds)} other sites' deltas: {'; '.join(parts)}")

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from .codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, huffman
+from .codec import huffman
 from .codec.quantize import dequantize_int8, quantize_int8
 from .config import CodecConfig, DataConfig, RunConfig
 from .cpu import cores
@@ -139,15 +139,13 @@ def diloco_vs_sync(cfg: RunConfig, seeds: tuple[int, ...] = (0, 1, 2), threads: 
     as measured on the wire, synchronous as fp32 gradients."""
     import torch
 
-    from .aggregate import Contribution
     from .data import load_run_data
+    from .inprocess import InProcessRun
     from .memory import trim_heap
     from .models import build_model
-    from .ps.model import GlobalModel
-    from .replica import flat_copy, load_flat
     from .site.adamw import InnerAdamW
-    from .site.group import build_inner, site_sampler
-    from .site.train import Segment, lr_at
+    from .site.group import site_sampler
+    from .site.train import lr_at
 
     torch.set_num_threads(threads)
     tok, corpus = load_run_data(cfg.data)
@@ -156,33 +154,23 @@ def diloco_vs_sync(cfg: RunConfig, seeds: tuple[int, ...] = (0, 1, 2), threads: 
                  "diloco_val": [], "sync_val": [], "diloco_wire_bytes": [], "raw_bytes": 0}
     for seed in seeds:
         run = cfg.replace(**{"model.seed": seed, "train.seed": seed})
-        ps = GlobalModel(run, tok.vocab_size, corpus.val)
-        sites = [build_inner(run, k, 0, torch.device("cpu"), f"site-{k}") for k in range(workers)]
-        uplinks = [Codec(run.codec) for _ in sites]
-        feedback = [ErrorFeedback() if run.codec.error_feedback else None for _ in sites]
+        ps = InProcessRun(run, tok, corpus)
         val, wire = [ps.evaluate()], 0
         for r in range(t.rounds):
-            start = {k: v.copy() for k, v in ps.views.items()}
-            parts = {}
-            for k, inner in enumerate(sites):
-                load_flat(inner.model, start)
-                seg = Segment(r, 0.0)
-                inner.train(seg)
-                delta, info = inner.delta(start, flat_copy(inner.model), seg)
-                stats = EncodeStats()
-                chunks, _ = encode_arrays(delta, uplinks[k], feedback[k], stats)
-                wire += stats.wire_bytes
-                parts[f"site-{k}"] = Contribution(Codec.extract_many([e for _, e in chunks]), float(info["tokens"]))
-            ps.apply(r, parts)
+            start = ps.start()
+            sent = {name: ps.train(name, r, start)[1] for name in ps.names}
+            wire += sum(s.wire_bytes for s in sent.values())
+            ps.commit(r, sent)
             val.append(ps.evaluate())
         out["diloco_val"].append(val)
         out["diloco_wire_bytes"].append(wire / workers)
-        out["raw_bytes"] = 4 * ps.num_params
+        out["raw_bytes"] = 4 * ps.model.num_params
+        val_batches = ps.model.val
 
         model = build_model(run.model.preset, tok.vocab_size, seed)
         opt = InnerAdamW(model.parameters(), lr=t.inner_lr, betas=(0.9, 0.95), weight_decay=t.inner_weight_decay)
         data = [site_sampler(run, corpus, k) for k in range(workers)]
-        sync_val, step = [_val_loss(model, ps.val)], 0
+        sync_val, step = [_val_loss(model, val_batches)], 0
         for r in range(t.rounds):
             for j in range(t.inner_steps):
                 opt.lr = lr_at(t, step, r + j / t.inner_steps)
@@ -194,9 +182,9 @@ def diloco_vs_sync(cfg: RunConfig, seeds: tuple[int, ...] = (0, 1, 2), threads: 
                     torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
                 step += 1
-            sync_val.append(_val_loss(model, ps.val))
+            sync_val.append(_val_loss(model, val_batches))
         out["sync_val"].append(sync_val)
-        del ps, sites, model, opt
+        del ps, model, opt
         trim_heap()
     steps = t.rounds * t.inner_steps
     out["sync_bytes_per_site"] = out["raw_bytes"] * steps         # an fp32 gradient every step

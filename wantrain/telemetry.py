@@ -33,7 +33,7 @@ READABLE_VERSIONS = (1, 2)
 PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
             "checkpoint", "restart", "error", "run_end",
             # rounds that do not wait forever, and faults
-            "deadline", "late_delta", "quarantine", "stall", "downloads_frozen", "ready",
+            "deadline", "late_delta", "quarantine", "alert", "stall", "downloads_frozen", "ready",
             "download", "catchup")
 # What the link emulator logs (testbed/links.py), and faults injected on purpose (Run): reported to the PS;
 # and a sharded PS's other shards' events, each wrapped as a `shard` event, reported to shard 0.

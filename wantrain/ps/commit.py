@@ -1,9 +1,9 @@
 """A round's commit: which deltas count and how much, the new model, and who hears of it.
 
-`commit_round` runs when the round has closed (rounds.py). `judge` screens the round's deltas
-against each other and recent history (screening.Screen) and says what it rejected or clipped;
-`contributions` weighs what is left (tokens trained, discounted per round of staleness) for the
-pure aggregation in aggregate.py; `round_end` is what the telemetry hears.
+`commit_round` runs when the round has closed (rounds.py). `weights` are what the deltas claim
+(tokens trained, discounted per round of staleness); `judge` screens the round's deltas against
+each other (screening.Screen) and says what it rejected, clipped or weighed less; `contributions`
+is what is left, for the pure aggregation in aggregate.py; `round_end` is what the telemetry hears.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..aggregate import Contribution
 from ..codec import EncodeStats
-from ..config import RunConfig
 from ..memory import trim_heap
 from ..messages import DeltaOutcome, RoundResult
-from ..screening import Screen, Verdict, clipped
+from ..screening import Screen, Verdict, clipped, gram
 from ..telemetry import Recorder
 from .rounds import stale_weight
 from .state import commit_record
@@ -27,28 +28,35 @@ from .uploads import Upload
 if TYPE_CHECKING:
     from .server import ParameterServer
 
-__all__ = ["commit_round", "judge", "tell_sites", "contributions", "round_end"]
+__all__ = ["commit_round", "weights", "judge", "tell_sites", "contributions", "round_end"]
 
 log = logging.getLogger("wantrain.ps")
 
 
-def judge(screen: Screen, cfg: RunConfig, round_: int, deltas: dict[str, Upload], recorder: Recorder
-          ) -> dict[str, Verdict]:
-    """A verdict per delta (keys "site" or "site@round" for a late one). Rejecting every delta would
-    stall the run, so then they are clipped instead."""
-    verdicts = screen.judge({k: up.norm for k, up in deltas.items()})
-    if verdicts and all(v.action == "reject" for v in verdicts.values()):
-        verdicts = {k: Verdict("clip", v.norm, v.reference, cfg.robust.norm_factor * v.reference / v.norm)
-                    for k, v in verdicts.items()}
+def weights(uploads: dict[str, Upload], stale: dict[str, Upload], round_: int, discount: float) -> dict[str, float]:
+    """Each delta's weight as claimed: the tokens its site trained, discounted per round it is late."""
+    out = {}
+    for key, up in {**uploads, **stale}.items():
+        assert up.metrics is not None                   # only complete, checked uploads commit
+        out[key] = (stale_weight(up.metrics.tokens, round_ - up.round, discount) if key in stale
+                    else float(up.metrics.tokens))
+    return out
+
+
+def judge(screen: Screen, round_: int, deltas: dict[str, Upload], claimed: dict[str, float], g: np.ndarray,
+          recorder: Recorder) -> dict[str, Verdict]:
+    """A verdict per delta (keys "site" or "site@round" for a late one; `g` their Gram matrix),
+    each rejection or clip written as a `quarantine` event and a log line."""
+    keys = list(deltas)
+    verdicts = screen.judge(keys, g, [claimed[k] for k in keys])
     for key, v in verdicts.items():
-        if v.action == "accept":
+        if not v.reason:
             continue
         site, _, late_round = key.partition("@")
-        action = "rejected" if v.action == "reject" else f"clipped to {v.factor:.3g}x"
+        late = f" (late delta of round {late_round})" if late_round else ""
         recorder.emit("quarantine", round=round_, site=site, action=v.action, norm=v.norm, reference=v.reference,
-                      factor=v.factor, message=f"{v.reason}: {action}" + (f" (late delta of round {late_round})"
-                                                                          if late_round else ""))
-        log.warning("round %d: the delta of %s %s: %s", round_, key, action, v.reason)
+                      factor=v.factor, weight=v.weight, claimed_weight=claimed[key], message=v.reason + late)
+        log.warning("round %d: the delta of %s: %s", round_, key, v.reason)
     return verdicts
 
 
@@ -60,22 +68,18 @@ def tell_sites(ps: ParameterServer, verdicts: dict[str, Verdict]) -> None:
         if v.action == "accept" or link is None:
             continue
         outcome = "rejected" if v.action == "reject" else "clipped"
-        what = "rejected" if v.action == "reject" else f"clipped to {v.factor:.3g}x its norm"
         link.outbox.put_nowait(DeltaOutcome(int(late_round) if late_round else ps.round, outcome,
-                                            f"screened when round {ps.round} committed: {v.reason}: {what}"))
+                                            f"screened when round {ps.round} committed: {v.reason}"))
 
 
-def contributions(uploads: dict[str, Upload], stale: dict[str, Upload], verdicts: dict[str, Verdict],
-                  round_: int, staleness_discount: float) -> dict[str, Contribution]:
-    """The accepted (or clipped) deltas with their weights: tokens trained, discounted when late."""
+def contributions(deltas: dict[str, Upload], verdicts: dict[str, Verdict]) -> dict[str, Contribution]:
+    """The deltas that count, scaled and weighted as the screen decided."""
     out = {}
-    for key, up in {**uploads, **stale}.items():
-        assert up.delta is not None and up.metrics is not None      # only complete, checked uploads commit
-        parts = up.delta if verdicts[key].action == "accept" else clipped(up.delta, verdicts[key].factor)
-        weight = float(up.metrics.tokens)
-        if key in stale:
-            weight = stale_weight(up.metrics.tokens, round_ - up.round, staleness_discount)
-        out[key] = Contribution(parts, weight)
+    for key, up in deltas.items():
+        v = verdicts[key]
+        if v.action != "reject":
+            assert up.delta is not None
+            out[key] = Contribution(up.delta if v.factor == 1 else clipped(up.delta, v.factor), v.weight)
     return out
 
 
@@ -97,20 +101,28 @@ async def commit_round(ps: ParameterServer) -> None:
     """Screen and aggregate the closed round, apply it, journal it, tell every site; start the next."""
     uploads = {s: ps.uploads[s] for s in sorted(ps.in_round)}
     stale = ps.rounds.take_stale(ps.round)
-    verdicts = judge(ps.screen, ps.cfg, ps.round, {**uploads, **stale}, ps.recorder)
+    deltas = {**uploads, **stale}
+    if ps.screen.trusted or len(deltas) < 2:      # only the norms are used: no pass over the deltas
+        g = np.diag([up.norm ** 2 for up in deltas.values()])
+    else:
+        g = await asyncio.to_thread(gram, [up.delta for up in deltas.values()])
+    claimed = weights(uploads, stale, ps.round, ps.cfg.train.staleness_discount)
+    verdicts = judge(ps.screen, ps.round, deltas, claimed, g, ps.recorder)
     tell_sites(ps, verdicts)
     accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
     accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
     await ps.downloads.freeze(ps.round)
     t0 = time.time()
-    parts = contributions(accepted, accepted_stale, verdicts, ps.round, ps.cfg.train.staleness_discount)
+    parts = contributions(deltas, verdicts)
     counted = {**accepted, **accepted_stale}
     # The model may change only once the last full checkpoint is written (it writes the live
     # arrays), and a round may commit only once the deltas it counts are in the journal.
     await ps.checkpoints.settled()
     await asyncio.gather(*(up.journaled for up in counted.values() if up.journaled is not None))
     result, stats, update_chunks = await asyncio.to_thread(_aggregate, ps, parts, accepted, accepted_stale)
-    ps.screen.remember(verdicts)
+    for alert in ps.screen.record(ps.round, verdicts):
+        ps.recorder.emit("alert", round=ps.round, **alert)
+        log.warning("alert: %s", alert["message"])
     aggregate_s = time.time() - t0
     r = ps.round
     ps.round += 1

@@ -115,6 +115,10 @@ class ParameterServer:
             self.val_loss = g.evaluate()
             self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(), num_params=g.parameters(),
                                val_loss=self.val_loss, corpus=self.corpus_summary)
+            if (warning := self.screen.cannot_decide(cfg.num_sites)) is not None:
+                self.recorder.emit("alert", round=0, site="", sites=[], since=0, rounds=0, action="none",
+                                   message=warning)
+                log.warning("%s", warning)
             if self.journal is not None:        # the base the journal's rounds are replayed onto
                 self.journal.clear()
                 self.checkpoints.write(snapshot(self))

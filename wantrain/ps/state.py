@@ -35,7 +35,7 @@ def _small_state(ps: ParameterServer) -> dict:
     commit record overwrites it with the round it commits (the next is that + 1)."""
     return {"run_id": ps.run_id, "round": ps.round, "registry": dict(ps.registry),
             "data_positions": dict(ps.data_positions), "val_loss": ps.val_loss,
-            "screen_norms": ps.screen.state_dict()}
+            "screen": ps.screen.state_dict()}
 
 
 def snapshot(ps: ParameterServer) -> dict:
@@ -56,7 +56,7 @@ def restore(ps: ParameterServer, saved: dict) -> None:
     ps.hashes = {int(k): v for k, v in saved["hashes"].items()}
     ps.registry = dict(saved["registry"])
     ps.data_positions = {k: int(v) for k, v in saved.get("data_positions", {}).items()}
-    ps.screen.load_state_dict(saved.get("screen_norms", []))
+    ps.screen.load_state_dict(saved.get("screen", {}))
     ps.hash = ps.global_model.hash()
     ps.catchup = Catchup(ps.round, ps.catchup.max_bytes)    # replayed rounds are kept for catch-ups
     if ps.hash != ps.hashes.get(ps.round):
@@ -95,7 +95,7 @@ def replay(ps: ParameterServer) -> int:
         ps.hashes[ps.round] = model_hash
         ps.registry = dict(rec["registry"])
         ps.data_positions = {k: int(v) for k, v in rec["data_positions"].items()}
-        ps.screen.load_state_dict(rec["screen_norms"])
+        ps.screen.load_state_dict(rec.get("screen", {}))
         keys = [c["key"] for c in rec["contributions"]]     # the round's result, as the sites got it
         ps.catchup.add(rec["round"], msgs, RoundResult(rec["round"], model_hash, tuple(k for k in keys if "@" not in k),
                                                        ps.val_loss, tuple(k.partition("@")[0] for k in keys if "@" in k)))

@@ -209,11 +209,14 @@ class Dashboard:
                 f"{ends[-1]['val_loss']:.4f}, last round {ends[-1]['round_s']:.1f} s")
         rows = "".join(f"<tr><td><b>{html.escape(site)}</b></td><td>{html.escape(st)}</td></tr>"
                        for site, st in sorted(site_states(events).items()))
+        # The screen's alerts (wantrain.screening): who is out of line, since when, what was done.
+        alerts = "".join(f"<div style='color:#b00020'><b>alert</b> (round {e.get('round', 0)}): "
+                         f"{html.escape(e.get('message', ''))}</div>" for e in events if e["kind"] == "alert")
         if self.error:
             head = f"stopped: {self.error}"
         elif self.stopped_by_user and not done:
             head = f"stopped by the user after {len(ends)} rounds"
-        return f"{html.escape(head)}<table>{rows}</table>"
+        return f"{html.escape(head)}{alerts}<table>{rows}</table>"
 
     def _ipython_display_(self) -> None:   # `dashboard` as the last line of a cell shows it
         from IPython.display import display

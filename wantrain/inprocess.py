@@ -1,0 +1,86 @@
+"""A run's rounds in this process: the code a wantrain run executes, without processes or sockets.
+
+`InProcessRun` holds what a run's parties hold: each site's inner loop on its own shard
+(site/train.py) with its uplink codec and error feedback, and the PS's screen (screening.py),
+weights and global model (ps/model.py). A round is `train` for each site, then `commit` of the
+deltas, which screens, weighs and aggregates them as the PS's commit does (ps/commit.py). Studies
+(study.diloco_vs_sync) and benchmarks (bench/robustness.py) drive it; a benchmark may hand
+`commit` a delta no honest site would send, built from what the protocol lets a site see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .aggregate import Contribution
+from .codec import Codec, EncodeStats, ErrorFeedback, Extracted, encode_arrays
+from .config import RunConfig
+from .screening import Screen, Verdict, clipped, gram
+
+__all__ = ["Sent", "InProcessRun"]
+
+
+@dataclass
+class Sent:
+    """A delta as the PS holds it once it arrived: its chunks (int8 + scales) and its claimed tokens."""
+
+    parts: list[Extracted]
+    tokens: float
+    wire_bytes: int = 0
+
+
+class InProcessRun:
+    """`cfg.num_sites` sites and the PS's side of a run, in this process (CPU)."""
+
+    def __init__(self, cfg: RunConfig, tok, corpus) -> None:
+        import torch
+
+        from .ps.model import GlobalModel
+        from .site.group import build_inner
+
+        self.cfg = cfg
+        self.model = GlobalModel(cfg, tok.vocab_size, corpus.val)
+        self.screen = Screen(cfg)
+        self.names = list(cfg.sites) or [f"site-{k}" for k in range(cfg.num_sites)]
+        self.sites = {n: build_inner(cfg, k, 0, torch.device("cpu"), n) for k, n in enumerate(self.names)}
+        self.uplinks = {n: Codec(cfg.codec) for n in self.names}
+        self.feedback = {n: ErrorFeedback() if cfg.codec.error_feedback else None for n in self.names}
+        self.alerts: list[dict] = []
+
+    def start(self) -> dict[str, np.ndarray]:
+        """A copy of the global model's parameters: what every site starts the round from."""
+        return {k: v.copy() for k, v in self.model.views.items()}
+
+    def train(self, name: str, round_: int, start: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Sent]:
+        """Site `name`'s round from `start`: its fp32 delta, and that delta as sent (through its
+        codec, with its error feedback)."""
+        from .replica import flat_copy, load_flat
+        from .site.train import Segment
+
+        inner = self.sites[name]
+        load_flat(inner.model, start)
+        seg = Segment(round_, 0.0)
+        inner.train(seg)
+        delta, info = inner.delta(start, flat_copy(inner.model), seg)
+        return delta, self.encode(delta, info["tokens"], self.uplinks[name], self.feedback[name])
+
+    @staticmethod
+    def encode(delta: dict[str, np.ndarray], tokens: float, codec: Codec, feedback: ErrorFeedback | None) -> Sent:
+        stats = EncodeStats()
+        chunks, _ = encode_arrays(delta, codec, feedback, stats)
+        return Sent(Codec.extract_many([e for _, e in chunks]), float(tokens), stats.wire_bytes)
+
+    def commit(self, round_: int, deltas: dict[str, Sent]) -> dict[str, Verdict]:
+        """Screen, weigh and aggregate the round's deltas into the global model; the verdicts."""
+        keys = sorted(deltas)
+        verdicts = self.screen.judge(keys, gram([deltas[k].parts for k in keys]), [deltas[k].tokens for k in keys])
+        parts = {k: Contribution(deltas[k].parts if v.factor == 1 else clipped(deltas[k].parts, v.factor), v.weight)
+                 for k, v in verdicts.items() if v.action != "reject"}
+        self.model.apply(round_, parts)
+        self.alerts += [dict(a, round=round_) for a in self.screen.record(round_, verdicts)]
+        return verdicts
+
+    def evaluate(self) -> float:
+        return self.model.evaluate()
