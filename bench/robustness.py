@@ -34,6 +34,7 @@ an alert raised.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -193,7 +194,7 @@ def main() -> None:
     p.add_argument("--sites", help="comma-separated site counts (quick: 2,3; full: 2,3,5)")
     p.add_argument("--attacks", help=f"comma-separated, of {', '.join(ATTACKS)}")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one core each")
-    p.add_argument("--out", default="robustness", help="result name under bench/results")
+    p.add_argument("--out", default="robustness", help="result name under bench/results, or a path ending in .json")
     args = p.parse_args()
     size = dict(SIZES["quick" if args.quick else "full"])
     sites = [int(x) for x in args.sites.split(",")] if args.sites else list(size["sites"])
@@ -220,8 +221,12 @@ def main() -> None:
     print(table(rows))
     missed = [r for r in rows if r.get("goal") is False]
     print(f"goals: {'all met' if not missed else f'{len(missed)} missed'}")
-    save(args.out, {"size": "quick" if args.quick else "full", **size, "sites": sites, "attacks": attacks,
-                    "seeds": len(seeds), "rows": rows, "runs": results})
+    result = {"size": "quick" if args.quick else "full", **size, "sites": sites, "attacks": attacks,
+              "seeds": len(seeds), "rows": rows, "runs": results}
+    if args.out.endswith(".json"):
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    else:
+        save(args.out, result)
 
 
 if __name__ == "__main__":
