@@ -184,3 +184,16 @@ def test_gram_of_int8_chunks_matches_the_dequantized_values():
         values.append(np.concatenate([decoded[k] for k in d]).astype(np.float64))
     x = np.stack(values)
     assert len(parts[0]) > 2 and np.allclose(gram(parts), x @ x.T, rtol=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(log_claim=st.floats(-20, 20), seed=st.integers(0, 1000))
+def test_of_two_sites_neither_claims_more_than_its_bounded_share(log_claim, seed):
+    honest = honest_deltas(1, seed)[0]
+    deltas = {"honest": honest, "x": -honest}
+    weights = {"honest": 1000.0, "x": 1000.0 * math.exp(log_claim)}
+    v = judge(Screen(CFG), deltas, weights)
+    assert v["honest"].action == v["x"].action == "accept" and v["honest"].factor == v["x"].factor == 1
+    share = v["x"].weight / (v["x"].weight + v["honest"].weight)
+    ratio = CFG.robust.weight_ratio
+    assert 1 / (1 + ratio) * (1 - 1e-9) <= share <= ratio / (1 + ratio) * (1 + 1e-9)

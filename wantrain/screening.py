@@ -150,7 +150,8 @@ class Screen:
       more than `weight_ratio` x their median weight: what one site can move the mean by is
       bounded by these medians, which the honest majority sets.
     With one or two sites, no rule can tell an honest delta from a hostile one: nothing is
-    compared (the absolute bounds on arrival still hold), and disagreement is only reported.
+    judged (the absolute bounds on arrival still hold), disagreement is only reported, and of two
+    weights the larger is capped at `weight_ratio` x the smaller.
     A site's late delta is judged against the current ones and gives no vote of its own.
     `trusted = True` (robust.trust) turns the relative rules off."""
 
@@ -169,8 +170,8 @@ class Screen:
         return (f"robust.trust is 'untrusted' but the run has {num_sites} site(s): with fewer than "
                 f"{self.MIN_SITES} no rule can tell an honest delta from a hostile one, so no delta is judged "
                 f"against another (each is still bounded on arrival by robust.max_delta_ratio and its "
-                f"claims)" + ("; an alert is raised if the two sites' deltas keep disagreeing" if num_sites == 2
-                              else ""))
+                f"claims)" + ("; the two weights are kept within robust.weight_ratio of each other, and an alert "
+                              "is raised if the two sites' deltas keep disagreeing" if num_sites == 2 else ""))
 
     def judge(self, keys: list[str], g: np.ndarray, weights: list[float]) -> dict[str, Verdict]:
         """A verdict per delta: keys "site" or "site@round" (a late delta), `g` their Gram matrix
@@ -213,16 +214,21 @@ class Screen:
             out = {k: Verdict("accept", v.norm, v.weight, reference=v.reference, disagrees=v.disagrees,
                               reason="no delta agrees with a majority of the others: none rejected")
                    for k, v in out.items()}
-        return self._bounded(out) if judged else out
+        return out if self.trusted else self._bounded(out, judged)
 
-    def _bounded(self, verdicts: dict[str, Verdict]) -> dict[str, Verdict]:
-        """Cap the counted deltas' norms and weights at multiples of their medians."""
+    def _bounded(self, verdicts: dict[str, Verdict], judged: bool) -> dict[str, Verdict]:
+        """Cap the counted deltas' norms (judged rounds only) and weights at multiples of their
+        medians. Two deltas: the larger weight at weight_ratio x the smaller, which keeps either
+        site's share of the mean within [1 / (1 + ratio), ratio / (1 + ratio)]: a site that claims
+        little gains no more than the half it gets by claiming what the other does."""
         r = self.robust
         counted = {k: v for k, v in verdicts.items() if v.action != "reject"}
-        if len(counted) < self.MIN_SITES:
+        if len(counted) < 2:
             return verdicts
-        norm_cap = r.clip_ratio * statistics.median(v.norm * v.factor for v in counted.values())
-        weight_cap = r.weight_ratio * statistics.median(v.weight for v in counted.values())
+        norm_cap = (r.clip_ratio * statistics.median(v.norm * v.factor for v in counted.values())
+                    if judged and len(counted) >= self.MIN_SITES else math.inf)
+        weights = [v.weight for v in counted.values()]
+        weight_cap = r.weight_ratio * (statistics.median(weights) if len(counted) >= self.MIN_SITES else min(weights))
         out = dict(verdicts)
         for k, v in counted.items():
             notes = []
@@ -234,7 +240,7 @@ class Screen:
             if r.weight_ratio and weight > weight_cap:
                 weight = weight_cap
                 notes.append(f"weight {v.weight:.4g} capped at {weight_cap:.4g} (robust.weight_ratio "
-                             f"{r.weight_ratio:g} x the median)")
+                             f"{r.weight_ratio:g} x the {'median' if len(counted) >= self.MIN_SITES else 'other'})")
             if notes:
                 reason = "; ".join(([v.reason] if v.reason else []) + notes)
                 out[k] = Verdict("clip" if factor < 1 else v.action, v.norm, weight, factor, v.reference, reason,
@@ -245,9 +251,10 @@ class Screen:
         """After a commit: who was out of line this round. Returns the alerts to raise: a site out of
         line `alert_after` rounds in a row (or, with two sites, the pair), once per streak."""
         current = {k: v for k, v in verdicts.items() if "@" not in k}
-        out_of_line = {k for k, v in current.items() if v.reason}
-        if len(current) == 2 and any(v.disagrees for v in current.values()):
-            out_of_line.add("|".join(sorted(current)))
+        judged = len(current) >= self.MIN_SITES
+        out_of_line = {k for k, v in current.items() if v.reason} if judged else set()
+        if len(current) == 2 and any(v.disagrees or v.reason for v in current.values()):
+            out_of_line.add("|".join(sorted(current)))      # two sites: which one is out of line is unknown
         alerts = []
         for key in set(self.streaks) | out_of_line:
             if key not in out_of_line:
