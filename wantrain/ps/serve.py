@@ -32,6 +32,7 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
     add_to_server(servicer, server)
     bound = net.bind(server, host, port, tls)
     await server.start()
+    servicer.guard.start(bound)
     log.info("parameter server %s listening on %s:%d (%s; at most %d connections, open-file limit %d)", ps.run_id,
              host, bound, "plaintext" if tls is None else "TLS, client certificates required" if tls.client_ca
              else "TLS", ps.limits.connection_cap(), soft)
@@ -54,6 +55,7 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
         else:
             await server.wait_for_termination()
     finally:
+        await servicer.guard.stop()
         ps.closing.set()            # watchers get their last events and end their streams
         deadline = time.time() + 1.0
         while servicer.watchers and time.time() < deadline:

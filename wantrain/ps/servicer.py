@@ -27,6 +27,7 @@ from ..auth import token_from_metadata
 from ..errors import CodecError, ProtocolError, Reject, RejectedError
 from ..limits import Limits, Throttle, TokenBucket, safe_text
 from ..messages import ErrorMessage, Join
+from .connections import ConnectionGuard
 from .downloads import ModelDownload
 from .server import ParameterServer
 
@@ -78,6 +79,7 @@ class Servicer:
         self.refusals = Throttle(self.limits.rejected_events_burst, self.limits.rejected_events_per_s)
         self.reports = TokenBucket(self.limits.reported_events_burst, self.limits.reported_events_per_s)
         self.watchers: dict[int, int] = {}    # open Watch streams -> the next sequence number each will send
+        self.guard = ConnectionGuard(self.limits)   # started by serve() once the port is known
 
     def watchers_caught_up(self) -> bool:
         """Has every open Watch stream been handed every event recorded so far?"""
@@ -148,6 +150,7 @@ class Servicer:
             try:
                 join = await self._first_message(requests)
                 link = self.ps.join(join)
+                self.guard.passed(context.peer())
             except _Ended as e:
                 yield wire.server_message(ErrorMessage(str(e.code), str(e)))
                 self._refused(host, e.code, str(e))
@@ -242,6 +245,7 @@ class Servicer:
             self._refused(peer_host(context.peer()), Reject.UNAUTHENTICATED, "Ping without a valid token")
             await context.abort(STATUS[Reject.UNAUTHENTICATED], "Ping needs a site's token or the observer token "
                                                                 "(metadata authorization: Bearer TOKEN)")
+        self.guard.passed(context.peer())
         return wire.ping_reply(time.time())
 
     async def Watch(self, raw, context):
@@ -256,6 +260,7 @@ class Servicer:
             self._end(context, Reject.UNAUTHENTICATED, "Watch needs the observer token (metadata authorization: "
                                                        "Bearer TOKEN; `wantrain ps --observer-token-file`)")
             return
+        self.guard.passed(context.peer())
         with self._stream_slot(host) as admitted:
             if not admitted:
                 self._end(context, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams are "
@@ -271,6 +276,7 @@ class Servicer:
             self._refused(host, Reject.UNAUTHENTICATED, "Report without the observer token")
             await context.abort(STATUS[Reject.UNAUTHENTICATED], "Report needs the observer token (metadata "
                                                                 "authorization: Bearer TOKEN)")
+        self.guard.passed(context.peer())
         try:
             events = wire.parse_report(raw)
         except ProtocolError as e:
