@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/time_to_target.py
 	$(BIN)/python bench/binder_memory.py
 	$(BIN)/python bench/dark_site.py
+	$(BIN)/python bench/robustness.py
 	if [ "$(LARGE)" = 1 ]; then $(BIN)/python bench/large_model.py --preset llama3-1b --push; fi
 	$(BIN)/python bench/table.py
 

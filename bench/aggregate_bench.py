@@ -30,6 +30,7 @@ from wantrain.cpu import cores
 from wantrain.models import build_model
 from wantrain.outer import OuterNesterov
 from wantrain.replica import named_params
+from wantrain.screening import gram
 
 
 def deltas(shapes: dict[str, int], codec: Codec, plan, seed: int) -> list:
@@ -76,11 +77,18 @@ def main() -> None:
             sys.exit(f"round {r}: the compiled step and the numpy step differ")
         print(f"round {r}: compiled {times['compiled'][-1]:.2f} s, numpy {times['numpy'][-1]:.2f} s "
               f"(same parameters and update bytes)", flush=True)
+    times["screen"] = []            # what the default screen adds before the commit: every pair's dot product
+    for _ in range(a.rounds):
+        t0 = time.perf_counter()
+        gram(list(sites.values()))
+        times["screen"].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"aggregate + outer step + encode + apply, {a.preset}, 3 sites: compiled {med['compiled']:.2f} s, "
           f"numpy {med['numpy']:.2f} s; ratio {med['numpy'] / med['compiled']:.2f}x")
+    print(f"the screen's angles between the 3 deltas (robust.trust untrusted): {med['screen']:.2f} s, "
+          f"{med['screen'] / med['compiled']:.0%} of the compiled aggregate")
     save("aggregate", {"preset": a.preset, "params": n, "cores": cores(), "seconds": times, "median_s": med,
-                       "speedup": med["numpy"] / med["compiled"]})
+                       "speedup": med["numpy"] / med["compiled"], "screen_share": med["screen"] / med["compiled"]})
 
 
 if __name__ == "__main__":

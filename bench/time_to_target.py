@@ -49,6 +49,7 @@ ARMS: dict[str, dict] = {
 }
 EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer (--arms)
     "overlap-steps": {"train.schedule": "overlap"},
+    "trusted": {"robust.trust": "trusted"},    # diloco-int8-huffman without comparing deltas (issue 26's cost)
 }
 
 # quick: short runs that still separate the arms; full: the `make demo` run.

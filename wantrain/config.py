@@ -179,13 +179,15 @@ class RobustConfig:
     trust: str = "untrusted"         # "untrusted": judge each round's deltas against each other (below);
                                      # "trusted": only the absolute bounds (max_delta_ratio, claims)
     norm_factor: float = 10.0        # two deltas disagree if one's L2 norm is over this x the other's (0: never) ...
-    min_cosine: float = 0.0          # ... or the cosine of their angle is under this (-1: never); a delta that
+    min_cosine: float = 0.02         # ... or the cosine of their angle is under this (-1: never: a delta that
+                                     # shares under 2 % of its length with another's direction carries nothing
+                                     # the other agrees with; honest ones measured 0.16-0.8); a delta that
                                      # disagrees with more than half of the other sites' is ...
     norm_action: str = "reject"      # ... "reject"ed, or (if it is only too large) "clip"ped to norm_factor x
                                      # the others' median norm
     clip_ratio: float = 2.0          # counted deltas' norms capped at this x their median (0: no cap) ...
     weight_ratio: float = 2.0        # ... and their weights (tokens) at this x their median (0: no cap)
-    alert_after: int = 3             # rounds in a row a site's deltas are out of line before an `alert` event
+    alert_after: int = 3             # rounds (of the site's last 2x this) out of line before an `alert` event
     max_delta_ratio: float = 10.0    # no delta may exceed this x the larger of the global parameters' norm and
                                      # steps x inner_lr x sqrt(parameters) (how far AdamW can move) (0: no bound)
     max_steps_per_s: float = 1000.0  # time-budgeted rounds: steps a site may claim per second of its budget

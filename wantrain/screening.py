@@ -160,7 +160,7 @@ class Screen:
     def __init__(self, cfg: RunConfig) -> None:
         self.robust = cfg.robust
         self.trusted = cfg.robust.trust == "trusted"
-        self.streaks: dict[str, list[int]] = {}     # site (or "a|b") -> [first round, rounds] out of line
+        self.windows: dict[str, list[tuple[int, bool]]] = {}   # site (or "a|b") -> its last rounds: out of line?
         self.alerted: set[str] = set()
 
     def cannot_decide(self, num_sites: int) -> str | None:
@@ -248,47 +248,48 @@ class Screen:
         return out
 
     def record(self, round_: int, verdicts: dict[str, Verdict]) -> list[dict]:
-        """After a commit: who was out of line this round. Returns the alerts to raise: a site out of
-        line `alert_after` rounds in a row (or, with two sites, the pair), once per streak."""
+        """After a commit: who was out of line this round. Returns the alerts to raise: a site (or,
+        with two sites, the pair) out of line in `alert_after` of the last 2 x `alert_after` rounds
+        it sent a delta in, once until a whole window of them is clean again."""
         current = {k: v for k, v in verdicts.items() if "@" not in k}
         judged = len(current) >= self.MIN_SITES
-        out_of_line = {k for k, v in current.items() if v.reason} if judged else set()
-        if len(current) == 2 and any(v.disagrees or v.reason for v in current.values()):
-            out_of_line.add("|".join(sorted(current)))      # two sites: which one is out of line is unknown
+        seen = {k: bool(v.reason) and judged for k, v in current.items()}
+        if len(current) == 2:       # two sites: which one is out of line is unknown, so the pair is
+            seen["|".join(sorted(current))] = any(v.disagrees or v.reason for v in current.values())
+        n = self.robust.alert_after
         alerts = []
-        for key in set(self.streaks) | out_of_line:
-            if key not in out_of_line:
-                if "|" in key or key in current:       # a site that sent nothing keeps its streak
-                    self.streaks.pop(key, None)
-                    self.alerted.discard(key)
-                continue
-            first, n = self.streaks.get(key, [round_, 0])
-            self.streaks[key] = [first, n + 1]
-            if n + 1 >= self.robust.alert_after and key not in self.alerted:
+        for key, out in seen.items():
+            window = self.windows.setdefault(key, [])
+            window.append((round_, out))
+            del window[:-2 * n]
+            bad = [r for r, o in window if o]
+            if not bad and len(window) == 2 * n:
+                self.alerted.discard(key)
+            elif len(bad) >= n and key not in self.alerted:
                 self.alerted.add(key)
-                alerts.append(self._alert(key, first, n + 1, verdicts))
+                alerts.append(self._alert(key, bad[0], len(bad), len(window), verdicts))
         return alerts
 
-    def _alert(self, key: str, first: int, rounds: int, verdicts: dict[str, Verdict]) -> dict:
+    def _alert(self, key: str, first: int, bad: int, of: int, verdicts: dict[str, Verdict]) -> dict:
         if "|" in key:
             a, b = key.split("|")
-            return {"site": a, "sites": [a, b], "since": first, "rounds": rounds, "action": "none",
-                    "message": f"the deltas of {a} and {b} have disagreed in every round since round {first} "
-                               f"(norms {verdicts[a].norm:.4g} and {verdicts[b].norm:.4g}); with two sites no rule can tell "
-                               f"which one is honest, so both were counted"}
+            return {"site": a, "sites": [a, b], "since": first, "rounds": bad, "action": "none",
+                    "message": f"the deltas of {a} and {b} disagreed in {bad} of the last {of} rounds since round "
+                               f"{first} (now norms {verdicts[a].norm:.4g} and {verdicts[b].norm:.4g}); with two "
+                               f"sites no rule can tell which one is honest, so both were counted"}
         v = verdicts[key]
         done = {"reject": "rejected", "clip": "clipped", "accept": "counted"}[v.action]
-        return {"site": key, "sites": [key], "since": first, "rounds": rounds, "action": v.action,
-                "message": f"{key}'s deltas have been out of line with the other sites' in every round since "
-                           f"round {first} ({rounds} rounds); this round's was {done}: {v.reason}"}
+        return {"site": key, "sites": [key], "since": first, "rounds": bad, "action": v.action,
+                "message": f"{key}'s deltas were out of line with the other sites' in {bad} of its last {of} rounds "
+                           f"since round {first}; this round's was {done}: {v.reason}"}
 
     def state_dict(self) -> dict:
-        return {"streaks": {k: list(v) for k, v in self.streaks.items()}, "alerted": sorted(self.alerted)}
+        return {"windows": {k: [list(x) for x in w] for k, w in self.windows.items()}, "alerted": sorted(self.alerted)}
 
     def load_state_dict(self, state) -> None:
         """A checkpoint's screen state (older ones kept a list of norms: nothing to carry over)."""
         state = state if isinstance(state, dict) else {}
-        self.streaks = {k: [int(a), int(b)] for k, (a, b) in state.get("streaks", {}).items()}
+        self.windows = {k: [(int(r), bool(o)) for r, o in w] for k, w in state.get("windows", {}).items()}
         self.alerted = set(state.get("alerted", []))
 
 
