@@ -19,7 +19,7 @@ from wantrain.limits import Limits, Throttle, TokenBucket, safe_text
 from wantrain.messages import HashReport, Join
 from wantrain.ps import ParameterServer
 from wantrain.ps.connections import ConnectionGuard, peer_address
-from wantrain.telemetry import read_events, rows
+from wantrain.telemetry import read_events
 
 from .helpers import Proc, free_port, small_config, wantrain
 from .test_hostile import HandSite
