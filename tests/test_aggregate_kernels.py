@@ -111,3 +111,19 @@ def test_compress_is_encode_without_the_dequantize():
     enc, values = codec.encode(x)
     enc2, sent = codec.compress(x)
     assert enc == enc2 and isinstance(sent, Extracted) and same_bits(sent.values(), values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 3000), block=st.sampled_from([1, 7, 64, 4096]), seed=st.integers(0, 2**32 - 1))
+def test_dot_products_match_float64_numpy(n, block, seed):
+    """The screen's pair dot products (screening.gram) against numpy on the dequantized values."""
+    rng = np.random.default_rng(seed)
+    blocks = -(-n // block)
+    qa, qb = (rng.integers(-127, 128, n).astype(np.int8) for _ in range(2))
+    sa, sb = (rng.uniform(1e-6, 1.0, blocks).astype(np.float32) for _ in range(2))
+    x = qa.astype(np.float64) * np.repeat(sa.astype(np.float64), block)[:n]
+    y = qb.astype(np.float64) * np.repeat(sb.astype(np.float64), block)[:n]
+    assert kernels.dot_int8(qa, sa, qb, sb, block) == pytest.approx(float(x @ y), rel=1e-9, abs=1e-9)
+    fa, fb = x.astype(np.float32), y.astype(np.float32)
+    assert kernels.dot_f32(fa, fb) == pytest.approx(float(fa.astype(np.float64) @ fb.astype(np.float64)), rel=1e-12,
+                                                    abs=1e-12)

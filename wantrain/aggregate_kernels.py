@@ -1,6 +1,7 @@
 """The PS round's element loops, compiled with numba: one pass over memory where numpy made five.
 
-aggregate.py calls these once per chunk of the plan, on the CPU pool's threads (`nogil`). Each
+aggregate.py calls these once per chunk of the plan, on the CPU pool's threads (`nogil`); the
+screen (screening.gram) calls the two dot products once per pair of deltas and chunk. Each
 computes, element by element, exactly the float32 operations of the numpy expression in its
 docstring, in that order (no fused multiply-add: numba leaves fastmath off), so the results are
 the same bits as numpy's, and tests/test_aggregate_kernels.py checks that they are.
@@ -14,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["add_weighted_int8", "add_weighted", "nesterov_step", "record_and_apply", "NO_RESIDUAL"]
+__all__ = ["add_weighted_int8", "add_weighted", "nesterov_step", "record_and_apply", "dot_int8", "dot_f32",
+           "NO_RESIDUAL"]
 
 NO_RESIDUAL = np.empty(0, np.float32)      # for a `residual` argument: a downlink without error feedback
 
@@ -68,3 +70,27 @@ def record_and_apply(params: np.ndarray, corrected: np.ndarray, q: np.ndarray, s
                 r[j] = c[j] - np.float32(qb[j]) * s
         for j in range(hi - lo):
             p[j] += np.float32(qb[j]) * s
+
+
+@njit(nogil=True, cache=True)
+def dot_int8(qa: np.ndarray, sa: np.ndarray, qb: np.ndarray, sb: np.ndarray, block: int) -> float:
+    """dot(dequantize_int8(qa, sa), dequantize_int8(qb, sb)) in float64: per block an exact integer
+    sum of products (at most 4096 x 127^2 < 2^31 per block for any block up to 2^17), times both scales."""
+    total = np.float64(0.0)
+    for b in range(sa.size):
+        lo, hi = b * block, min(qa.size, (b + 1) * block)
+        x, y = qa[lo:hi], qb[lo:hi]
+        acc = np.int64(0)
+        for j in range(hi - lo):
+            acc += np.int32(x[j]) * np.int32(y[j])
+        total += np.float64(acc) * (np.float64(sa[b]) * np.float64(sb[b]))
+    return total
+
+
+@njit(nogil=True, cache=True)
+def dot_f32(a: np.ndarray, b: np.ndarray) -> float:
+    """dot(a, b) of float32 arrays, summed in float64."""
+    total = np.float64(0.0)
+    for i in range(a.size):
+        total += np.float64(a[i]) * np.float64(b[i])
+    return total

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import aggregate_kernels as kernels
 from .codec import Extracted
 from .cpu import map_ordered
 from .codec.quantize import num_blocks
@@ -108,19 +109,30 @@ def clipped(parts: list[Extracted], factor: float) -> list[Extracted]:
             for x in parts]
 
 
-def gram(deltas: list[list[Extracted]]) -> np.ndarray:
-    """Every pair's dot product of whole deltas, (n, n) float64: the norms on the diagonal, the
-    angles off it. Chunk by chunk on every core, each chunk dequantized once, summed in float64."""
+def gram(deltas: list[list[Extracted]], norms: list[float] | None = None) -> np.ndarray:
+    """Every pair's dot product of whole deltas, (n, n) float64: the norms on the diagonal (squared;
+    given, or computed), the angles off it. Chunk by chunk on every core, from the int8 symbols and
+    scales without dequantizing (aggregate_kernels.dot_int8)."""
     n = len(deltas)
+    pairs = [(a, b) for a in range(n) for b in range(a if norms is None else a + 1, n)]
 
-    def chunk(i: int) -> np.ndarray:
-        x = np.stack([d[i].values() for d in deltas]).astype(np.float64)     # (n, chunk length)
-        return x @ x.T
+    def chunk(i: int) -> list[float]:
+        out = []
+        for a, b in pairs:
+            x, y = deltas[a][i], deltas[b][i]
+            if x.scales is None or y.scales is None:
+                out.append(kernels.dot_f32(x.values(), y.values()))
+            else:
+                out.append(kernels.dot_int8(x.data, x.scales, y.data, y.scales, x.block))
+        return out
 
-    out = np.zeros((n, n))
-    for g in map_ordered(chunk, range(len(deltas[0])) if deltas else ()):
-        out += g
-    return out
+    g = np.diag(np.square(norms)) if norms is not None else np.zeros((n, n))
+    for dots in map_ordered(chunk, range(len(deltas[0])) if deltas and pairs else ()):
+        for (a, b), d in zip(pairs, dots):
+            g[a, b] += d
+            if a != b:
+                g[b, a] += d
+    return g
 
 
 @dataclass(frozen=True)

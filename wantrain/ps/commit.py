@@ -105,7 +105,7 @@ async def commit_round(ps: ParameterServer) -> None:
     if ps.screen.trusted or len(deltas) < 2:      # only the norms are used: no pass over the deltas
         g = np.diag([up.norm ** 2 for up in deltas.values()])
     else:
-        g = await asyncio.to_thread(gram, [up.delta for up in deltas.values()])
+        g = await asyncio.to_thread(gram, [up.delta for up in deltas.values()], [up.norm for up in deltas.values()])
     claimed = weights(uploads, stale, ps.round, ps.cfg.train.staleness_discount)
     verdicts = judge(ps.screen, ps.round, deltas, claimed, g, ps.recorder)
     tell_sites(ps, verdicts)
