@@ -189,7 +189,7 @@ def test_chunkwise_aggregation_equals_the_whole_model_reference(tmp_path):
     from wantrain.replica import apply_update, flat_copy, load_flat
 
     async def scenario():
-        ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 2}), run_dir=tmp_path)
+        ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 2, "robust.trust": "trusted"}), run_dir=tmp_path)
         start = flat_copy(ps.model)
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
         rng = np.random.default_rng(5)
