@@ -9,6 +9,7 @@ import pytest
 from wantrain.config import TrainConfig
 from wantrain.messages import DeltaOutcome, HashReport, Join, RoundResult, RoundStart
 from wantrain.ps import ParameterServer
+from wantrain.ps import rounds
 from wantrain.ps.rounds import RoundClock, stale_weight
 from wantrain.replica import param_hash
 
@@ -54,6 +55,48 @@ def test_one_sites_lateness_cannot_stretch_the_deadline():
         two.arrived("drip", 90.0)
     assert two.deadline_s() == pytest.approx(10 + 3 * 0.4)    # of two sites, the faster one's time
     assert two.deadline_s() == pytest.approx(10 + 3 * 0.4)    # however many late deltas it sends
+
+
+def test_the_first_round_is_bounded_by_its_first_half_generously():
+    """Nothing timed: deadline_initial_s, brought forward once half the sites are in, to 10x their
+    time but never under FIRST_ROUND_FLOOR_S, 120 s (a site's one-time costs must fit)."""
+    clock = RoundClock(TrainConfig(deadline_initial_s=600))
+    assert clock.untimed and clock.deadline_s() == 600
+    assert clock.first_round_bound_s([], 2) is None and clock.first_round_bound_s([3.0], 1) is None
+    assert clock.first_round_bound_s([3.0], 2) == 120                  # the floor
+    assert clock.first_round_bound_s([30.0], 3) is None                # two of three needed
+    assert clock.first_round_bound_s([30.0, 20.0], 3) == 300           # 10 x the second arrival
+    assert clock.first_round_bound_s([100.0, 90.0], 3) == 600          # never past deadline_initial_s
+    clock.arrived("a", 1.0)
+    assert not clock.untimed and not RoundClock(TrainConfig(deadline_s=30)).untimed
+    assert RoundClock(TrainConfig(deadline_initial_s=60)).first_round_bound_s([1.0], 2) == 60   # never later
+
+
+@pytest.mark.timeout(120)
+def test_a_site_that_drips_its_first_delta_holds_the_others_only_to_the_bound(tmp_path, monkeypatch):
+    """Round 0: a delivers at once; b sends one chunk and then nothing. With the floor at 4 s (120 s
+    in a run) and deadline_initial_s 20 s, the round commits about 4 s in, naming b, not at 20 s."""
+    monkeypatch.setattr(rounds, "FIRST_ROUND_FLOOR_S", 4.0)
+
+    async def scenario():
+        cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_initial_s": 20.0})
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        (a0, am0), (b0, _) = (delta_chunks(ps, 0, seed=s) for s in (0, 1))
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        drain(a), drain(b)
+        t0 = time.monotonic()
+        ps.on_chunk(b, b0[0])
+        for c in a0:
+            ps.on_chunk(a, c)
+        await ps.on_metrics(a, am0)
+        while ps.round == 0 and time.monotonic() - t0 < 19:
+            await asyncio.sleep(0.1)
+        await ps.round_task
+        return ps, time.monotonic() - t0
+    ps, took = asyncio.run(scenario())
+    deadline, = rows_of(ps, "deadline")
+    assert deadline["missing"] == ["b"] and 4.0 <= deadline["deadline_s"] < 10.0 and took < 15
+    assert rows_of(ps, "round_end")[0]["sites"] == ["a"]
 
 
 @pytest.mark.timeout(120)

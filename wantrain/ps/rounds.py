@@ -12,7 +12,10 @@ a while keeps its history, so the others, timed alone meanwhile, do not shrink t
 what it needs to come back; and one site, however slow, cannot move it past the next site's
 time (with two sites it is the faster one's), however it drips its chunks. The first round, with
 nothing timed, waits up to `deadline_initial_s`: it carries each site's one-time costs (a compile,
-a cold cache), which the others' times there do not bound. At the deadline the PS
+a cold cache), which differ by site. It is bounded from within all the same, generously: once
+the first half of its sites have delivered, it waits at most `FIRST_ROUND_FACTOR` x the time
+they took, and never less than `FIRST_ROUND_FLOOR_S` (nor more than `deadline_initial_s`), so a
+site that drips its first delta holds the others for two minutes, not ten. At the deadline the PS
 aggregates the deltas that arrived; a delta that arrives later is dropped (the site carries it
 forward in its error feedback) or, with the "stale" policy, applied in a following round with
 its weight discounted per round of staleness.
@@ -35,7 +38,12 @@ from ..errors import ProtocolError
 from ..messages import MAX_STALENESS
 from .uploads import Upload
 
-__all__ = ["RoundClock", "RoundState", "MAX_STALENESS", "stale_weight", "late_outcome", "kept_reason"]
+__all__ = ["RoundClock", "RoundState", "FIRST_ROUND_FACTOR", "FIRST_ROUND_FLOOR_S", "MAX_STALENESS",
+           "stale_weight", "late_outcome", "kept_reason"]
+
+
+FIRST_ROUND_FACTOR = 10.0      # the first round waits at most this x the time its first half took ...
+FIRST_ROUND_FLOOR_S = 120.0    # ... but at least this long (one site's one-time costs: a compile, a cold cache)
 
 
 class RoundClock:
@@ -51,6 +59,19 @@ class RoundClock:
     def typical_s(self) -> float:
         """The lower median over the sites of each one's median arrival."""
         return statistics.median_low(statistics.median(a) for a in self.arrivals.values())
+
+    @property
+    def untimed(self) -> bool:
+        """Nothing timed yet and no fixed deadline: a new round gets deadline_initial_s."""
+        return not self.train.deadline_s and not self.arrivals
+
+    def first_round_bound_s(self, arrived_s: list[float], members: int) -> float | None:
+        """The deadline of a round that started untimed, once the first half of its `members` have
+        delivered (`arrived_s`: seconds after its start), or None (too few yet)."""
+        t, quorum = self.train, (members + 1) // 2
+        if members < 2 or len(arrived_s) < quorum:
+            return None
+        return min(t.deadline_initial_s, max(FIRST_ROUND_FLOOR_S, FIRST_ROUND_FACTOR * sorted(arrived_s)[quorum - 1]))
 
     def deadline_s(self) -> float:
         """A new round's deadline, seconds after its start."""
@@ -100,14 +121,19 @@ class RoundState:
         self.late: dict[str, Upload] = {}     # sites that missed a deadline, owing that round's delta
         self.stale: dict[str, Upload] = {}    # complete late deltas for the next aggregation
         self.started_at = 0.0
+        self.deadline_s = 0.0                 # after started_at
+        self.untimed = False                  # started before any arrival was timed (the first round)
+        self.arrived_s: list[float] = []      # when the round's deltas arrived, after started_at
         self.past_deadline = False
         self.last_members: set[str] = set()   # sites the last (or current) round started with
         self.aggregating = False
 
-    def start(self, round_: int, sites: set[str], budget_s: float, now: float) -> None:
+    def start(self, round_: int, sites: set[str], budget_s: float, now: float, deadline_s: float = 0.0,
+              untimed: bool = False) -> None:
         self.members, self.last_members = set(sites), set(sites)
         self.uploads = {name: Upload(round_, budget_s) for name in sites}
-        self.started_at, self.past_deadline = now, False
+        self.started_at, self.deadline_s, self.untimed, self.arrived_s = now, deadline_s, untimed, []
+        self.past_deadline = False
 
     def quorum_wait(self, ready: set[str], known: set[str], num_sites: int, committed: int,
                     quorum_left_s: float) -> float | None:

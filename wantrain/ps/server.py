@@ -247,8 +247,8 @@ class ParameterServer:
                 self._later(wait + 0.01, self.maybe_start_round)
             return
         budget = self.cfg.train.round_budget_s
-        self.rounds.start(self.round, enrolled, budget, time.time())
         deadline = self.clock.deadline_s()
+        self.rounds.start(self.round, enrolled, budget, time.time(), deadline, untimed=self.clock.untimed)
         self.recorder.emit("round_start", round=self.round, sites=sorted(enrolled), deadline_s=deadline,
                            budget_s=budget, dark=sorted(dark))
         for name in sorted(enrolled):
@@ -307,8 +307,21 @@ class ParameterServer:
             self._on_late_delta(link, up)
             self.maybe_start_round()         # (every site was dark: none runs)
             return
-        self.clock.arrived(link.name, time.time() - self.rounds.started_at)
+        after_s = time.time() - self.rounds.started_at
+        self.clock.arrived(link.name, after_s)
+        self.rounds.arrived_s.append(after_s)
+        self._bound_first_round()
         self._maybe_finish_round()
+
+    def _bound_first_round(self) -> None:
+        """A round that started untimed: bring its deadline forward to what its first half's
+        arrivals allow (rounds.py)."""
+        if not self.rounds.untimed:
+            return
+        bound = self.clock.first_round_bound_s(self.rounds.arrived_s, len(self.rounds.members))
+        if bound is not None and bound < self.rounds.deadline_s:
+            self.rounds.deadline_s = bound
+            self._later(max(0.0, bound - (time.time() - self.rounds.started_at)), self._on_deadline, self.round)
 
     def _on_late_delta(self, link: SiteLink, up: Upload) -> None:
         """A delta that arrived after its round closed: dropped or kept for the next commit, as
