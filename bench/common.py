@@ -24,3 +24,13 @@ def save(name: str, result: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2))
     return path
+
+
+def save_to(out: str, result: dict) -> Path:
+    """`--out`: a path ending in .json (tests pass one in their temporary folder), or a result name
+    under bench/results."""
+    if out.endswith(".json"):
+        path = Path(out)
+        path.write_text(json.dumps(result, indent=2))
+        return path
+    return save(out, result)

@@ -34,7 +34,6 @@ an alert raised.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -45,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save, single_core
+from common import save_to, single_core
 
 ATTACKS = ("tiny", "reversed", "escalating", "noise", "claims")
 SIZES = {
@@ -223,10 +222,7 @@ def main() -> None:
     print(f"goals: {'all met' if not missed else f'{len(missed)} missed'}")
     result = {"size": "quick" if args.quick else "full", **size, "sites": sites, "attacks": attacks,
               "seeds": len(seeds), "rows": rows, "runs": results}
-    if args.out.endswith(".json"):
-        Path(args.out).write_text(json.dumps(result, indent=2))
-    else:
-        save(args.out, result)
+    save_to(args.out, result)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ three seeds of the `make demo` scenario.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save
+from common import save_to
 
 from wantrain.compare import Outcome, time_to_target
 from wantrain.config import RunConfig
@@ -159,10 +158,7 @@ def main() -> None:
     print(table(results, size["target"], slowest))
     result = {"size": "quick" if args.quick else "full", "scenario": args.scenario, "slowest_site": slowest,
               "target": size["target"], "seeds": len(seeds), "arms": results}
-    if args.out.endswith(".json"):
-        Path(args.out).write_text(json.dumps(result, indent=2))
-    else:
-        save(args.out, result)
+    save_to(args.out, result)
 
 
 if __name__ == "__main__":
