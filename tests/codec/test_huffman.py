@@ -61,7 +61,7 @@ def test_compiled_package_merge_gives_the_numpy_lengths(weights, max_len):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from baseline_huffman import package_merge
 
-    from wantrain.codec.huffman_kernels import package_merge as compiled
+    from wantrain.codec.huffman_lengths import package_merge as compiled
     w = np.sort(np.array(weights, np.int64))
     if w.size > 2 ** max_len:
         return

@@ -16,7 +16,7 @@ MAX_CODE_LEN = 12
 
 def code_lengths(counts: np.ndarray, max_len: int = MAX_CODE_LEN) -> np.ndarray:
     """Optimal code lengths of at most `max_len` bits (uint8, 0 = absent) for 256 counts
-    (package-merge: huffman_kernels.package_merge)."""
+    (package-merge: huffman_lengths.package_merge)."""
     counts = np.asarray(counts, dtype=np.int64)
     present = np.flatnonzero(counts)
     lengths = np.zeros(256, dtype=np.uint8)
@@ -29,7 +29,7 @@ def code_lengths(counts: np.ndarray, max_len: int = MAX_CODE_LEN) -> np.ndarray:
     if n > (1 << max_len):
         raise CodecError(f"{n} symbols do not fit in codes of {max_len} bits")
     order = np.argsort(counts[present], kind="stable")
-    from .huffman_kernels import package_merge      # numba: only where something is encoded
+    from .huffman_lengths import package_merge      # numba: only where something is encoded
 
     lengths[present[order]] = package_merge(counts[present][order], max_len)
     return lengths
