@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .aggregate import Contribution
 from .codec import Codec, EncodeStats, ErrorFeedback, Extracted, encode_arrays
 from .config import RunConfig
-from .screening import Screen, Verdict, clipped, gram
+from .screening import Screen, Verdict, counted, gram
 
 __all__ = ["Sent", "InProcessRun"]
 
@@ -76,9 +75,7 @@ class InProcessRun:
         """Screen, weigh and aggregate the round's deltas into the global model; the verdicts."""
         keys = sorted(deltas)
         verdicts = self.screen.judge(keys, gram([deltas[k].parts for k in keys]), [deltas[k].tokens for k in keys])
-        parts = {k: Contribution(deltas[k].parts if v.factor == 1 else clipped(deltas[k].parts, v.factor), v.weight)
-                 for k, v in verdicts.items() if v.action != "reject"}
-        self.model.apply(round_, parts)
+        self.model.apply(round_, counted({k: d.parts for k, d in deltas.items()}, verdicts))
         self.alerts += [dict(a, round=round_) for a in self.screen.record(round_, verdicts)]
         return verdicts
 

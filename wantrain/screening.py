@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import aggregate_kernels as kernels
+from .aggregate import Contribution
 from .codec import Extracted
 from .cpu import map_ordered
 from .codec.quantize import num_blocks
@@ -37,7 +38,7 @@ from .config import RunConfig
 from .errors import ProtocolError
 from .messages import RoundMetrics
 
-__all__ = ["check_claims", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram", "Verdict", "Screen",
+__all__ = ["check_claims", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram", "Verdict", "Screen", "counted",
            "max_steps"]
 
 
@@ -303,6 +304,12 @@ class Screen:
         state = state if isinstance(state, dict) else {}
         self.windows = {k: [(int(r), bool(o)) for r, o in w] for k, w in state.get("windows", {}).items()}
         self.alerted = set(state.get("alerted", []))
+
+
+def counted(deltas: dict[str, list[Extracted]], verdicts: dict[str, Verdict]) -> dict[str, Contribution]:
+    """The deltas that count, scaled and weighted as the screen decided (keys as in `verdicts`)."""
+    return {k: Contribution(deltas[k] if v.factor == 1 else clipped(deltas[k], v.factor), v.weight)
+            for k, v in verdicts.items() if v.action != "reject"}
 
 
 def _reason(norm: float, reference: float, kinds: dict[str, str]) -> str:

@@ -2,8 +2,8 @@
 
 `commit_round` runs when the round has closed (rounds.py). `weights` are what the deltas claim
 (tokens trained, discounted per round of staleness); `judge` screens the round's deltas against
-each other (screening.Screen) and says what it rejected, clipped or weighed less; `contributions`
-is what is left, for the pure aggregation in aggregate.py; `round_end` is what the telemetry hears.
+each other (screening.Screen) and says what it rejected, clipped or weighed less; what is left
+(screening.counted) goes to the pure aggregation in aggregate.py; `round_end` is what the telemetry hears.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..aggregate import Contribution
 from ..codec import EncodeStats
 from ..memory import trim_heap
 from ..messages import DeltaOutcome, RoundResult
-from ..screening import Screen, Verdict, clipped, gram
+from ..screening import Screen, Verdict, counted, gram
 from ..telemetry import Recorder
 from .rounds import stale_weight
 from .state import commit_record
@@ -28,7 +28,7 @@ from .uploads import Upload
 if TYPE_CHECKING:
     from .server import ParameterServer
 
-__all__ = ["commit_round", "weights", "judge", "tell_sites", "contributions", "round_end"]
+__all__ = ["commit_round", "weights", "judge", "tell_sites", "round_end"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -72,17 +72,6 @@ def tell_sites(ps: ParameterServer, verdicts: dict[str, Verdict]) -> None:
                                             f"screened when round {ps.round} committed: {v.reason}"))
 
 
-def contributions(deltas: dict[str, Upload], verdicts: dict[str, Verdict]) -> dict[str, Contribution]:
-    """The deltas that count, scaled and weighted as the screen decided."""
-    out = {}
-    for key, up in deltas.items():
-        v = verdicts[key]
-        if v.action != "reject":
-            assert up.delta is not None
-            out[key] = Contribution(up.delta if v.factor == 1 else clipped(up.delta, v.factor), v.weight)
-    return out
-
-
 def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: dict[str, Verdict],
               accepted: dict[str, Upload], missed: list[str], round_s: float, aggregate_s: float) -> dict:
     """The fields of a `round_end` event: who counted, what the update cost, where the time went."""
@@ -113,12 +102,12 @@ async def commit_round(ps: ParameterServer) -> None:
     accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
     await ps.downloads.freeze(ps.round)
     t0 = time.time()
-    parts = contributions(deltas, verdicts)
-    counted = {**accepted, **accepted_stale}
+    parts = counted({k: up.delta for k, up in deltas.items()}, verdicts)
+    used = {**accepted, **accepted_stale}
     # The model may change only once the last full checkpoint is written (it writes the live
     # arrays), and a round may commit only once the deltas it counts are in the journal.
     await ps.checkpoints.settled()
-    await asyncio.gather(*(up.journaled for up in counted.values() if up.journaled is not None))
+    await asyncio.gather(*(up.journaled for up in used.values() if up.journaled is not None))
     result, stats, update_chunks = await asyncio.to_thread(_aggregate, ps, parts, accepted, accepted_stale)
     for alert in ps.screen.record(ps.round, verdicts):
         ps.recorder.emit("alert", round=ps.round, **alert)
@@ -130,7 +119,7 @@ async def commit_round(ps: ParameterServer) -> None:
     ps.hashes[ps.round] = ps.hash
     ps.val_loss = result.val_loss
     if ps.journal is not None:      # the commit point: durable before anyone hears of the round
-        record = commit_record(ps, r, parts, verdicts, {k: up.round for k, up in counted.items()})
+        record = commit_record(ps, r, parts, verdicts, {k: up.round for k, up in used.items()})
         await asyncio.to_thread(ps.journal.commit, record)
     every = ps.cfg.train.checkpoint_every
     if ps.journal is not None and (ps.round % every == 0 or ps.round >= ps.cfg.train.rounds):
