@@ -1,6 +1,7 @@
-"""A round's commit: which deltas count and how much, the new model, and who hears of it.
+"""A round's commit: which deltas count and how much, the new model, what is made durable.
 
-`commit_round` runs when the round has closed (rounds.py). `weights` are what the deltas claim
+`Committer.commit` runs when the round has closed (rounds.py) and returns what it committed
+(`Committed`); the server then tells the sites. `weights` are what the deltas claim
 (tokens trained, discounted per round of staleness); `judge` screens the round's deltas against
 each other (screening.Screen) and says what it rejected, clipped or weighed less; what is left
 (screening.counted) goes to the pure aggregation in aggregate.py; `round_end` is what the telemetry hears.
@@ -11,24 +12,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Collection
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..aggregate import Contribution
 from ..codec import EncodeStats
-from ..memory import trim_heap
-from ..messages import DeltaOutcome, RoundResult
+from ..config import RunConfig
+from ..faults import Stalls
+from ..messages import DeltaOutcome, RoundResult, TensorChunk
 from ..screening import Screen, Verdict, counted, gram
 from ..telemetry import Recorder
+from .downloads import Downloads
+from .journal import Journal
+from .ledger import Ledger
+from .model import GlobalModel
 from .rounds import stale_weight
-from .state import commit_record
+from .state import CheckpointWriter, commit_record
 from .uploads import Upload
 
-if TYPE_CHECKING:
-    from .server import ParameterServer
-
-__all__ = ["commit_round", "weights", "judge", "tell_sites", "round_end"]
+__all__ = ["Committer", "Committed", "weights", "judge", "outcomes", "round_end"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -60,16 +64,16 @@ def judge(screen: Screen, round_: int, deltas: dict[str, Upload], claimed: dict[
     return verdicts
 
 
-def tell_sites(ps: ParameterServer, verdicts: dict[str, Verdict]) -> None:
-    """Each connected site whose delta was rejected or clipped hears so, and why, before the round's update."""
+def outcomes(round_: int, verdicts: dict[str, Verdict]) -> dict[str, DeltaOutcome]:
+    """What each site whose delta was rejected or clipped hears, and why, before the round's update."""
+    out = {}
     for key, v in verdicts.items():
         site, _, late_round = key.partition("@")
-        link = ps.links.get(site)
-        if v.action == "accept" or link is None:
-            continue
-        outcome = "rejected" if v.action == "reject" else "clipped"
-        link.outbox.put_nowait(DeltaOutcome(int(late_round) if late_round else ps.round, outcome,
-                                            f"screened when round {ps.round} committed: {v.reason}"))
+        if v.action != "accept":
+            out[site] = DeltaOutcome(int(late_round) if late_round else round_,
+                                     "rejected" if v.action == "reject" else "clipped",
+                                     f"screened when round {round_} committed: {v.reason}")
+    return out
 
 
 def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: dict[str, Verdict],
@@ -86,78 +90,71 @@ def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: di
                 aggregate_s=aggregate_s, round_s=round_s)
 
 
-async def commit_round(ps: ParameterServer) -> None:
-    """Screen and aggregate the closed round, apply it, journal it, tell every site; start the next."""
-    uploads = {s: ps.uploads[s] for s in sorted(ps.in_round)}
-    stale = ps.rounds.take_stale(ps.round)
-    deltas = {**uploads, **stale}
-    if ps.screen.trusted or len(deltas) < 2:      # only the norms are used: no pass over the deltas
-        g = np.diag([up.norm ** 2 for up in deltas.values()])
-    else:
-        g = await asyncio.to_thread(gram, [up.delta for up in deltas.values()], [up.norm for up in deltas.values()])
-    claimed = weights(uploads, stale, ps.round, ps.cfg.train.staleness_discount)
-    verdicts = judge(ps.screen, ps.round, deltas, claimed, g, ps.recorder)
-    tell_sites(ps, verdicts)
-    accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
-    accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
-    await ps.downloads.freeze(ps.round)
-    t0 = time.time()
-    parts = counted({k: up.delta for k, up in deltas.items()}, verdicts)
-    used = {**accepted, **accepted_stale}
-    # The model may change only once the last full checkpoint is written (it writes the live
-    # arrays), and a round may commit only once the deltas it counts are in the journal.
-    await ps.checkpoints.settled()
-    await asyncio.gather(*(up.journaled for up in used.values() if up.journaled is not None))
-    result, stats, update_chunks = await asyncio.to_thread(_aggregate, ps, parts, accepted, accepted_stale)
-    for alert in ps.screen.record(ps.round, verdicts):
-        ps.recorder.emit("alert", round=ps.round, **alert)
-        log.warning("alert: %s", alert["message"])
-    aggregate_s = time.time() - t0
-    r = ps.round
-    ps.round += 1
-    ps.hash = result.model_hash
-    ps.hashes[ps.round] = ps.hash
-    ps.val_loss = result.val_loss
-    if ps.journal is not None:      # the commit point: durable before anyone hears of the round
-        record = commit_record(ps, r, parts, verdicts, {k: up.round for k, up in used.items()})
-        await asyncio.to_thread(ps.journal.commit, record)
-    every = ps.cfg.train.checkpoint_every
-    if ps.journal is not None and (ps.round % every == 0 or ps.round >= ps.cfg.train.rounds):
-        ps.checkpoints.start()
-    round_s = time.time() - ps.rounds.started_at
-    ps.recorder.emit("round_end", **round_end(r, result, stats, verdicts, accepted, sorted(ps.late),
-                                                round_s, aggregate_s))
-    # Every site that holds the round's starting model applies the update, late ones included; a
-    # site that comes back later holding that model gets it from the catch-up (no await between).
-    ps.catchup.add(r, update_chunks, result)
-    for name, link in ps.links.items():
-        if name in ps.awaiting_model:               # rejoined during aggregation: gets the model
-            continue
-        for c in update_chunks:
-            link.outbox.put_nowait(c)
-        link.outbox.put_nowait(result)
-    if ps.round >= ps.cfg.train.rounds:
-        ps.told_finished.update(ps.links)
-    ps.rounds.finish()
-    ps.last_commit_at = time.time()
-    for name in sorted(ps.awaiting_model):
-        if name in ps.links:
-            ps.send_model(ps.links[name])
-    ps.awaiting_model.clear()
-    trim_heap()                             # the commit's scratch memory, back while the sites train
-    if ps.round >= ps.cfg.train.rounds:
-        ps.recorder.emit("run_end", rounds=ps.round, val_loss=ps.val_loss)
-        log.info("run finished: %d rounds, validation loss %.4f", ps.round, ps.val_loss)
-        ps.done.set()
-    else:
-        ps.maybe_start_round()
+@dataclass
+class Committed:
+    """A committed round, for the server to act on: what every site hears, and who hears what first."""
+    round: int                                  # the round committed (the ledger now stands after it)
+    result: RoundResult
+    update: list[TensorChunk]                   # the encoded update, as every site applies it
+    outcomes: dict[str, DeltaOutcome]           # sites whose delta was rejected or clipped
+    finished: bool                              # the run's last round
 
 
-def _aggregate(ps: ParameterServer, parts: dict[str, Contribution], uploads: dict[str, Upload],
-               stale: dict[str, Upload]) -> tuple[RoundResult, EncodeStats, list]:
-    """The round's aggregate applied to the global model, in a worker thread."""
-    ps.stalls.sleep("aggregate", ps.round)
-    msgs, stats, model_hash = ps.global_model.apply(ps.round, parts)
-    val = ps.global_model.evaluate()
-    late_sites = tuple(k.partition("@")[0] for k in stale)
-    return RoundResult(ps.round, model_hash, tuple(uploads), val, late_sites), stats, msgs
+class Committer:
+    """Commits closed rounds: screens the deltas, aggregates what counts into the model, journals
+    the round and advances the ledger. It owns none of them; the server builds it with them."""
+
+    def __init__(self, cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, downloads: Downloads,
+                 journal: Journal | None, checkpoints: CheckpointWriter | None, recorder: Recorder,
+                 stalls: Stalls) -> None:
+        self.cfg, self.ledger, self.model, self.screen, self.downloads = cfg, ledger, model, screen, downloads
+        self.journal, self.checkpoints, self.recorder, self.stalls = journal, checkpoints, recorder, stalls
+
+    async def commit(self, uploads: dict[str, Upload], stale: dict[str, Upload], late: Collection[str],
+                     started_at: float) -> Committed:
+        """Screen and aggregate the closed round (`uploads` of its members, `stale` late deltas kept
+        for it, `late` the members that missed it, as it stands when the round ends), apply it and make it durable."""
+        round_ = self.ledger.round
+        deltas = {**uploads, **stale}
+        if self.screen.trusted or len(deltas) < 2:      # only the norms are used: no pass over the deltas
+            g = np.diag([up.norm ** 2 for up in deltas.values()])
+        else:
+            g = await asyncio.to_thread(gram, [up.checked for up in deltas.values()], [up.norm for up in deltas.values()])
+        claimed = weights(uploads, stale, round_, self.cfg.train.staleness_discount)
+        verdicts = judge(self.screen, round_, deltas, claimed, g, self.recorder)
+        accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
+        accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
+        await self.downloads.freeze(round_)
+        t0 = time.time()
+        parts = counted({k: up.checked for k, up in deltas.items()}, verdicts)
+        used = {**accepted, **accepted_stale}
+        # The model may change only once the last full checkpoint is written (it writes the live
+        # arrays), and a round may commit only once the deltas it counts are in the journal.
+        if self.checkpoints is not None:
+            await self.checkpoints.settled()
+        await asyncio.gather(*(up.journaled for up in used.values() if up.journaled is not None))
+        result, stats, update = await asyncio.to_thread(self._aggregate, round_, parts, accepted, accepted_stale)
+        for alert in self.screen.record(round_, verdicts):
+            self.recorder.emit("alert", round=round_, **alert)
+            log.warning("alert: %s", alert["message"])
+        aggregate_s = time.time() - t0
+        self.ledger.advance(result.model_hash, result.val_loss)
+        if self.journal is not None:      # the commit point: durable before anyone hears of the round
+            record = commit_record(self.ledger, self.screen, round_, parts, verdicts,
+                                   {k: up.round for k, up in used.items()})
+            await asyncio.to_thread(self.journal.commit, record)
+        finished = self.ledger.round >= self.cfg.train.rounds
+        if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
+            self.checkpoints.start()
+        self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, sorted(late),
+                                                    time.time() - started_at, aggregate_s))
+        return Committed(round_, result, update, outcomes(round_, verdicts), finished)
+
+    def _aggregate(self, round_: int, parts: dict[str, Contribution], uploads: dict[str, Upload],
+                   stale: dict[str, Upload]) -> tuple[RoundResult, EncodeStats, list]:
+        """The round's aggregate applied to the global model, in a worker thread."""
+        self.stalls.sleep("aggregate", round_)
+        msgs, stats, model_hash = self.model.apply(round_, parts)
+        val = self.model.evaluate()
+        late_sites = tuple(k.partition("@")[0] for k in stale)
+        return RoundResult(round_, model_hash, tuple(uploads), val, late_sites), stats, msgs

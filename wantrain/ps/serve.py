@@ -61,5 +61,6 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
         while servicer.watchers and time.time() < deadline:
             await asyncio.sleep(0.02)
         await server.stop(grace=1.0)
-        await ps.checkpoints.settled()    # a full checkpoint still being written
+        if ps.checkpoints is not None:
+            await ps.checkpoints.settled()    # a full checkpoint still being written
         ps.recorder.close()

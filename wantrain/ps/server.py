@@ -35,16 +35,18 @@ from ..data import load_run_data
 from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError, Reject, RejectedError
 from ..faults import Stalls
 from ..limits import Limits, safe_text
+from ..memory import trim_heap
 from ..messages import DeltaOutcome, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart, TensorChunk, Welcome
 from ..screening import Screen, check_claims
 from ..telemetry import Recorder
 from .catchup import Catchup
-from .commit import commit_round
+from .commit import Committed, Committer
 from .downloads import Downloads
 from .model import GlobalModel
 from .rounds import RoundClock, RoundState, kept_reason, late_outcome
 from .sites import SiteLink, check_join
 from .journal import JOURNAL_DIR, Journal
+from .ledger import Ledger
 from .state import CheckpointWriter, replay, restore, snapshot
 from .uploads import Upload, assemble, check_chunk
 
@@ -63,7 +65,6 @@ class ParameterServer:
         self.cfg = cfg
         self.auth = auth or Authenticator()
         self.limits = limits or Limits()
-        self.run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         self.run_dir = Path(run_dir) if run_dir else None
         self.recorder = Recorder(self.run_dir / "events.jsonl" if self.run_dir else None)
         self.stalls = Stalls(stalls, log, on_stall=lambda phase, r, s: self.recorder.emit(
@@ -79,12 +80,12 @@ class ParameterServer:
         self.downloads = Downloads(g.views, model_codec, self.limits, self.recorder, self.num_params)
         self.clock = RoundClock(cfg.train)
         self.screen = Screen(cfg)
+        self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
+        saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
+        # What the rounds committed (ledger.py): round, hashes, sites ever seen, their data positions.
+        self.ledger = Ledger(run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], g.hash(),
+                             float("nan") if saved is not None else g.evaluate())
 
-        self.round = 0                        # committed rounds
-        self.hash = g.hash()
-        self.hashes: dict[int, str] = {0: self.hash}
-        self.registry: dict[str, int] = {}    # every site ever seen -> index
-        self.data_positions: dict[str, int] = {}   # batches each site has drawn, as last reported
         self.links: dict[str, SiteLink] = {}  # connected now
         self.rounds = RoundState()
         self.last_commit_at = time.time()
@@ -94,16 +95,20 @@ class ParameterServer:
         self.told_finished: set[str] = set()  # sites that know the run is over
         self.done = asyncio.Event()
         self.closing = asyncio.Event()         # the server is about to stop: end Watch streams
-        self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
         # Durability (state.py): a journal record per round, full state every checkpoint_every rounds.
         self.journal = Journal(self.run_dir / JOURNAL_DIR) if self.run_dir and cfg.train.checkpoint_every else None
-        self.checkpoints = CheckpointWriter(self)
+        self.checkpoints = (CheckpointWriter(self.ckpt_path, self.journal, self._snapshot, self.recorder, self.stalls)
+                            if self.ckpt_path is not None and self.journal is not None else None)
+        self.committer = Committer(cfg, self.ledger, g, self.screen, self.downloads, self.journal, self.checkpoints,
+                                   self.recorder, self.stalls)
+        if saved is not None:
+            assert self.ckpt_path is not None
+            restore(cfg, self.ledger, g, self.screen, saved, self.ckpt_path)
         # A site that comes back holding an earlier model gets the updates it missed, not the model.
         self.catchup = Catchup(self.round, max_bytes=2 * self.num_params)
-        saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
         if saved is not None:
-            restore(self, saved)
-            if self.journal is not None and (replayed := replay(self)):
+            if self.journal is not None and (replayed := replay(self.journal, self.ledger, g, self.screen,
+                                                                self.catchup)):
                 log.info("replayed %d journaled round(s) after the checkpoint of round %d", replayed,
                          self.round - replayed)
             self.rounds.last_members = set(self.registry)   # after a restart, give every site time to return
@@ -112,20 +117,31 @@ class ParameterServer:
             if self.round >= cfg.train.rounds:
                 self.done.set()
         else:
-            self.val_loss = g.evaluate()
             self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(), num_params=g.parameters(),
                                val_loss=self.val_loss, corpus=self.corpus_summary)
             if (warning := self.screen.cannot_decide(cfg.num_sites)) is not None:
                 self.recorder.emit("alert", round=0, site="", sites=[], since=0, rounds=0, action="none",
                                    message=warning)
                 log.warning("%s", warning)
-            if self.journal is not None:        # the base the journal's rounds are replayed onto
-                self.journal.clear()
-                self.checkpoints.write(snapshot(self))
+            if self.checkpoints is not None:        # the base the journal's rounds are replayed onto
+                self.checkpoints.journal.clear()
+                self.checkpoints.write(self._snapshot())
         c = self.corpus_summary
         log.info("corpus %s: %d document(s), %d tokens (%d for training, %d held out)%s", cfg.data.corpus,
                  c["documents"], c["tokens"], c["train_tokens"], c["val_tokens"],
                  f"; skipped {c['skipped_files']} file(s) that are not text" if c.get("skipped_files") else "")
+
+    def _snapshot(self) -> dict:
+        return snapshot(self.cfg, self.ledger, self.global_model, self.screen)
+
+    # The committed state (ledger.py), read-only, by the names tests and the servicer read.
+    run_id = property(lambda self: self.ledger.run_id)
+    round = property(lambda self: self.ledger.round)
+    hash = property(lambda self: self.ledger.hash)
+    hashes = property(lambda self: self.ledger.hashes)
+    val_loss = property(lambda self: self.ledger.val_loss)
+    registry = property(lambda self: self.ledger.registry)
+    data_positions = property(lambda self: self.ledger.data_positions)
 
     # The round's state, by the names tests and the servicer read.
     in_round = property(lambda self: self.rounds.members)
@@ -144,10 +160,9 @@ class ParameterServer:
                 self.told_finished.add(msg.site)
             raise
         self.downloads.charge(msg.site)
-        resumed = msg.site in self.registry
         # Named sites keep their place (and data shard) whatever order they join in.
-        index = self.registry.setdefault(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
-                                         else len(self.registry))
+        index, resumed = self.ledger.enrol(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
+                                           else len(self.registry))
         link = SiteLink(msg.site, index, msg.device, self.limits)
         self.links[msg.site] = link
         missed = self.catchup.for_join(msg, self.hashes) if resumed else None
@@ -288,7 +303,7 @@ class ParameterServer:
             raise
         if self.uploads.get(link.name) is not up and self.late.get(link.name) is not up:
             return                  # the site left (or its upload was dropped) while its delta was checked
-        self.data_positions[link.name] = max(self.data_positions.get(link.name, 0), m.data_position)
+        self.ledger.drew(link.name, m.data_position)
         up.delta, up.metrics, up.norm = delta, m, norm
         up.decoding = {}            # the checked delta is kept in up.delta
         if self.journal is not None:    # into the journal now, while others train (commit waits for it)
@@ -378,9 +393,43 @@ class ParameterServer:
 
     async def _finish_round(self) -> None:
         try:
-            await commit_round(self)
+            committed = await self.committer.commit({s: self.uploads[s] for s in sorted(self.in_round)},
+                                                    self.rounds.take_stale(self.round), self.late,
+                                                    self.rounds.started_at)
         except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
             log.exception("round %d failed to commit", self.round)
             self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")
             self.rounds.finish()
+            self.maybe_start_round()
+            return
+        self._announce(committed)
+
+    def _announce(self, c: Committed) -> None:
+        """Tell every site of the committed round; start the next, or end the run."""
+        for site, outcome in c.outcomes.items():     # screened deltas: why, before the update
+            if site in self.links:
+                self.links[site].outbox.put_nowait(outcome)
+        # Every site that holds the round's starting model applies the update, late ones included; a
+        # site that comes back later holding that model gets it from the catch-up (no await between).
+        self.catchup.add(c.round, c.update, c.result)
+        for name, link in self.links.items():
+            if name in self.awaiting_model:               # rejoined during aggregation: gets the model
+                continue
+            for chunk in c.update:
+                link.outbox.put_nowait(chunk)
+            link.outbox.put_nowait(c.result)
+        if c.finished:
+            self.told_finished.update(self.links)
+        self.rounds.finish()
+        self.last_commit_at = time.time()
+        for name in sorted(self.awaiting_model):
+            if name in self.links:
+                self.send_model(self.links[name])
+        self.awaiting_model.clear()
+        trim_heap()                             # the commit's scratch memory, back while the sites train
+        if c.finished:
+            self.recorder.emit("run_end", rounds=self.round, val_loss=self.val_loss)
+            log.info("run finished: %d rounds, validation loss %.4f", self.round, self.val_loss)
+            self.done.set()
+        else:
             self.maybe_start_round()

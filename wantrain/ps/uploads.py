@@ -46,6 +46,12 @@ class Upload:
     first_chunk_at: float = 0.0    # when its first chunk arrived (perf_counter)
     last_chunk_at: float = 0.0     # and its latest: once the last is in, the PS holds it all
 
+    @property
+    def checked(self) -> list[Extracted]:
+        """The delta once checked: only complete, checked uploads reach a commit."""
+        assert self.delta is not None
+        return self.delta
+
     def add(self, site: str, c: TensorChunk) -> None:
         """Take a checked chunk and start decoding it (the pool's thread holds the wire bytes until then)."""
         self.last_chunk_at = time.perf_counter()
