@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from wantrain.telemetry import read_run
+from wantrain.telemetry import read_events
 
 from .sshd import SshServer
 
@@ -212,7 +212,7 @@ def test_quickstart_in_a_real_browser(lab):
                 has_text="the kernel answers while the sites train: 45").wait_for(timeout=120_000)
             answered = time.time()
             run_dir = next((lab["work"] / "runs").iterdir())
-            ended = [e["t"] for e in read_run(run_dir) if e["kind"] == "run_end"]
+            ended = [e["t"] for e in read_events(run_dir) if e["kind"] == "run_end"]
             assert not ended or ended[0] > answered, "the cell answered only after the run had ended"
             print(f"trivial cell answered in {answered - t0:.2f} s during training")
 
@@ -229,9 +229,9 @@ def test_quickstart_in_a_real_browser(lab):
             # the message travels to a browser that a loaded machine keeps busy: minutes, at worst.
             panel.get_by_text("stopped; run folder").wait_for(timeout=180_000)
             panel.get_by_text("stopped by the user after").wait_for(timeout=60_000)   # not shown as an error
-            faults = [e for e in read_run(run_dir) if e["kind"] == "fault"]     # relayed into the PS's log
+            faults = [e for e in read_events(run_dir) if e["kind"] == "fault"]     # relayed into the PS's log
             assert [(f["action"], f["site"]) for f in faults] == [("kill site", "us-west")]
-            ssh_rounds = [e for e in read_run(run_dir) if e["kind"] == "site_round" and e["site"] == SSH_SITE]
+            ssh_rounds = [e for e in read_events(run_dir) if e["kind"] == "site_round" and e["site"] == SSH_SITE]
             assert ssh_rounds, "the SSH row's site never trained"
             # Its log streamed back from the host; the row's log button shows it under the table.
             panel.locator(".wantrain-log").nth(SSH_ROW).click(no_wait_after=True)

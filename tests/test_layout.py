@@ -119,8 +119,130 @@ def test_the_panel_and_the_command_line_load_neither_torch_nor_numba():
     assert r.stdout.strip() == "[]", (r.stdout, r.stderr)
 
 
-def test_no_module_is_longer_than_400_lines():
-    """A file past about 400 lines is a smell to look at (DEVELOPERS.md): split it along a seam, a
-    second reason to change, never to get under the count."""
-    long = {str(p.relative_to(ROOT)): n for p in sources() if (n := len(p.read_text().splitlines())) > 400}
+# A file past about 400 lines is a smell to look at (DEVELOPERS.md): split it along a seam, a second
+# reason to change, never to get under the count. One that is long for a reason is named here, with it.
+LONG_BY_DESIGN: dict[str, str] = {
+    "wantrain/ps/server.py": "the composition root of the PS's owners and the one place a site's messages move "
+                             "the round (join, ready, chunk, metrics, hash report, deadline, commit): its handlers "
+                             "share the round's state, and apart they would each reach into it",
+}
+MAX_LINES = 400
+
+
+def test_no_module_is_longer_than_the_guard_without_a_named_reason():
+    long = {rel: n for p in sources() if (n := len(p.read_text().splitlines())) > MAX_LINES
+            and (rel := str(p.relative_to(ROOT))) not in LONG_BY_DESIGN}
     assert not long, long
+    for rel, reason in LONG_BY_DESIGN.items():
+        assert (ROOT / rel).is_file() and len(reason) > 20, rel
+
+
+# ------------------------------------------------------------------ the shape of the code
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(rel[:-1] if rel[-1] == "__init__" else rel)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every wantrain module -> the wantrain modules it imports, wherever the import is (a function,
+    an `if TYPE_CHECKING:` block): a circle that only type checkers see is still a circle of concepts."""
+    import ast
+    modules = {module_name(p): p for p in sources()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                # `from package import module` imports that module; `from package import name`, the package
+                targets = [f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            deps |= {t for t in targets if t in modules and t != name}
+        graph[name] = deps
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circle_anywhere_in_wantrain():
+    """Modules import each other one way: a circle means two modules share one concept, or one
+    reaches into another's state (as commit.py and state.py once did into the server's)."""
+    graph = module_graph()
+    assert graph["wantrain.ps.server"] >= {"wantrain.ps.commit", "wantrain.ps.ledger"}    # the graph sees imports
+    assert not circles(graph), circles(graph)
+
+
+def test_the_circle_finder_finds_one():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def declared_elsewhere(tree) -> list[tuple[str, list[str]]]:
+    """Classes that annotate attributes they never assign: a mixin declaring what another class holds."""
+    import ast
+    out = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        decorators = {ast.unparse(d).split("(")[0].rpartition(".")[2] for d in cls.decorator_list}
+        bases = {ast.unparse(b).rpartition(".")[2] for b in cls.bases}
+        if decorators & {"dataclass"} or bases & {"NamedTuple", "TypedDict", "Protocol", "Enum", "IntEnum"}:
+            continue                        # their annotations are their fields
+        declared = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+        assigned = {t.attr for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in ("self", "cls")}
+        foreign = [a for a in declared if a not in assigned and not any(
+            isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == a and n.value is not None
+            for n in cls.body)]
+        if foreign:
+            out.append((cls.name, foreign))
+    return out
+
+
+def test_no_class_declares_attributes_that_another_class_holds():
+    """State belongs to the object that owns it: no mixin that annotates a host class's attributes
+    (as `RunFaults` once declared thirteen of `Run`'s)."""
+    import ast
+    found = {str(p.relative_to(ROOT)): d for p in sources() if (d := declared_elsewhere(ast.parse(p.read_text())))}
+    assert not found, found
+    mixin = ast.parse("class Faults:\n    workers: dict\n    def kill(self):\n        self.workers.clear()\n")
+    assert declared_elsewhere(mixin) == [("Faults", ["workers"])]

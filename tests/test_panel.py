@@ -8,7 +8,7 @@ import time
 import pytest
 
 from wantrain.errors import ConfigError
-from wantrain.telemetry import read_run
+from wantrain.telemetry import read_events
 from wantrain.ui import ControlPanel, site_states
 
 from .helpers import small_config
@@ -87,7 +87,7 @@ def test_buttons_drive_a_real_run(tmp_path):
 
     run_dir = panel.run.run_dir
     # Faults and link events reached the PS's one log (and the dashboard, through Watch).
-    logged = read_run(run_dir)
+    logged = read_events(run_dir)
     faults = [e for e in logged if e["kind"] == "fault"]
     assert [(f["action"], f["site"]) for f in faults] == [("kill site", "eu-west"), ("link outage", "us-west")]
     assert [(f["action"], f["site"]) for f in dash.events if f["kind"] == "fault"] == \

@@ -19,7 +19,7 @@ from testbed import kernel
 from testbed.kernel import KernelLink
 from wantrain.errors import ShapingError
 from wantrain.launch import RemoteSite
-from wantrain.plan import describe_scenario
+from wantrain.run import describe_scenario
 from wantrain.run import Run
 
 from .helpers import small_config

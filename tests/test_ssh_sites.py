@@ -95,7 +95,7 @@ def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
     import time
 
     from wantrain.launch import RemoteSite
-    from wantrain.plan import describe_scenario
+    from wantrain.run import describe_scenario
     from wantrain.run import Run
 
     scenario = tmp_path / "two.toml"

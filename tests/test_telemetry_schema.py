@@ -1,5 +1,5 @@
 """The telemetry schema is docs/protocol.md section 10: every kind documented, every field that is
-written documented, every field a reader reads documented; version 1 logs still read."""
+written documented, every field a reader reads documented; a log of another version refused."""
 
 import ast
 import json
@@ -7,8 +7,11 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
+import pytest
+
+from wantrain.errors import TelemetryError
 from wantrain.messages import RoundMetrics
-from wantrain.telemetry import EVENT_KINDS, SCHEMA_VERSION, read_events, read_run
+from wantrain.telemetry import EVENT_KINDS, SCHEMA_VERSION, read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "protocol.md").read_text()
@@ -79,19 +82,11 @@ def test_readers_read_documented_fields_only():
                 assert name in known, (rel, node.lineno, name)
 
 
-def test_version_1_logs_still_read(tmp_path):
-    """A run folder of schema 1: link_rtt times in `t`, link events and faults in files of their own."""
-    v1 = [{"v": 1, "seq": 0, "kind": "run_start", "t": 100.0, "elapsed_s": 0.0, "val_loss": 5.0},
-          {"v": 1, "seq": 1, "kind": "link_rtt", "t": [101.0, 102.0], "elapsed_s": 1.0, "site": "a",
-           "rtt_ms": [30.0, 31.0]},
-          {"v": 1, "seq": 2, "kind": "run_end", "t": 110.0, "elapsed_s": 10.0, "rounds": 1, "val_loss": 4.0}]
-    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in v1))
-    (tmp_path / "links.jsonl").write_text(json.dumps({"kind": "outage_start", "t": 105.0, "site": "a"}) + "\n")
-    (tmp_path / "faults.jsonl").write_text(json.dumps({"kind": "fault", "t": 103.0, "action": "kill site",
-                                                       "site": "a"}) + "\n")
-    rtt = next(e for e in read_events(tmp_path) if e["kind"] == "link_rtt")
-    assert rtt["times"] == [101.0, 102.0] and rtt["t"] == 102.0
-    assert [e["kind"] for e in read_run(tmp_path)] == ["run_start", "link_rtt", "fault", "outage_start", "run_end"]
+def test_a_log_of_another_schema_version_is_refused_with_its_version(tmp_path):
+    (tmp_path / "events.jsonl").write_text(json.dumps({"v": 1, "seq": 0, "kind": "run_start", "t": 100.0,
+                                                       "elapsed_s": 0.0, "val_loss": 5.0}) + "\n")
+    with pytest.raises(TelemetryError, match="schema version 1 .*version 2 only"):
+        read_events(tmp_path)
     assert SCHEMA_VERSION == 2
 
 

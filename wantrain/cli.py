@@ -206,8 +206,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         bar.close()
         run.wait_exit(30)
     from .report import split
-    from .telemetry import read_run
-    everything = read_run(run.run_dir)      # includes what arrived after run_end (last hash checks)
+    from .telemetry import read_events
+    everything = read_events(run.run_dir)      # includes what arrived after run_end (last hash checks)
     events = split(everything)[0]
     s = summarize(events)
     report = write_report(run.run_dir)

@@ -15,15 +15,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = ["PLAN_VERSION", "CANNOT_SHAPE", "ON_HOST_BACKENDS", "Outage", "SitePlan", "RunPlan", "PlanError",
-           "JsonlTail", "outage_command", "describe_scenario"]
+           "JsonlTail", "outage_command"]
 
 PLAN_VERSION = 1
 CANNOT_SHAPE = 3     # `python -m testbed shape` exits so when it refuses (no netem, no root): nothing left behind
@@ -226,16 +224,3 @@ class JsonlTail:
                 else:
                     self.malformed += 1
             return out
-
-
-def describe_scenario(scenario: str | Path, python: str = sys.executable) -> RunPlan:
-    """The run plan of a testbed scenario (sites, regions, RTTs, speed factors), without starting it."""
-    from .errors import ConfigError, ProcessError
-
-    r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", str(scenario)], capture_output=True,
-                       text=True, timeout=60)
-    if r.returncode == 2:      # the scenario is malformed: testbed's message names the file, line and field
-        raise ConfigError(r.stderr.strip().removeprefix("testbed describe: "))
-    if r.returncode != 0:
-        raise ProcessError(r.stderr.strip() or f"cannot describe scenario {scenario!r}")
-    return RunPlan.from_json(r.stdout)

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .palette import run_start_time, site_colours
-from .telemetry import LINK_KINDS, read_run, rows
+from .telemetry import LINK_KINDS, read_events, rows
 
 __all__ = ["write_report", "summarize", "link_summary", "split", "figures", "timeline_figure", "thin"]
 
@@ -290,7 +290,7 @@ def _describe(e: dict) -> str:
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write report.html (self-contained: plotly.js inlined) into the run folder or `out`."""
     run_dir = Path(run_dir)
-    everything = read_run(run_dir)
+    everything = read_events(run_dir)
     s = summarize(split(everything)[0])
     figs = figures(everything)
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs)]

@@ -6,8 +6,12 @@ links`, its own process: wantrain imports nothing of testbed), starts one worker
 (through its emulated link when there is one), relays the link emulator's events and the faults
 it injects into the PS's telemetry (relay.py), follows that telemetry over the `Watch` RPC, and
 stops every process it started when the run ends, fails, or is interrupted. The PS may run on an
-SSH host (launch/ps_host.py) and each site on one (launch/placement.py); faults on purpose, and
-the restart of an SSH site whose connection was lost, are in run_faults.py.
+SSH host (launch/ps_host.py) and each site on one (launch/placement.py).
+
+`Run` composes owners and holds only what is the run's own (which processes, which were killed on
+purpose, the faults it injected): the run's secrets (launch/credentials.py), the link emulator
+(launch/emulator.py), where the PS and each site run, and the restart of an SSH site whose
+connection was lost (launch/remote.py: `Reconnector`).
 """
 
 from __future__ import annotations
@@ -22,29 +26,25 @@ import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 
 from . import net
-from .auth import new_secret_file, read_secret
 from .config import RunConfig
 from .errors import ConfigError, ProcessError, SshError, WantrainError
 from .launch import LocalLauncher, ProcessSpec
-from .launch.argv import links_command, site_command
-from .launch.local import LocalProcess
+from .launch.argv import site_command
 from .launch.base import ProcessHandle
+from .launch.credentials import Credentials
+from .launch.emulator import LinkEmulator, describe_scenario
 from .launch.placement import Placement, Placements
 from .launch.ps_host import LocalPS, RemotePS, wait_for_port
-from .launch.remote import RemoteSite
+from .launch.remote import Reconnector, RemoteSite
+from .launch.ssh import LOST
 from .naming import default_site_names, new_run_dir
-from .plan import ON_HOST_BACKENDS, RunPlan, SitePlan, describe_scenario
+from .plan import ON_HOST_BACKENDS, RunPlan, SitePlan
 from .relay import EventRelay
-from .run_faults import RunFaults
 from .watch import follow_events
-
-if TYPE_CHECKING:
-    from .tls import DevCerts
 
 __all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
 
@@ -57,7 +57,7 @@ def _stop_all() -> None:
         run.stop()
 
 
-class Run(RunFaults):
+class Run:
     """The processes of one training run: the PS, the link emulator and the sites, here or on SSH hosts."""
 
     def __init__(self, cfg: RunConfig, run_dir: str | Path | None = None, sites: list[str] | None = None,
@@ -71,9 +71,6 @@ class Run(RunFaults):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if plan is None and scenario is not None:
             plan = describe_scenario(scenario, python)
-        self.run_plan = plan           # what the link emulator runs (None: sites dial the PS directly)
-        self.plan: RunPlan | None = None   # the same, once the links listen: where each site dials
-        self.links: LocalProcess | None = None
         if plan is not None and sites is None:
             sites = plan.names
         self.sites = list(sites or cfg.sites or default_site_names(cfg.num_sites))
@@ -88,8 +85,11 @@ class Run(RunFaults):
             if set(given) - set(self.sites):
                 raise ConfigError(f"{what} given for sites not in the run: {sorted(set(given) - set(self.sites))}")
         self.tls = tls            # a development CA per run: sites verify the PS, traffic is encrypted
-        self.certs: DevCerts | None = None
+        self.credentials: Credentials | None = None     # made fresh at start
         self.launcher = launcher or LocalLauncher()
+        # The WAN emulator of the plan, if any (None: sites dial the PS directly).
+        self.emulator = LinkEmulator(plan, self.launcher, python, self.run_dir) if plan is not None else None
+        self.plan: RunPlan | None = None   # the plan once the links listen: where each site dials
         # Where the PS runs: here, or an SSH host that sites reach at its public address and this
         # notebook through a forward (then each site has a token of its own).
         self.ps_host = LocalPS(self.launcher, python, host) if ps_on is None else \
@@ -111,9 +111,15 @@ class Run(RunFaults):
         self._killed: set[int] = set()        # processes killed on purpose (kill_site, restart_ps)
         self.faults: list[dict] = []          # faults injected on purpose (also relayed into the PS's log)
         self.relay: EventRelay | None = None
-        self.links_control = self.run_dir / "links.control"   # commands to the link emulator (outages)
+        self.reconnector = Reconnector(self.start_site, self._stopping)
         self._restarting = False
         self._ps_restarts = 0
+
+    # What the run's owners hold, by the names notebooks and tests read.
+    run_plan = property(lambda self: self.emulator.plan if self.emulator else None)
+    links = property(lambda self: self.emulator.process if self.emulator else None)
+    certs = property(lambda self: self.credentials.certs if self.credentials else None)
+    observer_token = property(lambda self: self.credentials.observer_token if self.credentials else "")
 
     # ------------------------------------------------------------ processes
 
@@ -131,16 +137,9 @@ class Run(RunFaults):
         _LIVE_RUNS.add(self)
         cfg_path = self.run_dir / "config.json"
         cfg_path.write_text(self.cfg.to_json())
-        # Even on one machine the PS admits only this run's sites, and shows its telemetry only to
-        # this run's observers: a fresh shared secret (a token per site for a PS on another host), and
-        # a fresh observer token.
-        files = {"config": cfg_path, **self._secrets()}
-        self.observer_token_file = files["observer-token"] = new_secret_file(self.run_dir / "observer-token")
-        self.observer_token = read_secret(self.observer_token_file)
-        if self.tls:
-            from .tls import make_dev_certs  # cryptography: only for runs that use TLS
-            self.certs = make_dev_certs(self.run_dir / "tls", hosts=(self.ps_host.public_host, "localhost"))
-            files.update({"tls-cert": self.certs.server_cert, "tls-key": self.certs.server_key})
+        self.credentials = Credentials(self.run_dir, self.sites, token_per_site=not isinstance(self.ps_host, LocalPS),
+                                       tls_hosts=(self.ps_host.public_host, "localhost") if self.tls else None)
+        files = {"config": cfg_path, **self.credentials.files}
         there, run_dir = self.ps_host.place(files, self.run_dir)
         flags = {"config": "--config", "shared-secret": "--shared-secret-file", "tokens": "--tokens",
                  "observer-token": "--observer-token-file", "tls-cert": "--tls-cert", "tls-key": "--tls-key"}
@@ -149,10 +148,10 @@ class Run(RunFaults):
         deadline = time.time() + timeout_s
         self._start_ps(0, "ps.log", deadline)
         self.relay = EventRelay(self._open_channel, self.observer_token,
-                                self.run_dir / "links.jsonl" if self.run_plan is not None else None).start()
+                                self.emulator.events if self.emulator is not None else None).start()
         try:
-            if self.run_plan is not None:
-                self._start_links(self.run_plan, deadline)
+            if self.emulator is not None:
+                self.plan = self.emulator.start(self.site_address, self.sites, deadline)
             for name in self.sites:       # every host prepared and every link shaped before any site starts
                 self._place(name)
             for name in self.sites:
@@ -179,34 +178,6 @@ class Run(RunFaults):
         observer = self.ps_host.observer_address(self.ps_port)
         self.host, self.port = observer.rsplit(":", 1)[0], int(observer.rsplit(":", 1)[1])
 
-    def _secrets(self) -> dict[str, Path]:
-        """The shared secret all sites present, or (PS on another host) a token file per site."""
-        if isinstance(self.ps_host, LocalPS):
-            self.site_tokens = dict.fromkeys(self.sites, new_secret_file(self.run_dir / "secret"))
-            return {"shared-secret": self.site_tokens[self.sites[0]]}
-        self.site_tokens = {s: new_secret_file(self.run_dir / f"token-{s}") for s in self.sites}
-        tokens = self.run_dir / "tokens.json"
-        tokens.touch(mode=0o600)
-        tokens.write_text(json.dumps({s: read_secret(f) for s, f in self.site_tokens.items()}))
-        return {"tokens": tokens}
-
-    def _start_links(self, plan: RunPlan, deadline: float) -> None:
-        if sorted(plan.names) != sorted(self.sites):
-            raise ConfigError(f"the run plan has sites {plan.names}, the run expects {self.sites}")
-        listening = self.run_dir / "links.json"
-        listening.unlink(missing_ok=True)
-        self.links = self.launcher.start(ProcessSpec("link emulator", links_command(
-            self.python, plan.write(self.run_dir / "plan.json"), self.site_address, listening,
-            self.run_dir / "links.jsonl", self.links_control), env={"PYTHONUNBUFFERED": "1"},
-            log_path=self.run_dir / "links.log"))
-        while not listening.exists():
-            if self.links.poll() is not None:
-                raise ProcessError(f"the link emulator exited with code {self.links.poll()}:\n{self.links.log_tail()}")
-            if time.time() > deadline:
-                raise ProcessError("the link emulator did not start in time")
-            time.sleep(0.05)
-        self.plan = RunPlan.read(listening)
-
     def start_site(self, name: str, extra: tuple[str, ...] = ()) -> ProcessHandle:
         """Start (or restart) the worker process of one site (through its emulated link, in its
         namespace if it has one); `extra`: more `wantrain worker` arguments (a test's `--stall`)."""
@@ -231,7 +202,8 @@ class Run(RunFaults):
         # An SSH site's reverse forward leads to its emulated link where the proxy has one (a kernel
         # namespace is on this machine: not for it), else to the PS; so does a tcconfig site's dial.
         via = link.dial if link is not None and link.dial and not (remote and link.exec_prefix) else self.site_address
-        where = self.placements.place(name, via, self.site_tokens[name], self.certs.ca if self.certs else None,
+        assert self.credentials is not None
+        where = self.placements.place(name, via, self.credentials.site_tokens[name], self.certs.ca if self.certs else None,
                                       self.run_dir, forward=isinstance(self.ps_host, LocalPS) or via != self.site_address)
         if self.plan is not None and link is not None and link.backend in ON_HOST_BACKENDS and name not in self.shapers:
             self.shapers[name] = self.placements.start_shaper(name, self.plan, where, self.run_dir / f"shaper-{name}.log")
@@ -271,10 +243,71 @@ class Run(RunFaults):
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    # ------------------------------------------------------------ faults on purpose
+
+    def _fault(self, action: str, site: str | None = None, **extra) -> None:
+        """Record a fault injected on purpose; the relay writes it into the PS's telemetry."""
+        row = {"kind": "fault", "t": time.time(), "action": action, **({"site": site} if site else {}), **extra}
+        self.faults.append(row)
+        if self.relay is not None:
+            self.relay.add(row)
+
+    def kill_site(self, name: str) -> None:
+        """SIGKILL a site's process, as a crash would; `start_site(name)` brings it back."""
+        if name not in self.workers:
+            raise ConfigError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
+        p = self.workers[name]
+        self._killed.add(id(p))
+        self._fault("kill site", name)
+        p.kill()
+        p.wait(10)
+
+    def outage(self, name: str, seconds: float) -> None:
+        """Take a site's emulated link down now for `seconds` (needs a scenario)."""
+        if self.emulator is None:
+            raise ProcessError("no link emulator is running: outages need a run with a scenario or plan")
+        self.emulator.outage(name, seconds)
+        self._fault("link outage", name, seconds=seconds)
+
+    def restart_ps(self, timeout_s: float = 120.0) -> None:
+        """SIGKILL the PS and start it again on the same port: it resumes from its checkpoint
+        and the sites reconnect by themselves."""
+        if self.ps is None or self.ps_port is None:
+            raise ProcessError("the run has not started: there is no parameter server to restart")
+        self._restarting = True
+        try:
+            old = self.ps
+            self._killed.add(id(old))
+            self._fault("restart PS")
+            old.kill()
+            old.wait(10)
+            self._ps_restarts += 1
+            self._start_ps(self.ps_port, f"ps-restart-{self._ps_restarts}.log", time.time() + timeout_s)
+        finally:
+            self._restarting = False
+
+    def drop_connection(self, name: str) -> None:
+        """Cut an SSH site's connection, as a network failure would: its watchdog stops the site on
+        the host, and the run reconnects and starts it again (it rejoins)."""
+        if name not in self.placements.remote:
+            raise ConfigError(f"site {name!r} does not run over SSH (SSH sites: {', '.join(self.placements.remote)})")
+        self._fault("drop SSH connection", name)
+        self.placements.remote[name].launcher.close()
+
+    def _lost(self, p: ProcessHandle, code: int) -> bool:
+        """Whether `p` is an SSH site whose connection went; if so, its restart is under way."""
+        name = next((n for n, w in self.workers.items() if w is p), None)
+        if name is None or name not in self.placements.remote or code != LOST or self._stopping.is_set():
+            return False
+        self._killed.add(id(p))                 # handled here, not a failure of the run
+        self._fault("SSH connection lost", name)
+        self.reconnector.again(name)
+        return True
+
     # ------------------------------------------------------------ telemetry
 
     def _tls_client(self):
-        return self.certs.client() if self.certs is not None else None
+        return self.credentials.client() if self.credentials is not None else None
 
     def _open_channel(self) -> grpc.Channel:
         return net.observer_channel(self.address, self._tls_client())
@@ -325,8 +358,8 @@ class Run(RunFaults):
                 raise ProcessError(f"the run did not finish within {timeout_s:.0f} s")
 
     def _check_processes(self, final: bool = False) -> None:
-        if self._reconnect_error:
-            raise SshError(self._reconnect_error)
+        if self.reconnector.error:
+            raise SshError(self.reconnector.error)
         for p in self.processes():
             code = p.poll()
             if code not in (None, 0) and id(p) not in self._killed and (final or not self._lost(p, code)):

@@ -9,8 +9,8 @@ what is read are documented fields.
 
 The PS records its own events (`emit`) and, since schema 2, the events of the run that happen
 elsewhere (`record_reported`): the link emulator's samples and events and faults injected on
-purpose arrive over the Report RPC, so the run has one log and one stream. Version 1 logs (link
-events in links.jsonl, faults in faults.jsonl, `link_rtt` times in `t`) are still read.
+purpose arrive over the Report RPC, so the run has one log and one stream. A log of another schema
+version is refused with the version it has (version 1 logs are no longer read).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from typing import Any
 
 from .errors import MissingTelemetryError, TelemetryError
 
-__all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "read_run", "rows", "EVENT_KINDS", "PS_KINDS", "LINK_KINDS",
+__all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS", "PS_KINDS", "LINK_KINDS",
            "REPORTED_KINDS", "utilization"]
 
 SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
 PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
             "checkpoint", "restart", "error", "run_end",
             # rounds that do not wait forever, and faults
@@ -144,38 +143,11 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
             ev = json.loads(line)
         except json.JSONDecodeError as e:
             raise TelemetryError(f"{p}:{n}: not a JSON event ({e})") from None
-        if ev.get("v") not in READABLE_VERSIONS:
+        if ev.get("v") != SCHEMA_VERSION:
             raise TelemetryError(f"{p}:{n}: telemetry schema version {ev.get('v')} (this wantrain reads "
-                             f"{', '.join(map(str, READABLE_VERSIONS))})")
-        out.append(_upgrade(ev))
+                                 f"version {SCHEMA_VERSION} only)")
+        out.append(ev)
     return out
-
-
-def _upgrade(ev: dict[str, Any]) -> dict[str, Any]:
-    """A version 1 event in version 2's shape: `link_rtt` kept its list of times in `t`."""
-    if ev["v"] == 1 and ev["kind"] == "link_rtt" and isinstance(ev.get("t"), list):
-        ev = {**ev, "times": ev["t"], "t": ev["t"][-1] if ev["t"] else 0.0}
-    return ev
-
-
-def read_run(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every event of a run folder, in time order. A version 1 folder kept link events and faults
-    in files of their own (links.jsonl, faults.jsonl): they are merged in."""
-    events = read_events(run_dir)
-    if any(e["kind"] in REPORTED_KINDS for e in events) or (events and events[0]["v"] >= 2):
-        return events
-    extra = []
-    for name in ("links.jsonl", "faults.jsonl"):
-        p = Path(run_dir) / name
-        if p.is_file():
-            for line in p.read_text().splitlines():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict) and row.get("kind") in REPORTED_KINDS:
-                    extra.append(row)
-    return sorted(events + extra, key=lambda e: e.get("t", 0.0)) if extra else events
 
 
 def rows(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ import statistics
 import pytest
 
 from wantrain.run import Run
-from wantrain.telemetry import LINK_KINDS, read_events, read_run, rows
+from wantrain.telemetry import LINK_KINDS, read_events, rows
 from wantrain.ui import Dashboard
 
 from ..helpers import pid_alive, small_config
@@ -65,7 +65,7 @@ def test_training_continues_through_an_emulated_wan(tmp_path):
     marks = {tr.name: list(tr.y) for tr in timeline.data}
     assert marks["fault injected"] == ["near"] and "far" in marks["outage"] and "far" in marks["leave"], marks
 
-    everything = read_run(tmp_path / "run")
+    everything = read_events(tmp_path / "run")
     events = read_events(tmp_path / "run")
     links = [e for e in everything if e["kind"] in LINK_KINDS]
     ends = rows(events, "round_end")
@@ -130,7 +130,7 @@ def test_training_through_the_kernel_backend(tmp_path, host_network):
     events = read_events(tmp_path / "run")
     assert len(rows(events, "round_end")) == 3 and all(c["ok"] for c in rows(events, "hash_check"))
     assert all(s.exec_prefix[:3] == ("ip", "netns", "exec") for s in run.plan.sites)
-    plan = next(e for e in read_run(tmp_path / "run") if e["kind"] == "links_start")    # relayed into the PS's log
+    plan = next(e for e in read_events(tmp_path / "run") if e["kind"] == "links_start")    # relayed into the PS's log
     assert all(s["exec_prefix"][:3] == ["ip", "netns", "exec"] for s in plan["sites"])
     rtts = {}
     for e in rows(events, "link_rtt"):

@@ -5,20 +5,25 @@ with there, the address it dials and its copies of the run's secret files.
 inspect the host (launch/host.py), install this checkout's version (launch/install.py), open a
 reverse forward to the PS (launch/ssh.py), and copy the shared secret and the run's CA into the
 forward's private folder on the host (0600; never on a command line). The Run then starts the
-site with the returned launcher, exactly as it starts a local one.
+site with the returned launcher, exactly as it starts a local one. A site whose SSH connection was
+lost (its watchdog stopped it on the host) is started again by a `Reconnector`.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..errors import SshError
 
 from .host import HostInfo, inspect_host
 from .install import install_on_host
 from .ssh import SshLauncher, SshTarget
 
-__all__ = ["RemoteSite", "Prepared"]
+__all__ = ["RemoteSite", "Prepared", "Reconnector"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +94,30 @@ class RemoteSite:
     def close(self) -> None:
         self.launcher.close()
         self._forwards.clear()
+
+
+class Reconnector:
+    """Starts again, in the background, a site whose SSH connection was lost: on a new connection,
+    every few seconds for up to `within_s`, until `stopping` is set. When that fails the reason is
+    kept in `error` (the run fails with it)."""
+
+    def __init__(self, start: Callable[[str], object], stopping: threading.Event, within_s: float = 300.0,
+                 every_s: float = 5.0) -> None:
+        self.start, self.stopping, self.within_s, self.every_s = start, stopping, within_s, every_s
+        self.error = ""
+
+    def again(self, name: str) -> None:
+        threading.Thread(target=self._again, args=(name,), name=f"wantrain-reconnect-{name}", daemon=True).start()
+
+    def _again(self, name: str) -> None:
+        deadline, last = time.time() + self.within_s, ""
+        while time.time() < deadline and not self.stopping.is_set():
+            try:
+                self.start(name)
+                return
+            except SshError as e:            # the host is still unreachable: try again shortly
+                last = str(e)
+                self.stopping.wait(self.every_s)
+        if not self.stopping.is_set():
+            self.error = (f"site {name} lost its SSH connection and could not be started again "
+                          f"within {self.within_s:.0f} s: {last}")
