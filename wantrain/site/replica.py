@@ -27,18 +27,32 @@ log = logging.getLogger("wantrain.site")
 
 
 class Replica:
-    """The global model as this site holds it (built from the site's model at its first Welcome)."""
+    """The global model as this site holds it. One owner for the session and, with a sharded PS, the
+    stream that splits its messages per shard (sharded.py reads the layout and the part hashes); it
+    is empty until the first Welcome builds it from the site's model (`build`)."""
 
-    def __init__(self, model: torch.nn.Module, shards: int, site: str = "site") -> None:
+    def __init__(self, site: str = "site") -> None:
         self.site = site
-        self.arrays: dict[str, np.ndarray] = flat_copy(model)
-        self.sizes = {k: int(v.size) for k, v in self.arrays.items()}
-        self.layout = ShardLayout.balanced(self.sizes, shards)
+        self.arrays: dict[str, np.ndarray] = {}
+        self.sizes: dict[str, int] = {}
+        self.layout = ShardLayout(())       # which shard owns which tensors
+        self.chunk_elements = 0             # elements per chunk of the run's chunk plan
         self.round = 0                  # committed rounds the arrays hold
         self.part_hashes: list[str] = []   # the hash of each shard's part (one: the hash)
         self.hash = ""
         self.expected_hash = ""         # what the download under way must hash to
         self.decode_s = 0.0             # the last update's decode and add
+
+    def build(self, model: torch.nn.Module, shards: int, chunk_elements: int) -> None:
+        """Hold a copy of `model`'s parameters, split among `shards` as the PS splits them."""
+        self.arrays = flat_copy(model)
+        self.sizes = {k: int(v.size) for k, v in self.arrays.items()}
+        self.layout = ShardLayout.balanced(self.sizes, shards)
+        self.chunk_elements = chunk_elements
+
+    @property
+    def built(self) -> bool:
+        return bool(self.arrays)
 
     def expect(self, round_: int, model_hash: str) -> None:
         """A model of `round_` is on its way (or, on a catch-up, the one held is that round's)."""

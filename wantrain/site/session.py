@@ -109,7 +109,7 @@ class Site:
         self.model: torch.nn.Module | None = None
         self.inner: InnerLoop | None = None
         self.schedule: Schedule | None = None
-        self.replica: Replica | None = None           # the global model it holds (the model trains)
+        self.replica = Replica(opts.name)           # the global model it holds (the model trains)
         self.uplink: Uplink | None = None             # its deltas: error feedback, pushed, settled
         self.finished = False
         self.probes: list[tuple[float, float]] = []   # (Unix time, RTT ms) not yet reported
@@ -121,11 +121,11 @@ class Site:
     @property
     def round(self) -> int:
         """Committed rounds of the global model this site holds (0 before any)."""
-        return self.replica.round if self.replica is not None else 0
+        return self.replica.round
 
     @property
     def hash(self) -> str:
-        return self.replica.hash if self.replica is not None else ""
+        return self.replica.hash
 
     # ------------------------------------------------------------ connection
 
@@ -270,7 +270,7 @@ class Site:
         return self.cfg, self.model, self.inner, self.uplink
 
     def _held(self) -> Replica:
-        if self.replica is None:
+        if not self.replica.built:
             raise ProtocolError("the parameter server sent a model or an update before any Welcome")
         return self.replica
 
@@ -290,7 +290,7 @@ class Site:
             self.model = self.inner.model
             t = w.config.train
             self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s)
-            self.replica = Replica(self.model, w.shards, self.opts.name)
+            self.replica.build(self.model, w.shards, w.config.codec.chunk_elements())
             self.uplink = Uplink(self.opts.name, w.config, self.stalls)
             log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
                      w.site_index, w.config.model.preset, self.device, w.data_position)

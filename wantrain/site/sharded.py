@@ -42,6 +42,7 @@ from ..errors import ConnectionLostError, ProtocolError
 from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundMetrics,
                         RoundResult, RoundStart, TensorChunk, Welcome)
 from ..shards import combine_hashes
+from .replica import Replica
 
 __all__ = ["ShardedStream", "ShardMemory"]
 
@@ -59,11 +60,11 @@ class ShardMemory:
 
 
 class ShardedStream:
-    """The session's stream to N shards. `site.replica` (replica.py) gives the layout, the part hashes
-    and the tensor sizes, and `site.cfg` the config, once the first Welcome has set them up."""
+    """The session's stream to N shards. `replica` (replica.py), the site's, gives the layout, the part
+    hashes, the tensor sizes and the chunk plan once the first Welcome has built it."""
 
-    def __init__(self, calls: list, site, memory: ShardMemory) -> None:
-        self.calls, self.site, self.mem, self.n = calls, site, memory, len(calls)
+    def __init__(self, calls: list, site: str, replica: Replica, memory: ShardMemory) -> None:
+        self.calls, self.site, self.replica, self.mem, self.n = calls, site, replica, memory, len(calls)
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.out: deque = deque()
         self.readers = [asyncio.create_task(self._read(i, c)) for i, c in enumerate(calls)]
@@ -155,7 +156,7 @@ class ShardedStream:
     async def _round_start(self, i: int, s: RoundStart) -> None:
         if s.round == self.mem.pushed_round and self.mem.complete:
             log.info("site %s: shard %d starts round %d again (it lost the delta pushed to it): replaying it",
-                     self.site.opts.name, i, s.round)
+                     self.site, i, s.round)
             for m in self.mem.pushed[i]:
                 await self._write(i, m)
             return
@@ -205,7 +206,7 @@ class ShardedStream:
         partial = []
         for site in dict.fromkeys(s for x in per_shard for s in x if s not in everywhere):
             partial.append((site, frozenset(t for k, x in enumerate(per_shard) if site in x
-                                            for t in self.site.replica.layout.tensors[k])))
+                                            for t in self.replica.layout.tensors[k])))
         return everywhere, tuple(partial)
 
     # ------------------------------------------------------------ to the shards
@@ -215,10 +216,10 @@ class ShardedStream:
             whole, self.mem.whole_models = self.mem.whole_models or not msg.resume_hash, False
             for i in range(self.n):
                 await self._write(i, replace(msg, resume_round=0, resume_hash="") if whole
-                                  else replace(msg, resume_hash=self.site.replica.part_hashes[i]))
+                                  else replace(msg, resume_hash=self.replica.part_hashes[i]))
         elif isinstance(msg, (Ready, HashReport)):
             for i in range(self.n):
-                await self._write(i, replace(msg, model_hash=self.site.replica.part_hashes[i]))
+                await self._write(i, replace(msg, model_hash=self.replica.part_hashes[i]))
         elif isinstance(msg, TensorChunk):
             await self._delta_chunk(msg)
         elif isinstance(msg, RoundMetrics):
@@ -237,7 +238,7 @@ class ShardedStream:
         if not self.sent_index:      # a round's push begins (a push cut short by a failure is not replayed)
             self.mem.pushed_round, self.mem.pushed, self.mem.complete = c.round, [[] for _ in range(self.n)], False
             self.sent_index, self.sent_bytes = [0] * self.n, [0] * self.n
-        i = self.site.replica.layout.shard_of(c.spec.tensor)
+        i = self.replica.layout.shard_of(c.spec.tensor)
         m = replace(c, index=self._shard_index()[c.spec], count=self._plan_counts()[0][i])
         self.sent_index[i] += 1
         self.sent_bytes[i] += c.data.wire_bytes
@@ -247,8 +248,8 @@ class ShardedStream:
     def _shard_index(self) -> dict:
         """Each chunk's index in its shard's own plan (the site may send a round's chunks in any order)."""
         if self._index is None:
-            sizes, layout = self.site.replica.sizes, self.site.replica.layout
-            per = self.site.cfg.codec.chunk_elements()
+            sizes, layout = self.replica.sizes, self.replica.layout
+            per = self.replica.chunk_elements
             self._index = {spec: k for names in layout.tensors
                            for k, spec in enumerate(plan_chunks({t: sizes[t] for t in names}, per))}
         return self._index
@@ -256,8 +257,8 @@ class ShardedStream:
     def _plan_counts(self) -> tuple[list[int], list[int]]:
         """Each shard's delta chunks and elements: its own plan over its tensors (as its PS plans)."""
         if self._counts is None:
-            sizes, layout = self.site.replica.sizes, self.site.replica.layout
-            per = self.site.cfg.codec.chunk_elements()
+            sizes, layout = self.replica.sizes, self.replica.layout
+            per = self.replica.chunk_elements
             self._counts = ([len(plan_chunks({t: sizes[t] for t in names}, per)) for names in layout.tensors],
                             [sum(sizes[t] for t in names) for names in layout.tensors])
         return self._counts

@@ -67,7 +67,7 @@ async def session_stream(site) -> AsyncIterator[tuple[Stream, object]]:
     try:
         stubs = [net.stub(c) for c in channels]
         calls = [s.Session(wait_for_ready=False) for s in stubs]
-        stream = SingleStream(calls[0]) if len(calls) == 1 else ShardedStream(calls, site, site.shard_memory)
+        stream = SingleStream(calls[0]) if len(calls) == 1 else ShardedStream(calls, opts.name, site.replica, site.shard_memory)
         try:
             yield stream, stubs[0]
         finally:
