@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save
+from wantrain.launch.argv import ps_command
 
 
 def vm(pid: int, key: str) -> float:
@@ -75,8 +76,7 @@ def main() -> None:
     fp32_gb = 4 * sum(sizes.values()) / 1e9
     tmp = Path(tempfile.mkdtemp(prefix="wantrain-large-"))
     (tmp / "c.json").write_text(cfg.to_json())
-    ps = subprocess.Popen([sys.executable, "-m", "wantrain", "ps", "--config", str(tmp / "c.json"), "--port", "0",
-                           "--port-file", str(tmp / "port"), "--run-dir", str(tmp / "run")],
+    ps = subprocess.Popen(ps_command(sys.executable, tmp / "c.json", port_file=tmp / "port", run_dir=tmp / "run"),
                           stdout=subprocess.DEVNULL, stderr=open(tmp / "ps.log", "wb"))
     out: dict = {"preset": a.preset, "parameters": sum(sizes.values()), "fp32_gb": fp32_gb}
     try:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save
+from wantrain.launch.argv import ps_command
 
 SITES = ("us-east", "eu-west", "ap-southeast")
 
@@ -178,8 +179,7 @@ def run_ps(preset: str, rounds: int, checkpoint_every: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "c.json").write_text(cfg.to_json())
         port_file = Path(tmp) / "port"
-        ps = subprocess.Popen([sys.executable, "-m", "wantrain", "ps", "--config", str(Path(tmp) / "c.json"),
-                               "--port", "0", "--port-file", str(port_file), "--run-dir", tmp],
+        ps = subprocess.Popen(ps_command(sys.executable, Path(tmp) / "c.json", port_file=port_file, run_dir=tmp),
                               stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / "ps.log", "w"))
         try:
             while not port_file.exists():

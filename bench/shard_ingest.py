@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save
+from wantrain.launch.argv import ps_command
 from server_bench import SITES, client, ingest_per_round, median, peak_rss_mb
 
 
@@ -40,9 +41,8 @@ def run_shards(preset: str, rounds: int, n: int) -> dict:
             for i in range(n):
                 port_file = Path(tmp) / f"port{i}"
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "wantrain", "ps", "--config", str(Path(tmp) / "c.json"), "--port", "0",
-                     "--port-file", str(port_file), "--run-dir", str(Path(tmp) / f"shard{i}"),
-                     "--shard", f"{i}/{n}", "--run-id", "ingest"],
+                    ps_command(sys.executable, Path(tmp) / "c.json", port_file=port_file, run_dir=Path(tmp) / f"shard{i}",
+                               shard=f"{i}/{n}", run_id="ingest"),
                     stdout=subprocess.DEVNULL, stderr=open(Path(tmp) / f"ps{i}.log", "w")))
                 while not port_file.exists():
                     if procs[-1].poll() is not None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from wantrain.config import RunConfig
-from wantrain.launch.argv import site_args
+from wantrain.launch.argv import ps_args, site_args
 from wantrain.telemetry import read_events, rows
 
 from .helpers import Proc, free_port
@@ -40,8 +40,8 @@ class Cluster:
         return p
 
     def start_ps(self, *extra: str) -> Proc:
-        self.ps = self._proc("ps", "ps", "--config", str(self.tmp / "config.json"), "--port", str(self.port),
-                             "--run-dir", str(self.run_dir), *self.ps_args, *extra)
+        self.ps = self._proc("ps", *ps_args(self.tmp / "config.json", port=self.port, run_dir=self.run_dir),
+                             *self.ps_args, *extra)
         return self.ps
 
     def start_site(self, name: str, *extra: str) -> Proc:
@@ -97,9 +97,10 @@ class ShardedCluster(Cluster):
         self.shards: list[Proc | None] = [None] * shards
 
     def start_shard(self, i: int, *extra: str) -> Proc:
-        p = self._proc(f"ps{i}", "ps", "--config", str(self.tmp / "config.json"), "--port", str(self.ports[i]),
-                       "--run-dir", str(self.run_dirs[i]), "--shard", f"{i}/{len(self.ports)}", "--run-id", "sharded-run",
-                       *(("--report-to", f"127.0.0.1:{self.ports[0]}") if i else ()), *self.ps_args, *extra)
+        p = self._proc(f"ps{i}", *ps_args(self.tmp / "config.json", port=self.ports[i], run_dir=self.run_dirs[i],
+                                             shard=f"{i}/{len(self.ports)}", run_id="sharded-run",
+                                             report_to=f"127.0.0.1:{self.ports[0]}" if i else None),
+                       *self.ps_args, *extra)
         self.shards[i] = self.ps = p
         return p
 
@@ -167,7 +168,7 @@ def reset_b_while_it_pushes(c: Cluster, stall: str) -> tuple[list[dict], float]:
         with link_proxy(c.port) as (proxy_port, reset):
             c.start_ps().wait_for("listening on")
             c.start_site("a"), c.start_site("c")
-            b = c._proc("b", "worker", "--ps", f"127.0.0.1:{proxy_port}", "--site", "b", "--threads", "1",
+            b = c._proc("b", *site_args(f"127.0.0.1:{proxy_port}", "b", threads=1),
                         "--stall", stall)
             c.sites["b"] = b
             b.wait_for("stalling")

@@ -11,6 +11,7 @@ from wantrain.auth import Authenticator, new_secret_file
 from wantrain.errors import ConfigError
 from wantrain.messages import PROTOCOL_VERSION
 from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.launch.argv import ps_args, site_args
 
 from .helpers import Proc, free_port, small_config
 from .test_bad_input import raw_join
@@ -42,7 +43,7 @@ def test_unknown_site_and_bad_token_are_unauthenticated(tmp_path):
     (tmp_path / "c.json").write_text(small_config(num_sites=2).to_json())
     (tmp_path / "tokens.json").write_text(json.dumps({"a": "token-of-a", "b": "token-of-b"}))
     port = free_port()
-    ps = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
+    ps = Proc(*ps_args(tmp_path / "c.json", port=port, run_dir=tmp_path / "run"),
               "--tokens", str(tmp_path / "tokens.json"), log=tmp_path / "ps.log")
     try:
         ps.wait_for("listening on")
@@ -64,7 +65,7 @@ def test_unknown_site_and_bad_token_are_unauthenticated(tmp_path):
             welcome = next(stub.Session(join("token-of-a"), timeout=20))
             assert welcome.WhichOneof("body") == "welcome"
         (tmp_path / "wrong").write_text("nope\n")
-        w = Proc("worker", "--ps", address, "--site", "b", "--token-file", str(tmp_path / "wrong"),
+        w = Proc(*site_args(address, "b", threads=0), "--token-file", str(tmp_path / "wrong"),
                  log=tmp_path / "w.log")
         try:
             assert w.p.wait(60) == 1 and "not allowed to join" in w.text() and "Traceback" not in w.text()

@@ -9,6 +9,7 @@ import pytest
 from wantrain import net, wire
 from wantrain.messages import PROTOCOL_VERSION
 from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.launch.argv import ps_args, site_args
 
 from .helpers import Proc, free_port, pid_alive, small_config, wantrain
 
@@ -30,13 +31,13 @@ def test_bad_config_file_names_the_field(tmp_path):
     cfg = small_config().to_dict()
     cfg["codec"]["quant_block"] = -4
     (tmp_path / "c.json").write_text(json.dumps(cfg))
-    r = wantrain("ps", "--config", str(tmp_path / "c.json"), "--port", "0")
+    r = wantrain(*ps_args(tmp_path / "c.json", port="0"))
     assert r.returncode == 2 and "codec.quant_block must be >= 1" in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(60)
 def test_worker_retries_an_absent_ps_then_gives_up(tmp_path):
-    r = wantrain("worker", "--ps", f"127.0.0.1:{free_port()}", "--site", "lonely", "--connect-timeout", "3")
+    r = wantrain(*site_args(f"127.0.0.1:{free_port()}", "lonely", threads=0), "--connect-timeout", "3")
     assert r.returncode == 1
     assert "not reachable" in r.stderr and "retrying in" in r.stderr
     assert "giving up" in r.stderr and "Traceback" not in r.stderr
@@ -47,7 +48,7 @@ def ps(tmp_path):
     cfg = small_config(num_sites=2)
     (tmp_path / "c.json").write_text(cfg.to_json())
     port = free_port()
-    proc = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
+    proc = Proc(*ps_args(tmp_path / "c.json", port=port, run_dir=tmp_path / "run"),
                 log=tmp_path / "ps.log")
     proc.wait_for("listening on")
     yield f"127.0.0.1:{port}", proc
@@ -81,10 +82,10 @@ def test_protocol_version_mismatch(ps):
 @pytest.mark.timeout(120)
 def test_duplicate_site_name_is_refused(ps, tmp_path):
     address, proc = ps
-    first = Proc("worker", "--ps", address, "--site", "twin", "--threads", "1", log=tmp_path / "w1.log")
+    first = Proc(*site_args(address, "twin", threads=1), log=tmp_path / "w1.log")
     try:
         first.wait_for("model at round 0 loaded", timeout=60)
-        second = Proc("worker", "--ps", address, "--site", "twin", "--threads", "1", log=tmp_path / "w2.log")
+        second = Proc(*site_args(address, "twin", threads=1), log=tmp_path / "w2.log")
         try:
             assert second.p.wait(60) == 1
             assert "already connected" in second.text() and "Traceback" not in second.text()

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from wantrain.checkpoint import load_checkpoint, save_checkpoint
+from wantrain.launch.argv import ps_args
 
 
 def test_round_trip_and_atomic_replace(tmp_path):
@@ -34,7 +35,7 @@ def test_the_ps_says_in_one_line_that_it_cannot_use_a_checkpoint(tmp_path):
     (tmp_path / "run").mkdir()
     torch.save({"version": 99}, tmp_path / "run" / "checkpoint.pt")
     (tmp_path / "c.json").write_text(small_config().to_json())
-    r = wantrain("ps", "--config", str(tmp_path / "c.json"), "--port", str(free_port()), "--run-dir",
+    r = wantrain(*ps_args(tmp_path / "c.json", port=free_port()), "--run-dir",
                  str(tmp_path / "run"), timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     last = r.stderr.strip().splitlines()[-1]

@@ -25,6 +25,7 @@ from wantrain.messages import PROTOCOL_VERSION
 from wantrain.proto.v1 import ps_pb2 as pb
 from wantrain.ps import STATUS
 from wantrain.telemetry import read_events, rows
+from wantrain.launch.argv import ps_args, site_args
 
 from .helpers import Proc, free_port, small_config
 
@@ -99,12 +100,12 @@ def run(tmp_path_factory):
     (tmp / "c.json").write_text(cfg.to_json())
     (tmp / "secret").write_text(SECRET)
     port = free_port()
-    ps = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
+    ps = Proc(*ps_args(tmp / "c.json", port=port, run_dir=tmp / "run"),
               "--shared-secret-file", str(tmp / "secret"), "--join-timeout", "3", log=tmp / "ps.log")
     site = None
     try:
         ps.wait_for("listening on")
-        site = Proc("worker", "--ps", f"127.0.0.1:{port}", "--site", "real", "--threads", "1", "--token-file",
+        site = Proc(*site_args(f"127.0.0.1:{port}", "real", threads=1), "--token-file",
                     str(tmp / "secret"), "--probe-interval", "0.5", log=tmp / "site.log")
         from .test_hostile import HandSite  # round 0 waits for every site: fuzz takes part once
         hand = HandSite(f"127.0.0.1:{port}", None, "fuzz", SECRET)

@@ -24,6 +24,7 @@ from wantrain.messages import (DELTA, PROTOCOL_VERSION, HashReport, Join, LinkPr
 from wantrain.proto.v1 import ps_pb2 as pb
 from wantrain.telemetry import read_events, rows
 from wantrain.tls import make_dev_certs
+from wantrain.launch.argv import ps_args
 
 from .helpers import Proc, free_port, small_config
 
@@ -117,7 +118,7 @@ def server(tmp_path_factory):
     (tmp / "c.json").write_text(cfg.to_json())
     (tmp / "tokens.json").write_text(json.dumps(TOKENS))
     port = free_port()
-    proc = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
+    proc = Proc(*ps_args(tmp / "c.json", port=port, run_dir=tmp / "run"),
                 "--tokens", str(tmp / "tokens.json"), "--tls-cert", str(certs.server_cert),
                 "--tls-key", str(certs.server_key), log=tmp / "ps.log")
     proc.wait_for("listening on")

@@ -20,6 +20,7 @@ from wantrain.messages import HashReport, Join
 from wantrain.ps import ParameterServer
 from wantrain.ps.connections import ConnectionGuard, peer_address
 from wantrain.telemetry import read_events
+from wantrain.launch.argv import ps_args
 
 from .helpers import Proc, free_port, small_config, wantrain
 from .test_hostile import HandSite
@@ -32,7 +33,7 @@ def ps(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("limits")
     (tmp / "c.json").write_text(small_config(num_sites=2, sites=["a", "b"]).to_json())
     port = free_port()
-    proc = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
+    proc = Proc(*ps_args(tmp / "c.json", port=port, run_dir=tmp / "run"),
                 "--join-timeout", "5", "--max-streams-per-peer", "8", log=tmp / "ps.log")
     proc.wait_for("listening on")
     yield port, proc, tmp
@@ -43,7 +44,7 @@ def ps(tmp_path_factory):
 def test_a_second_ps_cannot_bind_the_same_port(ps, tmp_path):
     """Finding 3: gRPC's default SO_REUSEPORT let two PS processes split the sites between them."""
     port, proc, tmp = ps
-    r = wantrain("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run2"),
+    r = wantrain(*ps_args(tmp / "c.json", port=port, run_dir=tmp_path / "run2"),
                  timeout=90)
     assert r.returncode == 2, r.stderr
     last = r.stderr.strip().splitlines()[-1]
@@ -60,8 +61,7 @@ def test_a_port_held_by_another_program_is_one_clear_line(tmp_path):
         other.listen()
         port = other.getsockname()[1]
         (tmp_path / "c.json").write_text(small_config().to_json())
-        r = wantrain("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir",
-                     str(tmp_path / "run"), timeout=90)
+        r = wantrain(*ps_args(tmp_path / "c.json", port=port, run_dir=tmp_path / "run"), timeout=90)
     assert r.returncode == 2 and "in use" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -204,7 +204,7 @@ def test_a_flood_of_idle_connections_does_not_lock_sites_out(tmp_path):
     cfg = small_config(num_sites=1, sites=["real"], **{"train.rounds": 2, "train.inner_steps": 4})
     (tmp_path / "c.json").write_text(cfg.to_json())
     port = free_port()
-    ps = Proc("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(tmp_path / "run"),
+    ps = Proc(*ps_args(tmp_path / "c.json", port=port, run_dir=tmp_path / "run"),
               log=tmp_path / "ps.log", open_files=1024)
     flood: list[socket.socket] = []
     site = None

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from wantrain.telemetry import read_events, rows
+from wantrain.launch.argv import ps_args, site_args
 
 from .helpers import Proc, free_port, small_config
 
@@ -26,9 +27,9 @@ def test_ps_kill_and_restart_loses_no_committed_round(tmp_path):
     (tmp_path / "c.json").write_text(cfg.to_json())
     port = free_port()
     run_dir = tmp_path / "run"
-    ps_args = ("ps", "--config", str(tmp_path / "c.json"), "--port", str(port), "--run-dir", str(run_dir))
-    ps = Proc(*ps_args, log=tmp_path / "ps1.log")
-    sites = [Proc("worker", "--ps", f"127.0.0.1:{port}", "--site", s, "--threads", "1", log=tmp_path / f"{s}.log")
+    ps_argv = ps_args(tmp_path / "c.json", port=port, run_dir=run_dir)
+    ps = Proc(*ps_argv, log=tmp_path / "ps1.log")
+    sites = [Proc(*site_args(f"127.0.0.1:{port}", s, threads=1), log=tmp_path / f"{s}.log")
              for s in ("a", "b")]
     procs = [ps, *sites]
     try:
@@ -38,7 +39,7 @@ def test_ps_kill_and_restart_loses_no_committed_round(tmp_path):
         # Each round_end follows its commit record; one more may have committed unannounced.
         committed = len(rows(read_events(run_dir), "round_end"))
         t_restart = time.time()
-        ps2 = Proc(*ps_args, log=tmp_path / "ps2.log")
+        ps2 = Proc(*ps_argv, log=tmp_path / "ps2.log")
         procs.append(ps2)
         for s in sites:
             assert s.p.wait(200) == 0, s.text()[-2000:]
@@ -61,5 +62,5 @@ def test_ps_kill_and_restart_loses_no_committed_round(tmp_path):
     other = small_config(num_sites=2, sites=["a", "b"], **{"train.rounds": 7})
     (tmp_path / "c2.json").write_text(other.to_json())
     from .helpers import wantrain
-    r = wantrain("ps", "--config", str(tmp_path / "c2.json"), "--port", "0", "--run-dir", str(run_dir))
+    r = wantrain(*ps_args(tmp_path / "c2.json", port="0", run_dir=run_dir))
     assert r.returncode == 2 and "different config" in r.stderr

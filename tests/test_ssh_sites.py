@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from wantrain.launch import ProcessSpec, SshLauncher, SshTarget
-from wantrain.launch.argv import site_args
+from wantrain.launch.argv import site_command
 from wantrain.launch.install import install_on_host
 from wantrain.launch.ssh import LOST
 from wantrain.telemetry import read_events, rows
@@ -61,7 +61,7 @@ def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
             assert python.startswith(str(tmp_path / "venvs"))
             ps = remote.reverse_forward("127.0.0.1", c.port)
             assert ps.startswith("unix:/tmp/wantrain-")
-            argv = (python, "-m", "wantrain", *site_args(ps, name, threads=1))
+            argv = site_command(python, ps, name, threads=1)
             handles.append(remote.start(ProcessSpec(name, argv, log_path=tmp_path / f"{name}.log")))
         c.wait_event("round_start", round=1)
         listening = _listening_tcp_pids()

@@ -7,6 +7,7 @@ import pytest
 
 from wantrain.messages import Welcome
 from wantrain.tls import make_dev_certs
+from wantrain.launch.argv import ps_args, site_args
 
 from .helpers import Proc, free_port, small_config, wantrain
 from .test_hostile import HandSite
@@ -19,7 +20,7 @@ def mutual(tmp_path_factory):
     certs = make_dev_certs(tmp / "tls", clients=("a",))
     (tmp / "c.json").write_text(small_config(num_sites=1).to_json())
     port = free_port()
-    ps = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
+    ps = Proc(*ps_args(tmp / "c.json", port=port, run_dir=tmp / "run"),
               "--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key),
               "--tls-client-ca", str(certs.ca), log=tmp / "ps.log")
     try:
@@ -57,7 +58,7 @@ def test_tls_dev_cli_and_bad_files(tmp_path):
     r = wantrain("ps", "--port", "0", "--tls-cert", str(tmp_path / "junk.pem"), "--tls-key", str(tmp_path / "junk.pem"),
                  "--run-dir", str(tmp_path / "run"))
     assert r.returncode == 2 and "junk.pem is not PEM" in r.stderr, r.stderr
-    r = wantrain("worker", "--ps", "127.0.0.1:1", "--site", "x", "--tls-ca", str(tmp_path / "nope.pem"))
+    r = wantrain(*site_args("127.0.0.1:1", "x", threads=0), "--tls-ca", str(tmp_path / "nope.pem"))
     assert r.returncode == 2 and "nope.pem does not exist" in r.stderr, r.stderr
 
 
@@ -67,7 +68,7 @@ def test_a_site_says_why_tls_fails(mutual, tmp_path):
     only in gRPC's own log lines. The site now looks for itself and says it."""
     address, certs, ps = mutual
     other = make_dev_certs(tmp_path / "other")
-    base = ("worker", "--ps", address, "--site", "a", "--connect-timeout", "2")
+    base = (*site_args(address, "a", threads=0), "--connect-timeout", "2")
     cases = [((), "the PS speaks TLS on this port: pass --tls-ca"),
              (("--tls-ca", str(other.ca)), "the PS's certificate is not trusted"),
              (("--tls-ca", str(certs.ca)), "the PS requires a client certificate"),

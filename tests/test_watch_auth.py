@@ -14,6 +14,7 @@ import pytest
 from wantrain import net
 from wantrain.auth import bearer
 from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.launch.argv import ps_args
 
 from .helpers import Proc, free_port, small_config, wantrain
 
@@ -26,7 +27,7 @@ def ps(tmp_path_factory):
     (tmp / "c.json").write_text(small_config(num_sites=2, sites=["a", "b"]).to_json())
     (tmp / "secret").write_text(SECRET)
     port = free_port()
-    proc = Proc("ps", "--config", str(tmp / "c.json"), "--port", str(port), "--run-dir", str(tmp / "run"),
+    proc = Proc(*ps_args(tmp / "c.json", port=port, run_dir=tmp / "run"),
                 "--shared-secret-file", str(tmp / "secret"), log=tmp / "ps.log")
     proc.wait_for("listening on")
     yield f"127.0.0.1:{port}", proc, tmp

@@ -33,7 +33,7 @@ from . import net
 from .config import RunConfig
 from .errors import ConfigError, ProcessError, SshError, WantrainError
 from .launch import LocalLauncher, ProcessSpec
-from .launch.argv import site_command
+from .launch.argv import ps_command, site_command
 from .launch.base import ProcessHandle
 from .launch.credentials import Credentials
 from .launch.emulator import LinkEmulator, describe_scenario
@@ -141,10 +141,9 @@ class Run:
                                        tls_hosts=(self.ps_host.public_host, "localhost") if self.tls else None)
         files = {"config": cfg_path, **self.credentials.files}
         there, run_dir = self.ps_host.place(files, self.run_dir)
-        flags = {"config": "--config", "shared-secret": "--shared-secret-file", "tokens": "--tokens",
-                 "observer-token": "--observer-token-file", "tls-cert": "--tls-cert", "tls-key": "--tls-key"}
-        self._ps_args = ("--run-dir", run_dir, "--host", self.ps_host.bind,
-                         *(arg for role, path in there.items() for arg in (flags[role], path)))
+        roles = {"shared-secret": "shared_secret_file", "observer-token": "observer_token_file"}
+        self._ps_options = {"run_dir": run_dir, "host": self.ps_host.bind,
+                            **{roles.get(role, role.replace("-", "_")): path for role, path in there.items()}}
         deadline = time.time() + timeout_s
         self._start_ps(0, "ps.log", deadline)
         self.relay = EventRelay(self._open_channel, self.observer_token,
@@ -167,8 +166,7 @@ class Run:
         port_file = self.ps_host.port_file(self.run_dir)
         self.ps_host.clear_port(port_file)
         self.ps = self.ps_host.launcher.start(ProcessSpec(
-            "parameter server", (self.ps_host.python, "-m", "wantrain", "ps", *self._ps_args, "--port", str(port),
-                                 "--port-file", port_file),
+            "parameter server", ps_command(self.ps_host.python, port=port, port_file=port_file, **self._ps_options),
             env={"PYTHONUNBUFFERED": "1"}, log_path=self.run_dir / log_name))
         try:
             self.ps_port = wait_for_port(self.ps_host, self.ps, port_file, deadline)

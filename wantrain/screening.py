@@ -38,7 +38,8 @@ from .config import RunConfig
 from .errors import ProtocolError
 from .messages import RoundMetrics
 
-__all__ = ["check_claims", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram", "Verdict", "Screen", "counted",
+__all__ = ["late_key", "parse_key",
+           "check_claims", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram", "Verdict", "Screen", "counted",
            "max_steps"]
 
 
@@ -53,6 +54,18 @@ def max_delta_scale(cfg: RunConfig, param_norm: float, steps: int, num_params: i
     """What a delta's norm is measured against: the model's norm, or the distance `steps` AdamW steps
     of at most inner_lr per element can cover, whichever is larger."""
     return max(param_norm, steps * cfg.train.inner_lr * math.sqrt(num_params))
+
+
+# A round's deltas are keyed by site; a late delta, counted in a later round, by "site@round" (a site
+# may have both in one commit). The one place that writes and reads that key.
+def late_key(site: str, round_: int) -> str:
+    return f"{site}@{round_}"
+
+
+def parse_key(key: str) -> tuple[str, int | None]:
+    """(site, the round of a late delta or None)."""
+    site, _, late_round = key.partition("@")
+    return site, int(late_round) if late_round else None
 
 
 def check_claims(cfg: RunConfig, m: RoundMetrics, train_s: float, num_params: int, received_wire_bytes: int,
@@ -191,8 +204,8 @@ class Screen:
         (gram()), `weights` their tokens (discounted when late)."""
         r = self.robust
         norms = np.sqrt(np.maximum(np.diag(g), 0.0))
-        site = [k.partition("@")[0] for k in keys]
-        voters = [i for i, k in enumerate(keys) if "@" not in k]
+        site = [parse_key(k)[0] for k in keys]
+        voters = [i for i, k in enumerate(keys) if parse_key(k)[1] is None]
         judged = not self.trusted and len({site[i] for i in voters}) >= self.MIN_SITES
 
         def disagreement(i: int, j: int) -> str:

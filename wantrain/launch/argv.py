@@ -1,4 +1,4 @@
-"""The command lines of a run's processes, built in one place (`Run` and the tests use these)."""
+"""The command lines of a run's processes, built in one place: `Run`, the tests and the benches use these."""
 
 from __future__ import annotations
 
@@ -6,7 +6,35 @@ from pathlib import Path
 
 from ..plan import SitePlan
 
-__all__ = ["site_args", "site_command", "links_command"]
+__all__ = ["ps_args", "ps_command", "site_args", "site_command", "links_command", "options"]
+
+
+def options(**given) -> tuple[str, ...]:
+    """Command line options from keyword arguments: `run_dir="x"` is `--run-dir x`, `True` the flag
+    alone, a list or tuple the option once per item; None and False are left out."""
+    out: tuple[str, ...] = ()
+    for key, value in given.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            out += (flag,)
+        elif isinstance(value, (list, tuple)):
+            out += tuple(x for v in value for x in (flag, str(v)))
+        else:
+            out += (flag, str(value))
+    return out
+
+
+def ps_args(config: str | Path | None = None, *, port: int = 0, run_dir: str | Path | None = None, **more) -> tuple[str, ...]:
+    """`wantrain ps` arguments: its config file, the port (0: a free one, see `port_file`), its run
+    folder, and any other option of `wantrain ps --help` by name (`shared_secret_file=path`, `stall=[...]`)."""
+    return ("ps", *options(config=config, port=port, run_dir=run_dir, **more))
+
+
+def ps_command(python: str, config: str | Path | None = None, **kw) -> tuple[str, ...]:
+    """The whole `wantrain ps` command, run by `python`."""
+    return (python, "-m", "wantrain", *ps_args(config, **kw))
 
 
 def site_args(ps: str, name: str, *, threads: int = 1, device: str = "auto", token_file: str | Path | None = None,

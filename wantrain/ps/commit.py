@@ -22,7 +22,7 @@ from ..codec import EncodeStats
 from ..config import RunConfig
 from ..faults import Stalls
 from ..messages import DeltaOutcome, RoundResult, TensorChunk
-from ..screening import Screen, Verdict, counted, gram
+from ..screening import Screen, Verdict, counted, gram, parse_key
 from ..telemetry import Recorder
 from .downloads import Downloads
 from .journal import Journal
@@ -56,8 +56,8 @@ def judge(screen: Screen, round_: int, deltas: dict[str, Upload], claimed: dict[
     for key, v in verdicts.items():
         if not v.reason:
             continue
-        site, _, late_round = key.partition("@")
-        late = f" (late delta of round {late_round})" if late_round else ""
+        site, late_round = parse_key(key)
+        late = f" (late delta of round {late_round})" if late_round is not None else ""
         recorder.emit("quarantine", round=round_, site=site, action=v.action, norm=v.norm, reference=v.reference,
                       factor=v.factor, weight=v.weight, claimed_weight=claimed[key], message=v.reason + late)
         log.warning("round %d: the delta of %s: %s", round_, key, v.reason)
@@ -68,9 +68,9 @@ def outcomes(round_: int, verdicts: dict[str, Verdict]) -> dict[str, DeltaOutcom
     """What each site whose delta was rejected or clipped hears, and why, before the round's update."""
     out = {}
     for key, v in verdicts.items():
-        site, _, late_round = key.partition("@")
+        site, late_round = parse_key(key)
         if v.action != "accept":
-            out[site] = DeltaOutcome(int(late_round) if late_round else round_,
+            out[site] = DeltaOutcome(round_ if late_round is None else late_round,
                                      "rejected" if v.action == "reject" else "clipped",
                                      f"screened when round {round_} committed: {v.reason}")
     return out
@@ -156,5 +156,5 @@ class Committer:
         self.stalls.sleep("aggregate", round_)
         msgs, stats, model_hash = self.model.apply(round_, parts)
         val = self.model.evaluate()
-        late_sites = tuple(k.partition("@")[0] for k in stale)
+        late_sites = tuple(parse_key(k)[0] for k in stale)
         return RoundResult(round_, model_hash, tuple(uploads), val, late_sites), stats, msgs

@@ -36,6 +36,7 @@ from collections import deque
 from ..config import TrainConfig
 from ..errors import ProtocolError
 from ..messages import MAX_STALENESS
+from ..screening import late_key
 from .uploads import Upload
 
 __all__ = ["RoundClock", "RoundState", "FIRST_ROUND_FACTOR", "FIRST_ROUND_FLOOR_S", "MAX_STALENESS",
@@ -211,7 +212,7 @@ class RoundState:
 
     def take_stale(self, current: int) -> dict[str, Upload]:
         """Late deltas still young enough to apply, keyed "site@round" (a site may have a fresh one too)."""
-        stale = {f"{s}@{up.round}": up for s, up in sorted(self.stale.items()) if current - up.round <= MAX_STALENESS}
+        stale = {late_key(s, up.round): up for s, up in sorted(self.stale.items()) if current - up.round <= MAX_STALENESS}
         self.stale = {}
         return stale
 

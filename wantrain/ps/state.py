@@ -20,7 +20,7 @@ from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..faults import Stalls
 from ..messages import RoundResult
-from ..screening import Screen, Verdict, clipped
+from ..screening import Screen, Verdict, clipped, parse_key
 from ..telemetry import Recorder
 from .catchup import Catchup
 from .journal import Journal
@@ -66,7 +66,7 @@ def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, 
                   verdicts: dict[str, Verdict], upload_rounds: dict[str, int]) -> dict:
     """Round `round_`'s commit record, once the PS has applied it: the deltas that counted (keys
     "site" or "site@round" for a late one), each with its weight and clip factor, and the state after."""
-    counted = [{"key": k, "site": k.partition("@")[0], "upload_round": upload_rounds[k], "weight": c.weight,
+    counted = [{"key": k, "site": parse_key(k)[0], "upload_round": upload_rounds[k], "weight": c.weight,
                 "factor": None if verdicts[k].action == "accept" else verdicts[k].factor}
                for k, c in sorted(parts.items())]
     return {**_small_state(ledger, screen), "round": round_, "hash": ledger.hash, "contributions": counted}
@@ -91,9 +91,9 @@ def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen,
                                   f"{model_hash}, the round committed {rec['hash']}")
         ledger.load_state_dict({**rec, "round": rec["round"] + 1}, {**ledger.hashes, rec["round"] + 1: model_hash})
         screen.load_state_dict(rec.get("screen", {}))
-        keys = [c["key"] for c in rec["contributions"]]     # the round's result, as the sites got it
-        catchup.add(rec["round"], msgs, RoundResult(rec["round"], model_hash, tuple(k for k in keys if "@" not in k),
-                                                    ledger.val_loss, tuple(k.partition("@")[0] for k in keys if "@" in k)))
+        keys = [parse_key(c["key"]) for c in rec["contributions"]]     # the round's result, as the sites got it
+        catchup.add(rec["round"], msgs, RoundResult(rec["round"], model_hash, tuple(s for s, r in keys if r is None),
+                                                    ledger.val_loss, tuple(s for s, r in keys if r is not None)))
     return len(records)
 
 
