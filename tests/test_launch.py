@@ -170,7 +170,7 @@ def _children(pid: int) -> list[int]:
 def test_sigterm_unwinds_and_ends_the_process_though_a_thread_is_stuck():
     # A thread in a call that does not return (here a sleep; in a site, a step on a loaded machine)
     # would hold interpreter shutdown until it returned.
-    prog = ("import sys, threading, time; from wantrain.cli import exit_on_sigterm; exit_on_sigterm(0.5)\n"
+    prog = ("import sys, threading, time; from wantrain.commands.process import exit_on_sigterm; exit_on_sigterm(0.5)\n"
             "threading.Thread(target=time.sleep, args=(300,)).start()\n"
             "try:\n    print('ready', flush=True); time.sleep(300)\n"
             "finally:\n    print('unwound', flush=True)\n")

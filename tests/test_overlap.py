@@ -128,11 +128,12 @@ def test_overlap_run_keeps_every_replica_identical(tmp_path):
 
 
 def test_demo_command_line_chooses_the_schedule():
-    from wantrain.cli import _demo_config, build_parser
+    from wantrain.cli import build_parser
+    from wantrain.commands.demo import demo_config
     from wantrain.errors import ConfigError
 
-    cfg = _demo_config(build_parser().parse_args(["demo", "--schedule", "overlap", "--round-budget", "3"]))
+    cfg = demo_config(build_parser().parse_args(["demo", "--schedule", "overlap", "--round-budget", "3"]))
     assert cfg.train.schedule == "overlap" and cfg.train.round_budget_s == 3
-    assert _demo_config(build_parser().parse_args(["demo"])).train.schedule == "sync"
+    assert demo_config(build_parser().parse_args(["demo"])).train.schedule == "sync"
     with pytest.raises(ConfigError, match="train.schedule must be one of"):
         small_config(**{"train.schedule": "eager"})

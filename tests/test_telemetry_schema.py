@@ -65,7 +65,7 @@ def test_every_kind_and_every_written_field_is_documented():
 def test_readers_read_documented_fields_only():
     doc = documented()
     known = set().union(*doc.values()) | COMMON
-    readers = ["wantrain/report.py", "wantrain/ui/dashboard.py", "wantrain/cli.py", "wantrain/telemetry.py"]
+    readers = ["wantrain/report.py", "wantrain/ui/dashboard.py", "wantrain/commands/demo.py", "wantrain/telemetry.py"]
     for rel in readers:
         tree = ast.parse((ROOT / rel).read_text())
         for node in ast.walk(tree):

@@ -7,8 +7,8 @@
     train.py     the inner loop (AdamW steps, LR schedule, speed emulation), also used by study.py
     progress.py  how a model download shows its progress
 
-Imported on first use, as `wantrain`'s own names are: the command line reads `site.command` for
-its options without loading torch.
+Imported on first use, as `wantrain`'s own names are: `wantrain worker` (commands/worker.py)
+declares its options without loading torch.
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ import sys
 from ..errors import ConfigError
 from ..faults import parse_stalls
 
-__all__ = ["add_worker_parser", "cmd_worker"]
+__all__ = ["add_parser", "run"]
 
 ARGV_VARIABLE = "WANTRAIN_WORKER_ARGV"     # a group's ranks: the `wantrain worker` arguments, as JSON
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..memory import limit_malloc_arenas
 
     limit_malloc_arenas()              # before any thread allocates: see memory.py
@@ -25,8 +25,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from ..auth import read_secret
     from ..tls import TLSClient
-    from . import Site, SiteOptions, default_device
-    from .group import follow, group_rank, join_group, leave
+    from ..site import Site, SiteOptions, default_device
+    from ..site.group import follow, group_rank, join_group, leave
 
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
@@ -34,7 +34,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         # The arguments go in the environment: torchrun's own parser would take some of them.
         os.environ[ARGV_VARIABLE] = json.dumps(sys.argv[1:])
         os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                  f"--nproc-per-node={args.nproc}", "-m", "wantrain.site.command"])
+                                  f"--nproc-per-node={args.nproc}", "-m", "wantrain.commands.worker"])
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     rank, world = group_rank()
     device = default_device() if args.device == "auto" else args.device
@@ -62,7 +62,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_worker_parser(sub) -> None:
+def add_parser(sub) -> None:
     w = sub.add_parser("worker", help="run one site")
     w.add_argument("--ps", required=True,
                    help="HOST:PORT of the parameter server; of a sharded one, every shard's, in order, with commas")
@@ -84,16 +84,16 @@ def add_worker_parser(sub) -> None:
     w.add_argument("--tls-server-name", default="", help="name to check the PS's certificate against")
     w.add_argument("--stall", action="append", metavar="PHASE=SECONDS",
                    help="fault injection for tests: sleep in train, push (after chunk 0) or download")
-    w.set_defaults(func=cmd_worker)
+    w.set_defaults(func=run)
 
 
-if __name__ == "__main__":        # a rank of a group, started by torchrun (see cmd_worker)
+if __name__ == "__main__":        # a rank of a group, started by torchrun (see run)
     from ..errors import WantrainError
 
     parser = argparse.ArgumentParser(prog="wantrain")
-    add_worker_parser(parser.add_subparsers(dest="command", required=True))
+    add_parser(parser.add_subparsers(dest="command", required=True))
     try:
-        sys.exit(cmd_worker(parser.parse_args(json.loads(os.environ[ARGV_VARIABLE]))))
+        sys.exit(run(parser.parse_args(json.loads(os.environ[ARGV_VARIABLE]))))
     except WantrainError as e:    # one line, as `wantrain worker` prints it (cli.py)
         print(f"wantrain worker (rank {os.environ.get('RANK')}): {e}", file=sys.stderr)
         sys.exit(2 if isinstance(e, ConfigError) else 1)

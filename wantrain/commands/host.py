@@ -13,20 +13,20 @@ import argparse
 import sys
 import time
 
-__all__ = ["add_host_parser"]
+__all__ = ["add_parser", "run"]
 
 
 def _launcher(args: argparse.Namespace):
-    from .ssh import SshLauncher, SshTarget
+    from ..launch.ssh import SshLauncher, SshTarget
 
     target = SshTarget.parse(args.target, key_file=args.key, check_host_key=not args.no_host_key_check,
                              **({"known_hosts": args.known_hosts} if args.known_hosts else {}))
     return SshLauncher(target, python=args.python, connect_timeout_s=args.connect_timeout)
 
 
-def cmd_host(args: argparse.Namespace) -> int:
-    from .host import inspect_host
-    from .install import install_on_host
+def run(args: argparse.Namespace) -> int:
+    from ..launch.host import inspect_host
+    from ..launch.install import install_on_host
 
     launcher = _launcher(args)
     try:
@@ -42,7 +42,7 @@ def cmd_host(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_host_parser(sub) -> None:
+def add_parser(sub) -> None:
     h = sub.add_parser("host", help="check a remote host over SSH, or install this version of wantrain there")
     h.add_argument("action", choices=["check", "install"], help="check: what the host offers; install: this "
                    "version of wantrain in a venv there")
@@ -57,4 +57,4 @@ def add_host_parser(sub) -> None:
     h.add_argument("--reuse-site-packages", action="store_true",
                    help="install: the venv also sees the host Python's packages (its torch, often a CUDA build)")
     h.add_argument("--venvs", default="~/.wantrain/venvs", help="install: where the venvs go on the host")
-    h.set_defaults(func=cmd_host)
+    h.set_defaults(func=run)
