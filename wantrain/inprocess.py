@@ -47,6 +47,7 @@ class InProcessRun:
         self.uplinks = {n: Codec(cfg.codec) for n in self.names}
         self.feedback = {n: ErrorFeedback() if cfg.codec.error_feedback else None for n in self.names}
         self.alerts: list[dict] = []
+        self.update_bytes: list[int] = []     # each committed round's encoded update
 
     def start(self) -> dict[str, np.ndarray]:
         """A copy of the global model's parameters: what every site starts the round from."""
@@ -75,7 +76,8 @@ class InProcessRun:
         """Screen, weigh and aggregate the round's deltas into the global model; the verdicts."""
         keys = sorted(deltas)
         verdicts = self.screen.judge(keys, gram([deltas[k].parts for k in keys]), [deltas[k].tokens for k in keys])
-        self.model.apply(round_, counted({k: d.parts for k, d in deltas.items()}, verdicts))
+        _, stats, _ = self.model.apply(round_, counted({k: d.parts for k, d in deltas.items()}, verdicts))
+        self.update_bytes.append(stats.wire_bytes)       # the round's update, as every site downloads it
         self.alerts += [dict(a, round=round_) for a in self.screen.record(round_, verdicts)]
         return verdicts
 
