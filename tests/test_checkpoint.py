@@ -40,3 +40,15 @@ def test_the_ps_says_in_one_line_that_it_cannot_use_a_checkpoint(tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("wantrain ps:") and "checkpoint version 99" in last, r.stderr
+
+
+def test_a_run_folder_refuses_to_resume_under_another_config(tmp_path):
+    """The run's config is the run's: `wantrain ps` given a different one refuses, in one line."""
+    from wantrain.ps import ParameterServer
+
+    from .helpers import small_config, wantrain
+
+    ParameterServer(small_config(**{"train.rounds": 6}), run_dir=tmp_path / "run")   # its first checkpoint
+    (tmp_path / "c2.json").write_text(small_config(**{"train.rounds": 7}).to_json())
+    r = wantrain(*ps_args(tmp_path / "c2.json", port=0, run_dir=tmp_path / "run"), timeout=120)
+    assert r.returncode == 2 and "different config" in r.stderr, r.stderr
