@@ -11,7 +11,7 @@ PIP    := $(BIN)/python -m pip
 UV     := $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench soak protos lab strip-notebooks clean
+.PHONY: demo test check bench soak protos lab strip-notebooks clean
 
 # The tutorials run under nbmake in `make test` with WANTRAIN_QUICK=1: the same cells with fewer
 # rounds and steps (`make test WANTRAIN_QUICK=0` runs them at full size).
@@ -40,6 +40,14 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+
+# The quick lane: the same checks, and the tests that prove their point in this process (unit and
+# in-process; tests/conftest.py leaves out every module that starts a process). A few minutes; `make
+# test` (everything, notebooks and real processes included) is what CI runs.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not processes" --durations=5 tests
 
 # Every benchmark, then the table of issue 12's figures from what they measured in this run
 # (bench/table.py). LARGE=1 adds the llama3-1b round (bench/large_model.py: minutes, and a PS of several GB).

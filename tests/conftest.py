@@ -1,5 +1,6 @@
 import fcntl
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -71,3 +72,22 @@ def pytest_terminal_summary(terminalreporter):
         for line in _LEAKED:
             terminalreporter.write_line(line)
 
+
+
+# Two lanes (Makefile): `make check` runs what proves its point in this process (unit and in-process
+# tests, a few minutes); `make test` runs everything, notebooks and real processes included, and is
+# what CI runs. A test module that starts a process, or reaches one of the helpers that do, is in the
+# `processes` lane as a whole: read from its source, so a new test needs no marker to land in the
+# right lane.
+STARTS_PROCESSES = re.compile(r"\b(Proc|Cluster|ShardedCluster|Run|ControlPanel|SshServer|LocalSshHost|Popen|"
+                              r"subprocess|sync_playwright|soak)\b|\bwantrain\(")
+
+
+def pytest_collection_modifyitems(config, items):
+    lanes: dict[str, bool] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in lanes:
+            lanes[path] = not path.endswith(".py") or bool(STARTS_PROCESSES.search(item.path.read_text()))
+        if lanes[path]:
+            item.add_marker(pytest.mark.processes)

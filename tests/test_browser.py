@@ -10,6 +10,7 @@ describe). The run is full-size (WANTRAIN_QUICK=0) so it is still going when the
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from wantrain.telemetry import read_events
+from wantrain.ui.site_rows import COLUMNS
 
 from .sshd import SshServer
 
@@ -29,6 +31,21 @@ SHOTS = ROOT / "test-output" / "browser"
 SSH_SITE, SSH_ROW = "ap-southeast", 2        # the row that runs on the SSH host (not the one killed)
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--no-first-run"]
+
+WIDTH = 1000
+# Where the site table's cells are: each column's cells under its header's left edge, every cell
+# inside the panel and wide enough to use.
+TABLE_FIT = """(columns) => {
+  const panel = document.querySelector('.wantrain-panel').getBoundingClientRect();
+  const cells = [...document.querySelector('.wantrain-panel .widget-gridbox').children];
+  const out = {cells: cells.length, right: panel.right, misaligned: [], outside: []};
+  cells.forEach((c, i) => {
+    const r = c.getBoundingClientRect(), head = cells[i % columns].getBoundingClientRect();
+    if (Math.abs(r.left - head.left) > 1) out.misaligned.push(i);
+    if (r.left < panel.left - 1 || r.right > panel.right + 1 || r.width < 24) out.outside.push([i, r.left, r.width]);
+  });
+  return out;
+}"""
 
 # Find a plotly chart by title prefix: its title and, per trace, (name, number of points).
 CHART = """(prefix) => {
@@ -155,7 +172,7 @@ def test_quickstart_in_a_real_browser(lab):
     with sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(
             str(lab["profile"]), executable_path=CHROMIUM, headless=True, args=FLAGS,
-            viewport={"width": 1400, "height": 3400})   # tall: the panel with its charts fits
+            viewport={"width": WIDTH, "height": 3400})   # JupyterLab at 1,000 px; tall: the charts fit
         try:
             page = ctx.new_page()
             # A loaded CI machine can starve the renderer for tens of seconds while the run trains
@@ -199,7 +216,18 @@ def test_quickstart_in_a_real_browser(lab):
             print(f"\nfirst validation point {took:.1f} s after pressing Start")
             host = panel.locator(".wantrain-host").nth(SSH_ROW)
             assert host.inner_text().strip().endswith("installed"), host.inner_text()   # prepared before it started
-            _shot(panel, SHOTS / "2-dashboard-mid-run.png")      # the panel and its dashboard
+            # At 1,000 px the site table fits JupyterLab's output area: every cell inside the panel,
+            # each column's cells under its header; the progress says how far and how long; the
+            # message log keeps what the panel said.
+            fit = page.evaluate(TABLE_FIT, len(COLUMNS))
+            assert fit["cells"] == len(COLUMNS) * 4 and fit["right"] <= WIDTH, fit
+            assert not fit["misaligned"] and not fit["outside"], fit
+            wait_showing(lambda: "left" in panel.locator(".wantrain-progress").inner_text(), 120, "the time left")
+            progress = panel.locator(".wantrain-progress").inner_text()
+            assert re.match(r"\d+ / 200 rounds, about .+ left \(.+ a round\)", progress), progress
+            said = panel.locator(".wantrain-messages").inner_text()
+            assert "starting:" in said and "running:" in said, said
+            _shot(panel, SHOTS / "2-dashboard-mid-run.png")      # the panel and its dashboard, 1,000 px wide
 
             # The kernel is free while the sites train: a trivial cell answers before the run ends.
             # (Not a time bound: on a loaded machine the browser itself can take seconds to draw.)
@@ -229,6 +257,8 @@ def test_quickstart_in_a_real_browser(lab):
             # the message travels to a browser that a loaded machine keeps busy: minutes, at worst.
             panel.get_by_text("stopped; run folder").wait_for(timeout=180_000)
             panel.get_by_text("stopped by the user after").wait_for(timeout=60_000)   # not shown as an error
+            wait_showing(lambda: "training round" not in panel.inner_text(), 60, "the sites to read stopped")
+            assert "stopped by the user" in panel.locator(".wantrain-panel table").last.inner_text()
             faults = [e for e in read_events(run_dir) if e["kind"] == "fault"]     # relayed into the PS's log
             assert [(f["action"], f["site"]) for f in faults] == [("kill site", "us-west")]
             ssh_rounds = [e for e in read_events(run_dir) if e["kind"] == "site_round" and e["site"] == SSH_SITE]

@@ -30,26 +30,27 @@ def test_panel_settings_become_the_config_and_bad_ones_name_the_problem(tmp_path
     panel.work.value = "time budget"
     panel.budget.value = 4.5
     assert panel.config().train.round_budget_s == 4.5
-    panel.rows[2]["speed"].value = 3.0
-    panel.rows[0]["bandwidth"].value = 40.0
+    panel.rows[2].speed.value = 3.0
+    panel.rows[0].bandwidth.value = 40.0
     plan = panel.site_plan()
     assert plan.sites[2].speed_factor == 3.0 and plan.sites[0].bandwidth_mbps == 40.0
     assert plan.sites[1] == panel.plan.sites[1]          # rows left alone are the scenario's
-    panel.rows[0]["bandwidth"].value = 0.0
+    panel.rows[0].bandwidth.value = 0.0
     assert panel.site_plan().sites[0].bandwidth_mbps is None     # 0: unlimited
-    panel.rows[1]["trace"].value = str(tmp_path / "missing.csv")
+    panel.rows[1].trace.value = str(tmp_path / "missing.csv")
     with pytest.raises(ConfigError, match="missing.csv"):
         panel.start()
     assert panel.state == "failed" and "missing.csv" in panel.message.value
     assert not list(tmp_path.iterdir())                 # a bad setting leaves no run folder behind
-    panel.rows[1]["trace"].value = ""
-    panel.rows[1]["name"].value = "us-west"            # two sites with one name
+    panel.rows[1].trace.value = ""
+    panel.rows[1].name.value = "us-west"            # two sites with one name
     with pytest.raises(ConfigError, match="sites"):
         panel.start()
     assert panel.run is None and "failed" in panel.message.value
-    panel.message.value = ""
-    panel.start_button.click()                          # a click reports on the message line, raises nothing
-    assert "sites" in panel.message.value and panel.state == "failed"
+    said = len(panel.messages)
+    panel.start_button.click()                          # a click reports on the message log, raises nothing
+    assert "sites" in panel.messages[-1] and len(panel.messages) == said + 1 and panel.state == "failed"
+    assert "missing.csv" in panel.message.value         # the log keeps the earlier messages
 
 
 def test_site_states_follow_the_events():
@@ -59,6 +60,25 @@ def test_site_states_follow_the_events():
     assert site_states(ev) == {"a": "left: stream broke", "b": "downloading the model (rejoined)"}
     lost = ev + [{"kind": "fault", "action": "SSH connection lost", "site": "b"}]
     assert site_states(lost)["b"] == "lost its SSH connection: starting it again"
+    # A run stopped mid-round: no site reads "training round 0" any more; one that left says why.
+    stopped = [{"kind": "join", "site": s} for s in "ab"] + [{"kind": "ready", "site": s, "since_join_s": 1.0}
+                                                              for s in "ab"] + [{"kind": "round_start", "round": 0},
+               {"kind": "leave", "site": "b", "reason": "killed"}]
+    assert site_states(stopped) == {"a": "training round 0", "b": "left: killed"}
+    assert site_states(stopped, "stopped by the user") == {"a": "stopped by the user", "b": "left: killed"}
+    assert site_states(stopped + [{"kind": "run_end"}], "stopped by the user")["a"] == "finished"
+
+
+def test_progress_says_how_many_rounds_and_how_long_is_left():
+    from wantrain.ui.dashboard import progress_text
+
+    ev = [{"kind": "round_start", "t": 100.0, "round": 0}]
+    assert progress_text(ev, 8, 101.0) == "0 / 8 rounds"
+    ev += [{"kind": "round_end", "t": 110.0, "round": 0}, {"kind": "round_start", "t": 110.0, "round": 1},
+           {"kind": "round_end", "t": 120.0, "round": 1}]
+    assert progress_text(ev, 8, 124.0) == "2 / 8 rounds, about 56 s left (10 s a round)"    # 6 x 10 - 4
+    assert progress_text(ev, 8, 500.0).startswith("2 / 8 rounds, about 0 s left")
+    assert progress_text([*ev, {"kind": "run_end", "t": 121.0}], 2, 130.0) == "2 / 2 rounds, done"
 
 
 @pytest.mark.timeout(240)
@@ -67,8 +87,8 @@ def test_buttons_drive_a_real_run(tmp_path):
     panel = ControlPanel("three-sites", config=cfg, run_root=tmp_path, rounds=6, inner_steps=20,
                          restart_after_s=0.5)
     assert panel.kill_button.disabled and not panel.start_button.disabled
-    panel.rows[1]["speed"].value = 1.0                  # edits in the widgets (the scenario says 1.25 and
-    panel.rows[0]["bandwidth"].value = 80.0             # 1000 Mbit/s) reach the site's process and its link
+    panel.rows[1].speed.value = 1.0                  # edits in the widgets (the scenario says 1.25 and
+    panel.rows[0].bandwidth.value = 80.0             # 1000 Mbit/s) reach the site's process and its link
     panel.start_button.click()
     assert panel._thread.is_alive()                     # the click returned while the run goes on: the kernel is free
     _wait(lambda: panel.state == "running", 60, "the run to start")
@@ -129,11 +149,11 @@ def test_a_row_and_the_ps_that_run_on_an_ssh_host(tmp_path):
            "reuse_site_packages": True, "venvs": str(tmp_path / "venvs")}
     panel = ControlPanel("three-sites", config=small_config(), run_root=tmp_path, rounds=3, inner_steps=10, ssh=ssh)
     try:
-        panel.rows[2]["runs_on"].value = "ftp://elsewhere"
+        panel.rows[2].runs_on.value = "ftp://elsewhere"
         with pytest.raises(ConfigError, match="site ap-southeast: runs on 'ftp://elsewhere'"):
             panel.start()
         assert panel.run is None
-        panel.rows[2]["runs_on"].value = server.url
+        panel.rows[2].runs_on.value = server.url
         panel.ps_on.value = "http://elsewhere"
         with pytest.raises(ConfigError, match="the PS runs on 'http://elsewhere'"):
             panel.start()
@@ -141,9 +161,9 @@ def test_a_row_and_the_ps_that_run_on_an_ssh_host(tmp_path):
         run = panel.start()
         assert panel.wait(300) == "finished", panel.message.value
         assert run.address != run.site_address and run.address.startswith("127.0.0.1:")   # through a forward
-        status = panel.rows[2]["status"].value
+        status = panel.rows[2].status.value
         assert "installed" in status or "already installed" in status, status
-        assert panel.rows[0]["status"].value == ""                            # a row on this machine
+        assert panel.rows[0].status.value == ""                            # a row on this machine
         assert "finished after 3 rounds" in panel.show_log("ap-southeast")    # its log, from the host
         assert "<pre>" in panel.log_view.value
         ends = [e for e in panel.dashboard.events if e["kind"] == "round_end"]

@@ -26,14 +26,16 @@ import plotly.graph_objects as go
 from ..errors import ProcessError, WaitTimeoutError
 from ..report import figures
 
-__all__ = ["Dashboard", "site_states", "CHART_ORDER"]
+__all__ = ["Dashboard", "site_states", "progress_text", "CHART_ORDER"]
 
 # Title prefixes of the report's charts (wantrain.report.figures), in its order.
 CHART_ORDER = ("Loss", "Bytes on the wire", "Links: RTT", "Links: throughput", "Timeline")
 
 
-def site_states(events: list[dict]) -> dict[str, str]:
-    """What each site is doing, as the PS's events tell it: downloading, ready, training, left."""
+def site_states(events: list[dict], ended: str | None = None) -> dict[str, str]:
+    """What each site is doing, as the PS's events tell it: downloading, ready, training, left.
+    `ended`: what the run's end was, when it did not end with its last round (stopped by the user,
+    followed no further): every site still in it reads so, not the last thing it was doing."""
     states: dict[str, str] = {}
     for e in events:
         k, site = e["kind"], e.get("site") or ""
@@ -57,7 +59,29 @@ def site_states(events: list[dict]) -> dict[str, str]:
             states[site] = "lost its SSH connection: starting it again"
         elif k == "run_end":
             states = {name: "finished" if not st.startswith("left") else st for name, st in states.items()}
+            ended = None
+    if ended is not None:
+        states = {name: st if st.startswith(("left", "finished")) else ended for name, st in states.items()}
     return states
+
+
+def progress_text(events: list[dict], rounds: int, now: float) -> str:
+    """"3 / 8 rounds, about 40 s left": left from the mean time of the rounds committed so far."""
+    ends = [e for e in events if e["kind"] == "round_end"]
+    done = len(ends)
+    text = f"{done} / {rounds} rounds"
+    if any(e["kind"] == "run_end" for e in events):
+        return text + ", done"
+    starts = [e["t"] for e in events if e["kind"] == "round_start"]
+    if not ends or not starts:
+        return text
+    per_round = (ends[-1]["t"] - starts[0]) / done
+    left = max(0.0, per_round * (rounds - done) - (now - ends[-1]["t"]))
+    return text + f", about {_duration(left)} left ({_duration(per_round)} a round)"
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
 class Dashboard:
@@ -82,10 +106,14 @@ class Dashboard:
         self._shown: dict[str, go.Figure] = {}
         self._sent: dict[str, str] = {}
         self.status = widgets.HTML("waiting for the run's first events")
+        self.rounds = rounds
         self.progress = widgets.IntProgress(value=0, min=0, max=rounds or 1, description="rounds",
-                                            bar_style="info", layout=widgets.Layout(width="60%"))
-        self.progress.layout.display = None if rounds else "none"
-        self.header = widgets.VBox([self.progress, self.status])
+                                            bar_style="info", layout=widgets.Layout(width="50%"))
+        self.progress_text = widgets.HTML("")      # "3 / 8 rounds, about 40 s left"
+        self.progress_text.add_class("wantrain-progress")
+        bar = widgets.HBox([self.progress, self.progress_text])
+        bar.layout.display = None if rounds else "none"
+        self.header = widgets.VBox([bar, self.status])
         self.box = widgets.VBox([self.header, *self._slots.values()])
         self.thread: threading.Thread | None = None
         # Set by the follow thread once its source is exhausted: a thread that exists but has not
@@ -197,6 +225,8 @@ class Dashboard:
         self.status.value = self._summary()
         with self._lock:
             self.progress.value = min(self.progress.max, sum(1 for e in self.events if e["kind"] == "round_end"))
+            if self.rounds:
+                self.progress_text.value = html.escape(progress_text(self.events, self.rounds, time.time()))
         self._cost = time.thread_time() - cpu0
 
     def _summary(self) -> str:
@@ -207,8 +237,10 @@ class Dashboard:
         head = (f"{len(events)} events, no round committed yet" if not ends else
                 f"{'finished' if done else 'running'}: {len(ends)} rounds, validation loss "
                 f"{ends[-1]['val_loss']:.4f}, last round {ends[-1]['round_s']:.1f} s")
+        ended = (f"stopped: {self.error}" if self.error else
+                 "stopped by the user" if self.stopped_by_user and not done else None)
         rows = "".join(f"<tr><td><b>{html.escape(site)}</b></td><td>{html.escape(st)}</td></tr>"
-                       for site, st in sorted(site_states(events).items()))
+                       for site, st in sorted(site_states(events, ended).items()))
         # The screen's alerts (wantrain.screening): who is out of line, since when, what was done.
         alerts = "".join(f"<div style='color:#b00020'><b>alert</b> (round {e.get('round', 0)}): "
                          f"{html.escape(e.get('message', ''))}</div>" for e in events if e["kind"] == "alert")

@@ -17,7 +17,6 @@ threads, and the live `Dashboard` below it is fed by the PS's Watch stream.
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import sys
 import threading
@@ -33,7 +32,7 @@ from ..launch.base import log_tail
 from ..run import Run, describe_scenario, new_run_dir
 from ..watch import Observer
 from .dashboard import Dashboard
-from .site_rows import WHERE, ps_host, remote_hosts, site_row, site_table
+from .site_rows import WHERE, SiteRow, ps_host, remote_hosts, site_table
 
 __all__ = ["ControlPanel"]
 
@@ -63,9 +62,9 @@ class ControlPanel:
         self._restarts: list[threading.Thread] = []
 
         # ---- one row per site
-        self.rows = [site_row(s) for s in self.plan.sites]
+        self.rows = [SiteRow(s) for s in self.plan.sites]
         for row in self.rows:
-            row["log"].on_click(lambda _, r=row: self.show_log(r["name"].value.strip()))
+            row.log.on_click(lambda _, r=row: self.show_log(r.site))
 
         # ---- the run's settings
         self.preset = W.Dropdown(options=sorted(PRESETS), value=preset, description="model")
@@ -107,7 +106,11 @@ class ControlPanel:
                                       "starts, stops and restarts nothing")
         self.attach_button.add_class("wantrain-attach")
         self.attach_button.on_click(lambda _: self._background(self._attach_clicked))
-        self.message = W.HTML("")
+        # Every message of the panel, newest last, with its time: a click's result stays readable
+        # after the next one (the last MAX_MESSAGES are kept).
+        self.messages: list[str] = []
+        self.message = W.HTML("", layout=W.Layout(max_height="9em", overflow="auto", width="100%"))
+        self.message.add_class("wantrain-messages")
         self.log_view = W.HTML("")
         self.dash_box = W.VBox([])
         self.box = W.VBox([
@@ -130,7 +133,7 @@ class ControlPanel:
 
     def config(self) -> RunConfig:
         """The run's configuration as the widgets say (a wrong value raises ConfigError naming the field)."""
-        names = [r["name"].value.strip() for r in self.rows]
+        names = [r.site for r in self.rows]
         changes = {"num_sites": len(names), "sites": names, "model.preset": self.preset.value,
                    "train.rounds": self.rounds.value, "codec.mode": self.codec.value}
         if self.work.value == "time budget":
@@ -142,15 +145,8 @@ class ControlPanel:
 
     def site_plan(self) -> RunPlan:
         """The scenario's run plan with the rows' edits (names, bandwidths, traces, speed factors) applied."""
-        sites = []
-        for s, r in zip(self.plan.sites, self.rows):
-            trace = r["trace"].value.strip() or None
-            if trace and not Path(trace).is_file():
-                raise ConfigError(f"site {r['name'].value}: trace file {trace!r} does not exist")
-            sites.append(dataclasses.replace(
-                s, name=r["name"].value.strip(), speed_factor=float(r["speed"].value),
-                bandwidth_mbps=float(r["bandwidth"].value) or None, trace=str(Path(trace).resolve()) if trace else None))
-        return self.plan.replace(scenario=f"{self.plan.scenario} (edited)", sites=tuple(sites))
+        return self.plan.replace(scenario=f"{self.plan.scenario} (edited)",
+                                 sites=tuple(r.edited_plan() for r in self.rows))
 
     # ------------------------------------------------------------ actions (what the buttons call)
 
@@ -161,8 +157,8 @@ class ControlPanel:
         self.error = None
         try:
             cfg, plan = self.config(), self.site_plan()        # bad settings fail before anything exists
-            devices = {r["name"].value.strip(): r["device"].value for r in self.rows}
-            nproc = {r["name"].value.strip(): r["procs"].value for r in self.rows if r["procs"].value > 1}
+            devices = {r.site: r.device.value for r in self.rows}
+            nproc = {r.site: r.procs.value for r in self.rows if r.procs.value > 1}
             self.run = run = Run(cfg, run_dir=new_run_dir(self.run_root), plan=plan, site_threads=self.site_threads,
                                  python=self.python, devices=devices, remote=remote_hosts(self.rows, self.ssh), nproc=nproc,
                                  ps_on=self._ps_on())
@@ -249,6 +245,7 @@ class ControlPanel:
             self.dashboard.stopped_by_user = True
         self.run.stop()
         self._say(f"stopped; run folder {self.run.run_dir}")
+        self._redraw()              # the sites read "stopped", not the round they were in
 
     def wait(self, timeout_s: float = 1800.0) -> str:
         """Block until the run ends (for scripts and tests; a notebook need not call it)."""
@@ -341,8 +338,12 @@ class ControlPanel:
         self._set_state("failed")
         self._say(f"<b>failed</b>: {html.escape(self.error)}", raw=True)
 
+    MAX_MESSAGES = 200
+
     def _say(self, text: str, raw: bool = False) -> None:
-        self.message.value = text if raw else html.escape(text)
+        line = f"<span style='color:#666'>{time.strftime('%H:%M:%S')}</span> {text if raw else html.escape(text)}"
+        self.messages = [*self.messages, line][-self.MAX_MESSAGES:]
+        self.message.value = "<br>".join(self.messages)
 
     def _ipython_display_(self) -> None:
         from IPython.display import display

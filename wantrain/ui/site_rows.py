@@ -1,84 +1,113 @@
-"""The control panel's site table: one row of widgets per site of the scenario.
+"""The control panel's site table: a `SiteRow` of widgets per site of the scenario.
 
-A row is a dict of widgets by role (name, runs_on, device, procs, link, bandwidth, trace, speed,
-log, status); the panel reads and writes them by role. Each widget that a browser test or a
-screenshot needs to find has a stable CSS class (`wantrain-runs-on`, `wantrain-host`, `wantrain-log`).
+A row owns its widgets (name, runs_on, device, procs, link, bandwidth, trace, speed, log, status)
+and what they say: the site's name, where it runs, its scenario entry with the row's edits, and the
+state of its SSH host as the host is prepared. The table is one CSS grid, headers included, so the
+headers and the columns line up, and its columns shrink to fit JupyterLab's output area (about
+970 px at 1,000 px wide): fixed widths for the short fields, fractions of the rest for the others,
+full texts in tooltips where a placeholder would be cut. Each widget a browser test or a screenshot
+needs to find has a stable CSS class (`wantrain-runs-on`, `wantrain-host`, `wantrain-log`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html
 from collections.abc import Callable
+from pathlib import Path
 
 from ..errors import ConfigError
 from ..launch import RemotePS, RemoteSite
 from ..plan import SitePlan
 
-__all__ = ["DEVICES", "site_row", "site_table", "remote_hosts", "ps_host"]
+__all__ = ["DEVICES", "COLUMNS", "SiteRow", "site_table", "remote_hosts", "ps_host"]
 
 DEVICES = ("auto", "cpu", "cuda")
 WHERE = "this machine, or ssh://user@host[:port]"
-COLUMNS = (("name", "site", "130px"), ("runs_on", "runs on", "230px"), ("device", "device", "80px"),
-           ("procs", "procs", "60px"), ("link", "link (scenario)", "200px"), ("bandwidth", "Mbit/s", "90px"),
-           ("trace", "link trace", "220px"), ("speed", "speed x", "80px"), ("log", "log", "40px"),
-           ("status", "host", "300px"))
+# (role, header, grid track): the tracks' minimums add up to 780 px, under JupyterLab's 970.
+COLUMNS = (("name", "site", "minmax(70px, 1fr)"), ("runs_on", "runs on", "minmax(120px, 2fr)"),
+           ("device", "device", "74px"), ("procs", "procs", "56px"), ("link", "link (scenario)", "minmax(100px, 1.6fr)"),
+           ("bandwidth", "Mbit/s", "76px"), ("trace", "link trace", "minmax(80px, 1.3fr)"), ("speed", "speed x", "64px"),
+           ("log", "log", "36px"), ("status", "host", "minmax(90px, 1.6fr)"))
 
 
-def site_row(s: SitePlan) -> dict:
+class SiteRow:
     """The widgets of one site's row, from its scenario entry."""
+
+    def __init__(self, s: SitePlan) -> None:
+        import ipywidgets as W
+
+        fill = functools.partial(W.Layout, width="auto", min_width="0")     # as wide as its grid column
+        self.plan = s
+        self.name = W.Text(s.name, layout=fill())
+        self.runs_on = W.Text("", placeholder="this machine", tooltip=WHERE, layout=fill())
+        self.device = W.Dropdown(options=DEVICES, value="auto", layout=fill())
+        self.procs = W.BoundedIntText(1, min=1, max=64, tooltip="processes (GPUs) of the site: a torch.distributed "
+                                      "group", layout=fill())
+        self.link = W.HTML(f"{html.escape(s.region)}, {s.rtt_ms:.0f} ms RTT", layout=fill())
+        self.bandwidth = W.BoundedFloatText(s.bandwidth_mbps or 0.0, min=0.0, max=100_000.0, step=1.0,
+                                            tooltip="Mbit/s each way; 0: unlimited", layout=fill())
+        self.trace = W.Text(s.trace or "", placeholder="scenario's", tooltip="a CSV trace of the link (empty: the "
+                            "scenario's trace)", layout=fill())
+        self.speed = W.BoundedFloatText(s.speed_factor, min=1.0, max=100.0, step=0.25, layout=fill())
+        self.log = W.Button(icon="file-text", tooltip="show the end of this site's log", layout=fill())
+        self.status = W.HTML("", layout=fill())
+        for widget, css in ((self.runs_on, "runs-on"), (self.status, "host"), (self.log, "log")):
+            widget.add_class(f"wantrain-{css}")
+
+    @property
+    def site(self) -> str:
+        return self.name.value.strip()
+
+    @property
+    def where(self) -> str:
+        return self.runs_on.value.strip()
+
+    def widgets(self) -> list:
+        return [getattr(self, role) for role, _, _ in COLUMNS]
+
+    def edited_plan(self) -> SitePlan:
+        """The scenario's entry with this row's edits (name, bandwidth, trace, speed factor)."""
+        trace = self.trace.value.strip() or None
+        if trace and not Path(trace).is_file():
+            raise ConfigError(f"site {self.name.value}: trace file {trace!r} does not exist")
+        return dataclasses.replace(self.plan, name=self.site, speed_factor=float(self.speed.value),
+                                   bandwidth_mbps=float(self.bandwidth.value) or None,
+                                   trace=str(Path(trace).resolve()) if trace else None)
+
+    def host_said(self, message: str) -> None:
+        """Where its SSH host's preparation stands (inspecting, installing, its GPUs)."""
+        self.status.value = html.escape(message.split(": ", 1)[-1])
+
+
+def site_table(rows: list[SiteRow]):
+    """The header and the rows in one grid, in COLUMNS order."""
     import ipywidgets as W
 
-    width = {role: W.Layout(width=w) for role, _, w in COLUMNS}
-    row = dict(
-        name=W.Text(s.name, layout=width["name"]),
-        runs_on=W.Text("", placeholder=WHERE, layout=width["runs_on"]),
-        device=W.Dropdown(options=DEVICES, value="auto", layout=width["device"]),
-        procs=W.BoundedIntText(1, min=1, max=64, tooltip="processes (GPUs) of the site: a torch.distributed group",
-                               layout=width["procs"]),
-        link=W.HTML(f"{html.escape(s.region)}, {s.rtt_ms:.0f} ms RTT", layout=width["link"]),
-        bandwidth=W.BoundedFloatText(s.bandwidth_mbps or 0.0, min=0.0, max=100_000.0, step=1.0,
-                                     tooltip="Mbit/s each way; 0: unlimited", layout=width["bandwidth"]),
-        trace=W.Text(s.trace or "", placeholder="scenario trace (or a CSV path)", layout=width["trace"]),
-        speed=W.BoundedFloatText(s.speed_factor, min=1.0, max=100.0, step=0.25, layout=width["speed"]),
-        log=W.Button(icon="file-text", tooltip="show the end of this site's log", layout=width["log"]),
-        status=W.HTML("", layout=width["status"]),
-    )
-    for role, css in (("runs_on", "runs-on"), ("status", "host"), ("log", "log")):
-        row[role].add_class(f"wantrain-{css}")
-    return row
-
-
-def site_table(rows: list[dict]):
-    """The header and the rows, in COLUMNS order."""
-    import ipywidgets as W
-
-    head = W.HBox([W.HTML(f"<b>{title}</b>", layout=W.Layout(width=w)) for _, title, w in COLUMNS])
-    return W.VBox([head] + [W.HBox([r[role] for role, _, _ in COLUMNS]) for r in rows])
+    head = [W.HTML(f"<b>{title}</b>", layout=W.Layout(min_width="0")) for _, title, _ in COLUMNS]
+    cells = head + [w for r in rows for w in r.widgets()]
+    return W.GridBox(cells, layout=W.Layout(grid_template_columns=" ".join(track for _, _, track in COLUMNS),
+                                            grid_gap="2px 4px", width="100%", align_items="center"))
 
 
 def _here(where: str) -> bool:
     return where in ("", "this machine", "local")
 
 
-def remote_hosts(rows: list[dict], ssh: dict) -> dict[str, RemoteSite | str]:
+def remote_hosts(rows: list[SiteRow], ssh: dict) -> dict[str, RemoteSite | str]:
     """The SSH hosts of the rows that run on one (`ssh`: the options for every one of them); each
     row's host column follows its host's preparation. ConfigError names a row's bad "runs on"."""
     hosts: dict[str, RemoteSite | str] = {}
     for r in rows:
-        name, where = r["name"].value.strip(), r["runs_on"].value.strip()
-        r["status"].value = ""
-        if _here(where):
+        r.status.value = ""
+        if _here(r.where):
             continue
-        if not where.startswith("ssh://"):
-            raise ConfigError(f"site {name}: runs on {where!r}: give 'this machine' or ssh://user@host[:port]")
-        hosts[name] = RemoteSite(where, progress=functools.partial(_host_said, r), **ssh)
-        r["status"].value = html.escape(f"connecting to {where}")
+        if not r.where.startswith("ssh://"):
+            raise ConfigError(f"site {r.site}: runs on {r.where!r}: give 'this machine' or ssh://user@host[:port]")
+        hosts[r.site] = RemoteSite(r.where, progress=r.host_said, **ssh)
+        r.status.value = html.escape(f"connecting to {r.where}")
     return hosts
-
-
-def _host_said(row: dict, message: str) -> None:     # inspecting, installing, its GPUs: on the row
-    row["status"].value = html.escape(message.split(": ", 1)[-1])
 
 
 def ps_host(where: str, ssh: dict, progress: Callable[[str], None]) -> RemotePS | None:
