@@ -26,7 +26,7 @@ from common import save
 from wantrain.aggregate import Contribution, aggregate_round
 from wantrain.codec import Codec, ErrorFeedback, plan_chunks
 from wantrain.config import RunConfig
-from wantrain.cpu import cores
+from wantrain.cpu_pool import cores
 from wantrain.models import build_model
 from wantrain.outer import OuterNesterov
 from wantrain.replica import named_params

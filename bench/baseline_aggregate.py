@@ -10,7 +10,7 @@ import numpy as np
 
 from wantrain.codec import Encoded, huffman
 from wantrain.codec.quantize import QMAX, TINY, dequantize_int8, num_blocks
-from wantrain.cpu import map_ordered
+from wantrain.cpu_pool import map_ordered
 from wantrain.messages import UPDATE, TensorChunk
 
 

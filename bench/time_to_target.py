@@ -2,7 +2,7 @@
 
 Each arm is a whole run (a real PS and three real site processes, the links emulated from the
 scenario's traces by the embedded testbed), stopped once a round's validation loss reaches the
-target or when the arm's wall-clock cap is spent. Figures per arm (wantrain.compare): time from
+target or when the arm's wall-clock cap is spent. Figures per arm (wantrain.run_compare): time from
 round 0's start to the target, the bytes it took both ways, and each site's compute utilization.
 
 Arms:
@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_to
 
-from wantrain.compare import Outcome, time_to_target
+from wantrain.run_compare import Outcome, time_to_target
 from wantrain.config import RunConfig
 from wantrain.run import Run, describe_scenario
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wantrain.compare import time_to_target
+from wantrain.run_compare import time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
 

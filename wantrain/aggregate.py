@@ -1,7 +1,7 @@
 """One round's aggregation at the parameter server: average, outer step, encode, apply.
 
 `aggregate_round` runs in a worker thread while the event loop keeps serving. It works chunk by
-chunk of the plan, the chunks on every core at once (cpu.py; numpy and the compiled coder release
+chunk of the plan, the chunks on every core at once (cpu_pool.py; numpy and the compiled coder release
 the GIL), so the PS's memory stays at the model, the outer momentum, the downlink residual and
 each site's int8 delta plus a few chunks in flight, with no whole-model temporaries. Chunks touch
 disjoint elements, and every element sees the same float32 operations as a whole-tensor
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import aggregate_kernels as kernels
-from .cpu import map_ordered
+from .cpu_pool import map_ordered
 from .codec import ChunkSpec, Codec, EncodeStats, ErrorFeedback, Extracted
 from .errors import WantrainError
 from .messages import UPDATE, TensorChunk

@@ -4,7 +4,7 @@
 (site/train.py) with its uplink codec and error feedback, and the PS's screen (screening.py),
 weights and global model (ps/model.py). A round is `train` for each site, then `commit` of the
 deltas, which screens, weighs and aggregates them as the PS's commit does (ps/commit.py). Studies
-(study.diloco_vs_sync) and benchmarks (bench/robustness.py) drive it; a benchmark may hand
+(codec_study.diloco_vs_sync) and benchmarks (bench/robustness.py) drive it; a benchmark may hand
 `commit` a delta no honest site would send, built from what the protocol lets a site see.
 """
 

@@ -41,7 +41,7 @@ from .launch.placement import Placement, Placements
 from .launch.ps_host import LocalPS, RemotePS, wait_for_port
 from .launch.remote import Reconnector, RemoteSite
 from .launch.ssh import LOST
-from .naming import default_site_names, new_run_dir
+from .run_names import default_site_names, new_run_dir
 from .plan import ON_HOST_BACKENDS, RunPlan, SitePlan
 from .relay import EventRelay
 from .watch import follow_events

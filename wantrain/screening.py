@@ -32,7 +32,7 @@ import numpy as np
 from . import aggregate_kernels as kernels
 from .aggregate import Contribution
 from .codec import Extracted
-from .cpu import map_ordered
+from .cpu_pool import map_ordered
 from .codec.quantize import num_blocks
 from .config import RunConfig
 from .errors import ProtocolError

@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from ..cpu import map_ordered
+from ..cpu_pool import map_ordered
 from ..errors import CodecError
 from .huffman_codes import (MAX_CODE_LEN, canonical_codes, code_lengths, decode_table, is_prefix_code, pack_lengths,
                             unpack_lengths)
@@ -166,7 +166,7 @@ def decode(payload: bytes) -> np.ndarray:
 
 
 def decode_many(payloads: list[bytes], threads: int | None = None) -> list[np.ndarray]:
-    """Decode several payloads; their blocks are shared out on the process's thread pool (cpu.py)
+    """Decode several payloads; their blocks are shared out on the process's thread pool (cpu_pool.py)
     when there are enough of them to be worth it, or decoded on this thread with `threads=1`."""
     parsed = [_Parsed(p) for p in payloads]
     results = [np.empty(p.n, np.uint8) for p in parsed]

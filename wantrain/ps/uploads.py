@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import cpu
+from .. import cpu_pool
 from ..codec import ChunkSpec, Codec, Extracted
 from ..config import RunConfig
 from ..errors import CodecError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError
@@ -58,7 +58,7 @@ class Upload:
         if not self.decoding:
             self.first_chunk_at = self.last_chunk_at
         self.count = c.count
-        self.decoding[c.index] = cpu.submit(extract_chunk, site, c)
+        self.decoding[c.index] = cpu_pool.submit(extract_chunk, site, c)
         self.wire_bytes += c.data.wire_bytes
 
     @property

@@ -16,7 +16,7 @@ import numpy as np
 from .codec import huffman
 from .codec.quantize import dequantize_int8, quantize_int8
 from .config import CodecConfig, DataConfig, RunConfig
-from .cpu import cores
+from .cpu_pool import cores
 from .errors import CodecError
 
 __all__ = ["real_delta", "codec_stages", "best_of", "entropy_bits", "quantize_bits", "diloco_vs_sync"]
