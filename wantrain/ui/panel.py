@@ -113,13 +113,16 @@ class ControlPanel:
         self.message.add_class("wantrain-messages")
         self.log_view = W.HTML("")
         self.dash_box = W.VBox([])
+        def line(*children):        # a line of controls that wraps in a narrow notebook, never cut off
+            return W.HBox(list(children), layout=W.Layout(flex_flow="row wrap"))
+
         self.box = W.VBox([
             site_table(self.rows), self.log_view,
-            W.HBox([self.preset, self.rounds, self.codec]), self.ps_on,
-            W.HBox([self.work, self.inner_steps, self.budget]),
-            W.HBox([self.start_button, self.stop_button]),
-            W.HBox([self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button]),
-            W.HBox([self.attach_to, self.attach_token, self.attach_ca, self.attach_button]),
+            line(self.preset, self.rounds, self.codec), self.ps_on,
+            line(self.work, self.inner_steps, self.budget),
+            line(self.start_button, self.stop_button),
+            line(self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button),
+            line(self.attach_to, self.attach_token, self.attach_ca, self.attach_button),
             self.message, self.dash_box,
         ])
         self.box.add_class("wantrain-panel")

@@ -4,7 +4,7 @@ A row owns its widgets (name, runs_on, device, procs, link, bandwidth, trace, sp
 and what they say: the site's name, where it runs, its scenario entry with the row's edits, and the
 state of its SSH host as the host is prepared. The table is one CSS grid, headers included, so the
 headers and the columns line up, and its columns shrink to fit JupyterLab's output area (about
-970 px at 1,000 px wide): fixed widths for the short fields, fractions of the rest for the others,
+820 px in a 1,000 px window): fixed widths for the short fields, fractions of the rest for the others,
 full texts in tooltips where a placeholder would be cut. Each widget a browser test or a screenshot
 needs to find has a stable CSS class (`wantrain-runs-on`, `wantrain-host`, `wantrain-log`).
 """
@@ -25,11 +25,12 @@ __all__ = ["DEVICES", "COLUMNS", "SiteRow", "site_table", "remote_hosts", "ps_ho
 
 DEVICES = ("auto", "cpu", "cuda")
 WHERE = "this machine, or ssh://user@host[:port]"
-# (role, header, grid track): the tracks' minimums add up to 780 px, under JupyterLab's 970.
-COLUMNS = (("name", "site", "minmax(70px, 1fr)"), ("runs_on", "runs on", "minmax(120px, 2fr)"),
-           ("device", "device", "74px"), ("procs", "procs", "56px"), ("link", "link (scenario)", "minmax(100px, 1.6fr)"),
-           ("bandwidth", "Mbit/s", "76px"), ("trace", "link trace", "minmax(80px, 1.3fr)"), ("speed", "speed x", "64px"),
-           ("log", "log", "36px"), ("status", "host", "minmax(90px, 1.6fr)"))
+# (role, header, grid track): the tracks' minimums and gaps add up to 790 px, under the ~820 px of
+# JupyterLab's output area in a 1,000 px window (sidebar closed); wider, the named columns grow.
+COLUMNS = (("name", "site", "minmax(92px, 1fr)"), ("runs_on", "runs on", "minmax(110px, 2fr)"),
+           ("device", "device", "74px"), ("procs", "procs", "56px"), ("link", "link (scenario)", "minmax(96px, 1.4fr)"),
+           ("bandwidth", "Mbit/s", "76px"), ("trace", "link trace", "minmax(70px, 1fr)"), ("speed", "speed x", "64px"),
+           ("log", "log", "36px"), ("status", "host", "minmax(80px, 1.4fr)"))
 
 
 class SiteRow:
@@ -87,8 +88,9 @@ def site_table(rows: list[SiteRow]):
 
     head = [W.HTML(f"<b>{title}</b>", layout=W.Layout(min_width="0")) for _, title, _ in COLUMNS]
     cells = head + [w for r in rows for w in r.widgets()]
-    return W.GridBox(cells, layout=W.Layout(grid_template_columns=" ".join(track for _, _, track in COLUMNS),
-                                            grid_gap="2px 4px", width="100%", align_items="center"))
+    grid = W.GridBox(cells, layout=W.Layout(grid_template_columns=" ".join(track for _, _, track in COLUMNS),
+                                            grid_gap="2px 4px", width="100%", min_width="790px", align_items="center"))
+    return W.Box([grid], layout=W.Layout(overflow_x="auto", width="100%"))   # narrower (a sidebar open): it scrolls
 
 
 def _here(where: str) -> bool:
