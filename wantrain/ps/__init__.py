@@ -1,13 +1,18 @@
 """The parameter server: the global model, the rounds, and the gRPC service sites dial.
 
-    server.py     ParameterServer: the composition root; site lifecycle and round driving
+    server.py     ParameterServer: the composition root; site lifecycle, round driving, telling
+                  the sites what each commit did
+    ledger.py     the committed state besides the arrays: round, hashes, sites ever seen
     sites.py      SiteLink and the checks on what a site says about itself
     rounds.py     RoundState (sans-IO: who is in the round, can it close) and RoundClock (deadlines)
     uploads.py    a delta as it arrives, and its checks
-    commit.py     a round's commit: screening, weights, the new model, telling the sites
+    commit.py     Committer: screening, weights, the new model, the journal; returns what it committed
     model.py      GlobalModel: parameters, outer optimizer, update codec, evaluation
     downloads.py  model downloads to sites, rate-limited, frozen across commits
-    state.py      what is checkpointed
+    catchup.py    the recent rounds' updates, for a site that comes back holding an earlier model
+    state.py      what is made durable (from the ledger, the model, the screen) and how it comes back
+    journal.py    a commit record per round and the deltas it counted
+    connections.py  the sockets the PS holds, and shedding a flood of unauthenticated ones
     servicer.py   the gRPC adapter: Session, Watch, Ping, Report
     serve.py      serve(): listen until the run is done
 """
