@@ -90,7 +90,7 @@ def site_table(rows: list[SiteRow]):
     cells = head + [w for r in rows for w in r.widgets()]
     grid = W.GridBox(cells, layout=W.Layout(grid_template_columns=" ".join(track for _, _, track in COLUMNS),
                                             grid_gap="2px 4px", width="100%", min_width="790px", align_items="center"))
-    return W.Box([grid], layout=W.Layout(overflow_x="auto", width="100%"))   # narrower (a sidebar open): it scrolls
+    return W.Box([grid], layout=W.Layout(overflow="auto", width="100%"))   # narrower (a sidebar open): it scrolls
 
 
 def _here(where: str) -> bool:
