@@ -14,6 +14,7 @@ import pytest
 from wantrain.run_compare import time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))           # the harness's arms: bench/time_to_target.py
 
 
 def _event(kind, t, **fields):
@@ -41,7 +42,6 @@ def test_time_to_target_from_events():
 def bytes_per_round(arm: str) -> int:
     """One round of `arm`'s codec and schedule in this process (wantrain.inprocess): every site's
     delta as sent, and the update as each of the three sites downloads it."""
-    sys.path.insert(0, str(ROOT / "bench"))
     from time_to_target import SIZES, arm_config
 
     from wantrain.data import load_run_data

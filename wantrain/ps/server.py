@@ -39,7 +39,6 @@ from ..memory import trim_heap
 from ..messages import DeltaOutcome, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart, TensorChunk, Welcome
 from ..screening import Screen, check_claims
 from ..telemetry import Recorder
-from .catchup import Catchup
 from .commit import Committed, Committer
 from .downloads import Downloads
 from .model import GlobalModel
@@ -47,7 +46,7 @@ from .rounds import RoundClock, RoundState, kept_reason, late_outcome
 from .sites import SiteLink, check_join
 from .journal import JOURNAL_DIR, Journal
 from .ledger import Ledger
-from .state import CheckpointWriter, replay, restore, snapshot
+from .state import CheckpointWriter, come_up, snapshot
 from .uploads import Upload, assemble, check_chunk
 
 __all__ = ["ParameterServer", "SiteLink"]
@@ -101,31 +100,13 @@ class ParameterServer:
                             if self.ckpt_path is not None and self.journal is not None else None)
         self.committer = Committer(cfg, self.ledger, g, self.screen, self.downloads, self.journal, self.checkpoints,
                                    self.recorder, self.stalls)
+        # Come up from disk, or begin the run's durable record (state.py).
+        self.catchup = come_up(cfg, self.ledger, g, self.screen, saved, self.ckpt_path, self.journal,
+                               self.checkpoints, self.recorder, self.corpus_summary)
         if saved is not None:
-            assert self.ckpt_path is not None
-            restore(cfg, self.ledger, g, self.screen, saved, self.ckpt_path)
-        # A site that comes back holding an earlier model gets the updates it missed, not the model.
-        self.catchup = Catchup(self.round, max_bytes=2 * self.num_params)
-        if saved is not None:
-            if self.journal is not None and (replayed := replay(self.journal, self.ledger, g, self.screen,
-                                                                self.catchup)):
-                log.info("replayed %d journaled round(s) after the checkpoint of round %d", replayed,
-                         self.round - replayed)
             self.rounds.last_members = set(self.registry)   # after a restart, give every site time to return
-            self.recorder.emit("restart", round=self.round, run_id=self.run_id)
-            log.info("resumed run %s from its checkpoint at round %d (%s)", self.run_id, self.round, self.hash)
             if self.round >= cfg.train.rounds:
                 self.done.set()
-        else:
-            self.recorder.emit("run_start", run_id=self.run_id, config=cfg.to_dict(), num_params=g.parameters(),
-                               val_loss=self.val_loss, corpus=self.corpus_summary)
-            if (warning := self.screen.cannot_decide(cfg.num_sites)) is not None:
-                self.recorder.emit("alert", round=0, site="", sites=[], since=0, rounds=0, action="none",
-                                   message=warning)
-                log.warning("%s", warning)
-            if self.checkpoints is not None:        # the base the journal's rounds are replayed onto
-                self.checkpoints.journal.clear()
-                self.checkpoints.write(self._snapshot())
         c = self.corpus_summary
         log.info("corpus %s: %d document(s), %d tokens (%d for training, %d held out)%s", cfg.data.corpus,
                  c["documents"], c["tokens"], c["train_tokens"], c["val_tokens"],

@@ -28,7 +28,7 @@ from .ledger import Ledger
 from .model import GlobalModel
 from .rounds import MAX_STALENESS
 
-__all__ = ["snapshot", "restore", "commit_record", "replay", "CheckpointWriter"]
+__all__ = ["snapshot", "restore", "commit_record", "replay", "come_up", "CheckpointWriter"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -95,6 +95,35 @@ def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen,
         catchup.add(rec["round"], msgs, RoundResult(rec["round"], model_hash, tuple(s for s, r in keys if r is None),
                                                     ledger.val_loss, tuple(s for s, r in keys if r is not None)))
     return len(records)
+
+
+def come_up(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, saved: dict | None,
+            path: Path | None, journal: Journal | None, checkpoints: CheckpointWriter | None, recorder: Recorder,
+            corpus_summary: dict) -> Catchup:
+    """Bring a freshly built PS's owners to where the run stands: the loaded checkpoint `saved`, then
+    the journal's rounds after it (a restart); or, with nothing saved, begin the run's record (its
+    run_start event and the first full checkpoint, the base later rounds are replayed onto). Returns
+    the catch-up store, holding the replayed rounds' updates."""
+    if saved is not None:
+        assert path is not None
+        restore(cfg, ledger, model, screen, saved, path)
+    # A site that comes back holding an earlier model gets the updates it missed, not the model.
+    catchup = Catchup(ledger.round, max_bytes=2 * model.num_params)
+    if saved is None:
+        recorder.emit("run_start", run_id=ledger.run_id, config=cfg.to_dict(), num_params=model.parameters(),
+                      val_loss=ledger.val_loss, corpus=corpus_summary)
+        if (warning := screen.cannot_decide(cfg.num_sites)) is not None:
+            recorder.emit("alert", round=0, site="", sites=[], since=0, rounds=0, action="none", message=warning)
+            log.warning("%s", warning)
+        if checkpoints is not None:
+            checkpoints.journal.clear()
+            checkpoints.write(snapshot(cfg, ledger, model, screen))
+        return catchup
+    if journal is not None and (replayed := replay(journal, ledger, model, screen, catchup)):
+        log.info("replayed %d journaled round(s) after the checkpoint of round %d", replayed, ledger.round - replayed)
+    recorder.emit("restart", round=ledger.round, run_id=ledger.run_id)
+    log.info("resumed run %s from its checkpoint at round %d (%s)", ledger.run_id, ledger.round, ledger.hash)
+    return catchup
 
 
 class CheckpointWriter:
