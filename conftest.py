@@ -2,9 +2,20 @@
 because pytest applies a conftest only to the tests under its folder. The tests' own fixtures are
 in tests/conftest.py."""
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# One torch (OpenMP) thread a process, for every process the suite starts (children inherit it):
+# `make test` runs two workers on a 2-core machine, each starting PS and site processes, and beyond
+# the cores OpenMP's spin-waiting threads burn the CPU the other processes need (a model test ran
+# 10x slower under load with torch's default of one thread a core). Set before anything imports
+# torch; the tests that choose a thread count (`--threads`) still do.
+assert "torch" not in sys.modules, "a pytest plugin imported torch before the thread count was set"
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 
 # ------------------------------------------------------------------ tutorials, rendered
