@@ -1,17 +1,20 @@
-"""A real PS and three real sites (separate OS processes) over loopback gRPC."""
+"""Three sites train one model: a real PS and three real sites (separate OS processes) over
+loopback gRPC, and the fp32 codec's run in one process (tests/harness.py)."""
 
 import pytest
 
 from wantrain.run import Run
 from wantrain.telemetry import read_events, rows
 
+from .harness import run_in_process
 from .helpers import pid_alive, small_config
+
+SITES = ("us-east", "eu-west", "ap-southeast")
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["int8-huffman", "fp32"])
-def test_three_sites_train_with_identical_replicas(tmp_path, mode):
-    cfg = small_config(**{"codec.mode": mode, "train.rounds": 4 if mode == "int8-huffman" else 2})
+def test_three_site_processes_train_with_identical_replicas(tmp_path):
+    cfg = small_config(**{"codec.mode": "int8-huffman", "train.rounds": 4})
     run = Run(cfg, run_dir=tmp_path / "run")
     with run:
         kinds = [ev["kind"] for ev in run.follow(timeout_s=200)]
@@ -20,8 +23,19 @@ def test_three_sites_train_with_identical_replicas(tmp_path, mode):
     assert all(c == 0 for c in codes.values()), codes
     assert not any(pid_alive(p) for p in pids)
     assert kinds[-1] == "run_end"
+    check_trained(read_events(tmp_path / "run"), cfg)
 
-    events = read_events(tmp_path / "run")
+
+@pytest.mark.timeout(120)
+def test_the_fp32_codec_carries_a_whole_run(tmp_path):
+    cfg = small_config(sites=list(SITES), **{"codec.mode": "fp32", "train.rounds": 2})
+    events, cluster = run_in_process(cfg, tmp_path / "run")
+    check_trained(events, cfg)
+    assert {s.hash for s in cluster.sites.values()} == {cluster.ps.hash}
+
+
+def check_trained(events: list[dict], cfg) -> None:
+    mode = cfg.codec.mode
     start, ends = rows(events, "run_start")[0], rows(events, "round_end")
     assert len(ends) == cfg.train.rounds
     assert len(rows(events, "join")) == 3 and not rows(events, "error")
@@ -29,19 +43,19 @@ def test_three_sites_train_with_identical_replicas(tmp_path, mode):
     # The loss falls: the global model's validation loss, and each site's training loss.
     vals = [start["val_loss"]] + [e["val_loss"] for e in ends]
     assert vals[-1] < vals[0] - 0.5, vals
-    for site in ("us-east", "eu-west", "ap-southeast"):
+    for site in SITES:
         mine = [e for e in rows(events, "site_round") if e["site"] == site]
         assert len(mine) == cfg.train.rounds
         if len(mine) > 2:
             assert mine[-1]["train_loss"] < mine[0]["train_loss"]
 
-    # Every round, all four processes hold the same parameters: each site's own hash (computed
-    # in its process after applying the update) equals the PS's.
+    # Every round, all four parties hold the same parameters: each site's own hash (computed
+    # from its replica after applying the update) equals the PS's.
     checks = rows(events, "hash_check")
     assert len(checks) == 3 * cfg.train.rounds
     for e in ends:
         mine = [c for c in checks if c["round"] == e["round"]]
-        assert {c["site"] for c in mine} == {"us-east", "eu-west", "ap-southeast"}
+        assert {c["site"] for c in mine} == set(SITES)
         assert all(c["ok"] and c["site_hash"] == e["model_hash"] for c in mine)
     assert len({e["model_hash"] for e in ends}) == len(ends)        # and the model really moves
 

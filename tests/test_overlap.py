@@ -14,7 +14,8 @@ from wantrain.site.schedule import Schedule
 from wantrain.site.train import InnerLoop, Segment
 from wantrain.telemetry import rows
 
-from .cluster import Cluster, check_run
+from .cluster import check_run
+from .harness import run_in_process
 from .helpers import small_config
 
 
@@ -102,18 +103,14 @@ def test_sync_starts_every_round_from_the_replica():
     asyncio.run(scenario())
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 def test_overlap_run_keeps_every_replica_identical(tmp_path):
-    """Real PS and three real sites with the overlap schedule. The PS stalls 1.5 s in every round's
-    aggregation, so each site has time to train ahead (steps_ahead > 0) while it waits for the update;
-    every site's hash equals the PS's after every round, and the loss falls."""
+    """A PS and three sites (in this process, over gRPC: tests/harness.py) with the overlap schedule.
+    The PS stalls 1.5 s in every round's aggregation, so each site has time to train ahead
+    (steps_ahead > 0) while it waits for the update; every site's hash equals the PS's after every
+    round, and the loss falls."""
     cfg = small_config(**{"train.schedule": "overlap", "train.rounds": 5, "train.inner_steps": 6})
-    c = Cluster(tmp_path, cfg.replace(sites=["a", "b", "c"]), ps_args=("--stall", "aggregate=1.5"))
-    try:
-        c.start()
-        events = c.finish(200)
-    finally:
-        c.close()
+    events, _ = run_in_process(cfg.replace(sites=["a", "b", "c"]), tmp_path / "run", stalls={"aggregate": 1.5})
     check_run(events, 5)
     checks = rows(events, "hash_check")
     assert len(checks) == 3 * 5 and all(ch["ok"] for ch in checks)

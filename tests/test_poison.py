@@ -2,18 +2,18 @@
 
 Domain tests drive the PS without a network: claims bounded by the round, an outlier delta
 rejected or clipped against its peers and the history, the trimmed mean. The last test is the
-reported attack with real processes: a 1e38 fp32 delta and a 2^64 - 1 token claim from an
+reported attack over gRPC (in this process): a 1e38 fp32 delta and a 2^64 - 1 token claim from an
 authenticated site while an honest site trains the run to its end.
 """
 
 import asyncio
 import dataclasses
-import json
 import math
 
 import numpy as np
 import pytest
 
+from wantrain.auth import Authenticator
 from wantrain.codec import Codec, Encoded, EncodeStats, ErrorFeedback, encode_arrays
 from wantrain.errors import ProtocolError
 from wantrain.messages import DELTA, Join, TensorChunk
@@ -22,7 +22,8 @@ from wantrain.ps import ParameterServer
 from wantrain.replica import apply_update, flat_copy, load_flat, param_hash
 from wantrain.telemetry import rows
 
-from .cluster import Cluster, check_run
+from .cluster import check_run
+from .harness import InProcessCluster
 from .helpers import small_config
 from .test_hostile import HandSite
 from .test_server import drain, enter, metrics_for, one_site_round, rows_of
@@ -174,43 +175,44 @@ def test_a_delta_larger_than_the_model_is_refused_on_arrival(tmp_path):
     asyncio.run(scenario())
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(180)
 def test_a_hostile_site_cannot_poison_a_real_run(tmp_path):
-    """The reported attack, with real processes: a complete fp32 delta of 1e38 per element with a
+    """The reported attack, over gRPC (the PS and the honest site in this process: tests/harness.py;
+    the attacker a client of its own, in a thread): a complete fp32 delta of 1e38 per element with a
     plausible token count, then a claim of 2^64 - 1 tokens, from an authenticated site; the honest
     site trains every round, the validation loss stays finite, every replica agrees."""
     tokens = {"honest": "honest-token-0123456789", "mallory": "mallory-token-0123456789"}
-    (tmp_path / "tokens.json").write_text(json.dumps(tokens))
-    (tmp_path / "honest.token").write_text(tokens["honest"])
     cfg = small_config(num_sites=2, sites=["honest", "mallory"], **{
         "codec.mode": "fp32", "train.rounds": 4, "train.inner_steps": 10, "train.quorum_wait_s": 0.5})
-    c = Cluster(tmp_path, cfg, ps_args=("--tokens", str(tmp_path / "tokens.json")))
-    try:
-        c.start_ps().wait_for("listening on")
-        c.start_site("honest", "--token-file", str(tmp_path / "honest.token"))
-        address = f"127.0.0.1:{c.port}"
-        for attack in ("huge", "tokens"):
-            m = HandSite(address, None, "mallory", tokens["mallory"])
-            try:
-                m.enter()
-                start = m.wait_round()
-                msgs, metrics = m.delta(start.round)
-                if attack == "huge":
-                    msgs = [TensorChunk(x.kind, x.round, x.index, x.count, x.spec, Encoded(
-                        "fp32", x.spec.length, 0, b"", np.full(x.spec.length, 1e38, "<f4").tobytes())) for x in msgs]
-                else:
-                    metrics = dataclasses.replace(metrics, tokens=2**64 - 1)
-                for x in msgs:
-                    m.send(x)
-                m.send(metrics)
-                err = m.status()
-            finally:
-                m.close()
-            assert err is not None and err.code().name == "INVALID_ARGUMENT", err
-            assert ("max_delta_ratio" if attack == "huge" else "tokens") in err.details()
-        events = c.finish()
-    finally:
-        c.close()
+
+    def attack(address: str, kind: str):
+        m = HandSite(address, None, "mallory", tokens["mallory"])
+        try:
+            m.enter()
+            start = m.wait_round()
+            msgs, metrics = m.delta(start.round)
+            if kind == "huge":
+                msgs = [TensorChunk(x.kind, x.round, x.index, x.count, x.spec, Encoded(
+                    "fp32", x.spec.length, 0, b"", np.full(x.spec.length, 1e38, "<f4").tobytes())) for x in msgs]
+            else:
+                metrics = dataclasses.replace(metrics, tokens=2**64 - 1)
+            for x in msgs:
+                m.send(x)
+            m.send(metrics)
+            return m.status()
+        finally:
+            m.close()
+
+    async def scenario() -> list[dict]:
+        async with InProcessCluster(cfg, tmp_path / "run", auth=Authenticator(tokens)) as c:
+            c.start_site("honest", token=tokens["honest"])
+            for kind in ("huge", "tokens"):
+                err = await asyncio.to_thread(attack, c.address, kind)
+                assert err is not None and err.code().name == "INVALID_ARGUMENT", err
+                assert ("max_delta_ratio" if kind == "huge" else "tokens") in err.details()
+            return await c.finish()
+
+    events = asyncio.run(scenario())
     ends = rows(events, "round_end")
     assert [e["round"] for e in ends] == list(range(4))
     assert all(math.isfinite(e["val_loss"]) for e in ends) and ends[-1]["val_loss"] < ends[0]["val_loss"] + 0.5

@@ -1,15 +1,18 @@
-"""A parameter server sharded over processes: tensors split by bytes, one stream per shard, and a
-run that survives the kill of a shard mid-round with every committed round once and replicas equal."""
+"""A parameter server sharded over processes: tensors split by bytes, one stream per shard, every
+shard counting the same deltas (the shards as `wantrain ps --shard` runs them, in this process:
+tests/harness.py; a shard killed mid-round is test_recovery.py's)."""
 
+import asyncio
 import re
 
 import pytest
 
-from wantrain.errors import ConfigError
+from wantrain.errors import ConfigError, ProtocolError
 from wantrain.shards import ShardLayout, combine_hashes, parse_shard
 from wantrain.telemetry import rows
 
-from .cluster import ShardedCluster, check_run
+from .cluster import check_run
+from .harness import InProcessCluster, run_in_process
 from .helpers import small_config
 
 
@@ -51,16 +54,15 @@ def _same_rounds(shards: list[list[dict]], rounds: int) -> None:
     assert all(p == per_shard[0] for p in per_shard), per_shard
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("schedule", ["sync", "overlap"])
 def test_two_shards_train_and_agree(tmp_path, schedule):
+    """Two shards and two sites (in this process, over gRPC: tests/harness.py; a shard killed is
+    test_recovery.py's)."""
     rounds = 3
     cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.schedule": schedule})
-    c = ShardedCluster(tmp_path, cfg, shards=2)
-    try:
-        shards = c.start().finish()
-    finally:
-        c.close()
+    _, c = run_in_process(cfg, tmp_path / "run", shards=2)
+    shards = [c.events(i) for i in range(2)]
     for ev in shards:
         check_run(ev, rounds)
     _same_rounds(shards, rounds)
@@ -72,26 +74,25 @@ def test_two_shards_train_and_agree(tmp_path, schedule):
     assert {e["event"]["round"] for e in relayed if e["event"]["kind"] == "round_end"} >= set(range(rounds - 1))
     assert relayed[0]["event"]["kind"] == "run_start"
     assert all(e["source"] == "reported" for e in relayed)
+    assert {s.hash for s in c.sites.values()} == {combine_hashes([ps.hash for ps in c.shards])}
 
 
 @pytest.mark.timeout(120)
 def test_a_site_given_the_shards_out_of_order_says_so(tmp_path):
     cfg = small_config(**{"sites": ["a"], "num_sites": 1, "train.rounds": 1})
-    c = ShardedCluster(tmp_path, cfg, shards=2)
-    try:
-        for i in range(2):
-            c.start_shard(i).wait_for("listening on")
-        c.ports.reverse()
-        site = c.start_site("a")
-        assert site.p.wait(60) != 0
-        assert re.search(r"address [01] of --ps is shard [01] of 2; list the 2 shards' addresses in shard order",
-                         site.text()), site.text()[-2000:]
-        c.ports = [c.ports[1]]                  # one address for a sharded PS
-        site = c.start_site("a")
-        assert site.p.wait(60) != 0
-        assert "sharded 2 way(s); this site was given 1 address(es)" in site.text()
-    finally:
-        c.close()
+
+    async def site_error(run: str, reorder) -> str:
+        async with InProcessCluster(cfg, tmp_path / run, shards=2) as c:
+            c.address = reorder(c.address)
+            c.start_site("a")
+            with pytest.raises(ProtocolError) as e:      # the worker's exit: an error, this line
+                await asyncio.wait_for(c.finish(), 60)
+            return str(e.value)
+
+    said = asyncio.run(site_error("reversed", lambda a: ",".join(reversed(a.split(",")))))
+    assert re.search(r"address [01] of --ps is shard [01] of 2; list the 2 shards' addresses in shard order", said)
+    said = asyncio.run(site_error("one", lambda a: a.split(",")[0]))     # one address for a sharded PS
+    assert "sharded 2 way(s); this site was given 1 address(es)" in said, said
 
 
 SITES = ("a", "b", "c")
