@@ -1,7 +1,8 @@
 """Soak: the same seeded run with and without faults; the final validation loss must agree.
 
 The faulty run SIGKILLs random sites at random moments (each restarts a second or two later,
-as a supervisor would) and the PS once (restarted from its checkpoint). `make soak` runs the
+as a supervisor would) and the PS once (restarted from its checkpoint); its processes are real.
+The fault-free run, where nothing dies, runs in this process (tests/harness.py). `make soak` runs the
 full form; tests/test_soak.py a reduced one.
 
     python -m tests.soak --rounds 30 --site-kills 8 --inner-steps 50 --out soak.json
@@ -20,6 +21,7 @@ from pathlib import Path
 from wantrain.telemetry import rows
 
 from .cluster import Cluster, check_run
+from .harness import run_in_process
 from .helpers import small_config
 
 
@@ -63,11 +65,22 @@ def run_once(tmp: Path, rounds: int, site_kills: int, ps_kill: bool, seed: int, 
     finally:
         c.close()
     check_run(events, rounds)
-    end = rows(events, "run_end")[-1]
-    restarts = rows(events, "restart")
-    return {"val_loss": end["val_loss"], "wall_s": time.time() - t0, "faults": [(r, w) for r, w, _ in done],
-            "ps_restarts": len(restarts),
-            "partial_rounds": sum(1 for e in rows(events, "round_end") if len(e["sites"]) < len(c.cfg.sites)),
+    return _figures(events, time.time() - t0, [(r, w) for r, w, _ in done])
+
+
+def run_clean(tmp: Path, rounds: int, inner_steps: int = 20) -> dict:
+    """The same run without faults, in this process (tests/harness.py: no process dies in it)."""
+    t0 = time.time()
+    events, _ = run_in_process(soak_config(rounds, inner_steps), tmp / "run", timeout_s=600)
+    check_run(events, rounds)
+    return _figures(events, time.time() - t0, [])
+
+
+def _figures(events: list[dict], wall_s: float, faults: list[tuple[int, str]]) -> dict:
+    sites = len({e["site"] for e in rows(events, "join")})
+    return {"val_loss": rows(events, "run_end")[-1]["val_loss"], "wall_s": wall_s, "faults": faults,
+            "ps_restarts": len(rows(events, "restart")),
+            "partial_rounds": sum(1 for e in rows(events, "round_end") if len(e["sites"]) < sites),
             "late_deltas": len(rows(events, "late_delta"))}
 
 
@@ -77,7 +90,7 @@ def soak(rounds: int, site_kills: int, seed: int = 0, root: Path | None = None, 
     (root / "clean").mkdir(parents=True, exist_ok=True)
     (root / "faulty").mkdir(parents=True, exist_ok=True)
     log(f"fault-free run, {rounds} rounds")
-    clean = run_once(root / "clean", rounds, 0, False, seed, inner_steps, log)
+    clean = run_clean(root / "clean", rounds, inner_steps)
     log(f"faulty run, {rounds} rounds, {site_kills} site kills and one PS kill")
     faulty = run_once(root / "faulty", rounds, site_kills, True, seed, inner_steps, log)
     gap = abs(faulty["val_loss"] - clean["val_loss"]) / clean["val_loss"]
