@@ -96,7 +96,10 @@ class HandSite:
         return msgs, metrics
 
     def status(self) -> grpc.RpcError | None:
-        """Drain the stream until the PS ends it; its final status (None if it ended OK)."""
+        """Say nothing more, then drain the stream until the PS ends it; its final status (None if
+        it ended OK). The PS takes what was sent in order, so a bad message is judged first; and a
+        stream whose peer is still open would be read for servicer.DRAIN_S before it ends."""
+        self.out.put(None)
         try:
             for _ in self.stream:
                 pass
