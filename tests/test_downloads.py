@@ -82,12 +82,12 @@ def test_a_site_rejoining_over_a_stalled_download_catches_up(tmp_path):
     enough for a and c to commit at least two rounds; b loads the model of its Welcome, applies
     every update since, and trains on with a hash equal to the PS's. A model of 44 MB, so the PS's
     download is still in flight when the rounds commit (a small one fits in gRPC's buffers).
-    Rounds are 3 s compute budgets, not a number of steps, so that the 20 s stall spans a few
+    Rounds are 2 s compute budgets, not a number of steps, so that the 12 s stall spans a few
     rounds and leaves a few after it however fast or busy the machine is (with fixed steps, a
     faster PS round once let a and c finish all 10 rounds inside the stall)."""
-    rounds = 12
+    rounds = 9
     cfg = small_config(sites=["a", "b", "c"], **{
-        "model.preset": "small", "train.rounds": rounds, "train.inner_steps": 4, "train.round_budget_s": 3.0,
+        "model.preset": "small", "train.rounds": rounds, "train.inner_steps": 4, "train.round_budget_s": 2.0,
         "train.quorum_wait_s": 0.5, "train.deadline_min_s": 30.0, "train.deadline_initial_s": 120.0})
     c = Cluster(tmp_path, cfg)
     try:
@@ -96,7 +96,7 @@ def test_a_site_rejoining_over_a_stalled_download_catches_up(tmp_path):
             c.start_site(name)
         c.wait_event("round_end", round=0)
         killed = c.kill(c.sites["b"])
-        c.start_site("b", "--stall", "download=20")
+        c.start_site("b", "--stall", "download=12")
         events = c.finish(timeout=280)
     finally:
         c.close()
