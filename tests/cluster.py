@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import math
 import os
 import signal
-import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from wantrain.config import RunConfig
@@ -137,46 +132,6 @@ class ShardedCluster(Cluster):
             code = p.p.wait(max(1, deadline - time.time()))
             assert code == 0, f"{p.log.name} exited {code}:\n{p.text()[-3000:]}"
         return [self.shard_events(i) for i in range(len(self.ports))]
-
-
-@contextlib.contextmanager
-def link_proxy(port: int) -> Iterator[tuple[int, Callable[[], int]]]:
-    """A userspace link (5 ms, unlimited rate) in front of the PS at `port`, on its own event loop:
-    yields the port to dial and a function that resets every connection through it (returns how many)."""
-    from testbed.proxy import LinkProxy
-    from testbed.trace import Trace
-
-    loop = asyncio.new_event_loop()
-    proxy = LinkProxy(("127.0.0.1", port), Trace.constant(5, math.inf))
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-
-    async def reset() -> int:
-        return proxy.reset()
-    try:
-        yield (asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(10),
-               lambda: asyncio.run_coroutine_threadsafe(reset(), loop).result(10))
-    finally:
-        asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-
-
-def reset_b_while_it_pushes(c: Cluster, stall: str) -> tuple[list[dict], float]:
-    """Run the cluster with a and c dialing the PS and b dialing through a link proxy; b stalls as
-    `stall` says (for example "push@2=3": after its first delta chunk of round 2, for 3 s) and the
-    proxy resets b's connection there. Returns the run's events and the time of the reset."""
-    try:
-        with link_proxy(c.port) as (proxy_port, reset):
-            c.start_ps().wait_for("listening on")
-            c.start_site("a"), c.start_site("c")
-            b = c._proc("b", *site_args(f"127.0.0.1:{proxy_port}", "b", threads=1),
-                        "--stall", stall)
-            c.sites["b"] = b
-            b.wait_for("stalling")
-            assert reset() >= 1
-            t_reset = time.time()
-            return c.finish(), t_reset
-    finally:
-        c.close()
 
 
 def check_run(events: list[dict], rounds: int) -> None:

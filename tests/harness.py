@@ -17,6 +17,11 @@ and the allocator, so nothing here measures speed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from wantrain.config import RunConfig
@@ -80,9 +85,9 @@ class InProcessCluster:
             await asyncio.to_thread(relay.close)
 
     def start_site(self, name: str, **options) -> Site:
-        """A site session on the PS, as `wantrain worker --site name` runs it (one CPU, no RTT probes
-        unless `options`, SiteOptions fields, say otherwise)."""
-        site = self.sites[name] = Site(SiteOptions(ps=self.address, name=name, **{**SITE_DEFAULTS, **options}))
+        """A site session on the PS, as `wantrain worker --site name` runs it (the CPU, no RTT probes
+        unless `options`, SiteOptions fields, say otherwise: `ps` for another address)."""
+        site = self.sites[name] = Site(SiteOptions(**{"ps": self.address, "name": name, **SITE_DEFAULTS, **options}))
         self._site_tasks.append(asyncio.create_task(site.run(), name=f"site {name}"))
         return site
 
@@ -111,4 +116,43 @@ def run_in_process(cfg: RunConfig, run_dir: Path, timeout_s: float = 120, site_o
         async with InProcessCluster(cfg, run_dir, shards, **ps_options) as c:
             c.start_sites(**(site_options or {}))
             return await c.finish(timeout_s), c
+    return asyncio.run(go())
+
+
+@contextlib.contextmanager
+def link_proxy(port: int) -> Iterator[tuple[int, Callable[[], int]]]:
+    """A userspace link (5 ms, unlimited rate) in front of the PS at `port`, on its own event loop:
+    yields the port to dial and a function that resets every connection through it (returns how many)."""
+    from testbed.proxy import LinkProxy
+    from testbed.trace import Trace
+
+    loop = asyncio.new_event_loop()
+    proxy = LinkProxy(("127.0.0.1", port), Trace.constant(5, math.inf))
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+
+    async def reset() -> int:
+        return proxy.reset()
+    try:
+        yield (asyncio.run_coroutine_threadsafe(proxy.start(), loop).result(10),
+               lambda: asyncio.run_coroutine_threadsafe(reset(), loop).result(10))
+    finally:
+        asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+
+
+def reset_b_while_it_pushes(cfg: RunConfig, run_dir: Path, stall: str, seconds: float) -> tuple[list[dict], float]:
+    """Run `cfg` (sites a, b, c) with a and c dialing the PS and b dialing through a link proxy; b
+    stalls at `stall` for `seconds` (for example "push@2", 3: after its first delta chunk of round 2)
+    and the proxy resets b's connection there. Returns the run's events and the time of the reset."""
+    async def go() -> tuple[list[dict], float]:
+        async with InProcessCluster(cfg, run_dir) as c:
+            with link_proxy(int(c.address.rpartition(":")[2])) as (proxy_port, reset):
+                c.start_site("a"), c.start_site("c")
+                loop, stalled = asyncio.get_running_loop(), asyncio.Event()
+                b = c.start_site("b", ps=f"127.0.0.1:{proxy_port}", stalls=((stall, seconds),))
+                b.stalls.on_stall = lambda *_: loop.call_soon_threadsafe(stalled.set)   # from any thread
+                await asyncio.wait_for(stalled.wait(), 120)
+                assert await asyncio.to_thread(reset) >= 1
+                t_reset = time.time()
+                return await c.finish(), t_reset
     return asyncio.run(go())

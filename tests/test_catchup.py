@@ -10,7 +10,8 @@ from wantrain.messages import UPDATE, RoundResult, TensorChunk
 from wantrain.ps.catchup import Catchup
 from wantrain.telemetry import rows
 
-from .cluster import Cluster, check_run, reset_b_while_it_pushes
+from .cluster import check_run
+from .harness import reset_b_while_it_pushes
 from .helpers import small_config
 
 
@@ -43,7 +44,7 @@ def test_a_site_whose_link_resets_gets_only_the_rounds_it_missed(tmp_path):
     cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 20,
                           "train.quorum_wait_s": 60.0, "train.deadline_min_s": 15.0,
                           "train.deadline_initial_s": 60.0})
-    events, t_reset = reset_b_while_it_pushes(Cluster(tmp_path, cfg), "push@2=8")
+    events, t_reset = reset_b_while_it_pushes(cfg, tmp_path / "run", "push@2", 8.0)
     check_run(events, rounds)
     back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > t_reset]
     assert len(back) == 1 and back[0]["resumed"] and back[0]["catchup"], back

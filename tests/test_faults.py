@@ -1,4 +1,5 @@
-"""Fault injection with real processes: SIGKILL a site or the PS in every phase, reset a link.
+"""Fault injection: SIGKILL a site (real processes) in every phase; reset a link (a run in this
+process, tests/harness.py: nothing dies in it). The PS killed is tests/test_recovery.py's.
 
 After each fault the run completes, every committed round is committed exactly once, and
 every replica that reports a hash agrees with the PS bit for bit. Stalls (`--stall PHASE=S`)
@@ -11,7 +12,8 @@ import pytest
 
 from wantrain.telemetry import rows
 
-from .cluster import Cluster, check_run, reset_b_while_it_pushes
+from .cluster import Cluster, check_run
+from .harness import reset_b_while_it_pushes
 from .helpers import small_config
 
 ROUNDS = 6
@@ -70,8 +72,7 @@ def test_link_reset_mid_transfer(tmp_path):
     """A site's connection is reset while its delta is half sent: it reconnects and the run goes on.
     The next round waits for it (a long quorum wait): with the default 1 s, a busy machine once let
     a and c finish every round before b was back."""
-    events, t_reset = reset_b_while_it_pushes(Cluster(tmp_path, config(**{"train.quorum_wait_s": 60.0})),
-                                              "push@2=3")
+    events, t_reset = reset_b_while_it_pushes(config(**{"train.quorum_wait_s": 60.0}), tmp_path / "run", "push@2", 3.0)
     check_run(events, ROUNDS)
     left = [e for e in rows(events, "leave") if e["site"] == "b" and e["t"] >= t_reset - 1]
     back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > t_reset]
