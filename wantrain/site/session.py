@@ -250,6 +250,8 @@ class Site:
         hand.abandoned = True
         hand.stop.set()
         await asyncio.wait([hand.task])       # its failure (a send on a broken stream) is this one's
+        if not hand.task.cancelled() and (e := hand.task.exception()) is not None:   # taken, not logged at GC
+            log.debug("site %s: round %d ended with its session: %r", self.opts.name, hand.round, e)
 
     async def _finish(self) -> None:
         self.finished = True
