@@ -32,20 +32,6 @@ def test_a_round_closes_when_everyone_is_in_or_at_the_deadline_with_whoever_is()
     assert not s.members and not s.uploads and not s.aggregating
 
 
-def test_a_site_that_leaves_after_its_whole_delta_arrived_still_counts():
-    """A delta that arrived whole stays in the round when its site's stream breaks (every shard of a
-    sharded PS then counts it, whichever of their streams broke first); one half sent does not."""
-    s = RoundState()
-    s.start(2, {"a", "b", "c"}, budget_s=0.0, now=0.0)
-    arrived(s, "c")
-    s.drop("c")                                          # c's delta is in, then its stream broke
-    s.drop("b")                                          # b was still sending
-    assert s.members == {"a", "c"} and "c" in s.uploads and "b" not in s.uploads
-    assert s.admission("c", 10.0, now=1.0) is None       # back, it is not started on the round again
-    arrived(s, "a")
-    assert s.close() and s.members == {"a", "c"} and not s.late
-
-
 def test_nobody_arrived_means_the_deadline_does_not_close_the_round():
     s = RoundState()
     s.start(0, {"a"}, 0.0, now=0.0)

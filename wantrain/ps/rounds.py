@@ -205,13 +205,7 @@ class RoundState:
         return True
 
     def drop(self, site: str) -> None:
-        """The site left: what it was still sending will not come. A delta it had sent whole (its
-        metrics in, so checked) stays in the round: it arrived, and the site learns it was counted
-        from the round's result when it is back (a catch-up or its model download). Dropping it made
-        the shards of a sharded PS disagree: one whose stream broke took it, the others did not."""
-        up = self.uploads.get(site)
-        if up is not None and up.metrics is not None and site in self.members:
-            return
+        """The site left: what it was sending will not come."""
         self.uploads.pop(site, None)
         self.late.pop(site, None)
         self.members.discard(site)
