@@ -152,8 +152,8 @@ def play(address: str, messages: list[bytes]) -> tuple[grpc.StatusCode | None, l
                         out.put(pb.SiteMessage(ready=pb.Ready(
                             round=welcome.round, model_hash=welcome.model_hash)).SerializeToString())
                         ready_sent = True
-                if ready_sent and body != "chunk":
-                    out.put(None)                  # done writing: the PS ends the stream
+                if body == "error" or (ready_sent and body != "chunk"):
+                    out.put(None)                  # done writing (as a site stops after an Error): the PS ends the stream
             return None, got
         except grpc.RpcError as e:
             return e.code(), got
