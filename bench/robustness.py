@@ -48,7 +48,7 @@ from common import save_to, single_core
 
 ATTACKS = ("tiny", "reversed", "escalating", "noise", "claims")
 SIZES = {
-    "quick": dict(rounds=4, inner_steps=10, seeds=1, sites=(2, 3), attacks=("tiny", "reversed")),
+    "quick": dict(rounds=4, inner_steps=5, seeds=1, sites=(2, 3), attacks=("tiny", "reversed")),
     "full": dict(rounds=10, inner_steps=20, seeds=3, sites=(2, 3, 5), attacks=ATTACKS),
 }
 GOAL = 0.02          # three or more sites: final loss within 2 % of the run without the attacker
