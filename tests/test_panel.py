@@ -135,7 +135,7 @@ def test_buttons_drive_a_real_run(tmp_path):
 
 
 @pytest.mark.timeout(400)     # the install on the "host" takes a minute on a loaded machine
-def test_a_row_and_the_ps_that_run_on_an_ssh_host(tmp_path):
+def test_a_row_and_the_ps_that_run_on_an_ssh_host(tmp_path, venvs):
     """A row's "runs on" takes ssh://user@host: the host's state (its Python, torch and GPUs, the
     install) shows on the row, the site trains there, and its log comes back here. The PS runs on
     that host too (a cloud VM: the panel follows it through a forward). A "runs on" that is neither
@@ -146,7 +146,7 @@ def test_a_row_and_the_ps_that_run_on_an_ssh_host(tmp_path):
 
     server = SshServer(tmp_path / "sshd")
     ssh = {"key_file": server.key_file, "known_hosts": str(server.known_hosts), "python": sys.executable,
-           "reuse_site_packages": True, "venvs": str(tmp_path / "venvs")}
+           "reuse_site_packages": True, "venvs": venvs}
     panel = ControlPanel("three-sites", config=small_config(), run_root=tmp_path, rounds=3, inner_steps=10, ssh=ssh)
     try:
         panel.rows[2].runs_on.value = "ftp://elsewhere"
@@ -196,7 +196,7 @@ def test_after_a_kernel_restart_a_panel_attaches_to_the_run_that_is_going(tmp_pa
     from jupyter_client.manager import KernelManager
 
     run_dir = tmp_path / "run"
-    demo = subprocess.Popen([sys.executable, "-m", "wantrain", "demo", "--rounds", "8", "--inner-steps", "20",
+    demo = subprocess.Popen([sys.executable, "-m", "wantrain", "demo", "--rounds", "8", "--inner-steps", "10",
                              "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             start_new_session=True)
     km = KernelManager(kernel_name="python3")
