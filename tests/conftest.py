@@ -39,6 +39,14 @@ def host_network():
         yield
 
 
+@pytest.fixture(scope="session")
+def venvs(tmp_path_factory) -> str:
+    """The folder SSH hosts install wantrain into (`venvs=`), one per test process: the first test
+    that installs builds the venv (seconds of pip on a loaded machine), the others find it there, as a
+    second run on a real host does. The tests of the install itself use a folder of their own."""
+    return str(tmp_path_factory.mktemp("venvs"))
+
+
 _LEAKED: list[str] = []
 
 

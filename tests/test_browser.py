@@ -102,7 +102,7 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.fixture
-def lab(tmp_path):
+def lab(tmp_path, venvs):
     """A JupyterLab server on 127.0.0.1 (port 0), isolated from the user's Jupyter config."""
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (tools/install_sysdeps.sh, as root)")
@@ -117,7 +117,7 @@ def lab(tmp_path):
     # host key) and reuse this machine's torch there, as 06-remote-sites does.
     sshd = SshServer(tmp_path / "sshd")
     ssh = dict(key_file=str(sshd.key_file), known_hosts=str(sshd.known_hosts), python=sys.executable,
-               reuse_site_packages=True, venvs=str(tmp_path / "venvs"))
+               reuse_site_packages=True, venvs=venvs)
     assert "inner_steps=sized(25, 10))" in text, "the quickstart's panel cell changed: update this test"
     text = text.replace("rounds=sized(12, 3)", "rounds=200").replace("inner_steps=sized(25, 10))",
                                                                       f"inner_steps=sized(25, 10), ssh={ssh!r})")

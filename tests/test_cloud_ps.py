@@ -17,7 +17,7 @@ from .sshd import SshServer
 
 
 @pytest.mark.timeout(300)
-def test_a_ps_address_a_site_cannot_reach_is_refused_by_name_and_leaves_nothing(tmp_path):
+def test_a_ps_address_a_site_cannot_reach_is_refused_by_name_and_leaves_nothing(tmp_path, venvs):
     """The PS listens on 127.0.0.1 of its host, but the sites are told 127.0.0.2: the run refuses
     before any site starts, naming the site, its host and the address, and stops the PS it started."""
     from wantrain.errors import ProcessError
@@ -25,7 +25,7 @@ def test_a_ps_address_a_site_cannot_reach_is_refused_by_name_and_leaves_nothing(
     from .test_ssh_sites import _group
 
     cloud = SshServer(tmp_path / "cloud")
-    common = dict(python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
+    common = dict(python=sys.executable, reuse_site_packages=True, venvs=venvs,
                   key_file=cloud.key_file, known_hosts=str(cloud.known_hosts))
     ps = RemotePS(cloud.url, public_host="127.0.0.2", bind="127.0.0.1", run_root=str(tmp_path / "cloud-runs"),
                   **common)

@@ -32,8 +32,8 @@ def check_recovered(events: list[dict], rounds: int, resumed_at: set[int]) -> No
 
 
 def cluster_door(tmp_path, phase: str) -> tuple[list[dict], int, set[int]]:
-    rounds = 6
-    cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 20,
+    rounds = 5
+    cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 10,
                           "train.quorum_wait_s": 1.0, "train.deadline_min_s": 15.0, "train.deadline_initial_s": 60.0})
     c = Cluster(tmp_path, cfg)
     try:
@@ -82,13 +82,13 @@ def run_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     return events, rounds, {restarted_after + 1, restarted_after + 2}
 
 
-def remote_door(tmp_path) -> tuple[list[dict], int, set[int]]:
+def remote_door(tmp_path, venvs: str) -> tuple[list[dict], int, set[int]]:
     from wantrain.launch import RemotePS, RemoteSite
 
     from .sshd import SshServer
 
     cloud, edge = SshServer(tmp_path / "cloud"), SshServer(tmp_path / "edge")
-    common = dict(python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"))
+    common = dict(python=sys.executable, reuse_site_packages=True, venvs=venvs)
     ps = RemotePS(cloud.url, public_host="127.0.0.1", bind="127.0.0.1", run_root=str(tmp_path / "cloud-runs"),
                   key_file=cloud.key_file, known_hosts=str(cloud.known_hosts), **common)
     site = RemoteSite(edge.url, key_file=edge.key_file, known_hosts=str(edge.known_hosts), **common)
@@ -121,7 +121,7 @@ def shard_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     # Deadlines far beyond a round's work: on a loaded machine no site may be late at a shard (every
     # round must count all three), and a round whose deltas are all in commits without waiting for them.
     rounds = 5
-    cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 20,
+    cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 10,
                           "train.quorum_wait_s": 150.0, "train.deadline_min_s": 150.0,
                           "train.deadline_initial_s": 150.0})
     c = ShardedCluster(tmp_path, cfg, shards=2)
@@ -153,12 +153,12 @@ def shard_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     return shards[killed], rounds, {2, 3}
 
 
-DOORS = {"cluster-aggregate": lambda p: cluster_door(p, "aggregate@2"),
-         "cluster-checkpoint": lambda p: cluster_door(p, "checkpoint@3"),
-         "run": run_door, "remote": remote_door, "shard": shard_door}
+DOORS = {"cluster-aggregate": lambda p, _: cluster_door(p, "aggregate@2"),
+         "cluster-checkpoint": lambda p, _: cluster_door(p, "checkpoint@3"),
+         "run": lambda p, _: run_door(p), "remote": remote_door, "shard": lambda p, _: shard_door(p)}
 
 
 @pytest.mark.timeout(480)         # the remote door installs on two SSH hosts of a loaded machine
 @pytest.mark.parametrize("door", list(DOORS))
-def test_a_killed_ps_loses_no_round(tmp_path, door):
-    check_recovered(*DOORS[door](tmp_path))
+def test_a_killed_ps_loses_no_round(tmp_path, door, venvs):
+    check_recovered(*DOORS[door](tmp_path, venvs))

@@ -49,21 +49,21 @@ def _tc(ns: KernelLink, *what: str) -> str:
                           text=True, check=True).stdout
 
 
-def _run_on_host(tmp_path, ns: KernelLink, server: SshServer, backend: str, mbps: int, rounds: int) -> Run:
+def _run_on_host(tmp_path, venvs: str, ns: KernelLink, server: SshServer, backend: str, mbps: int, rounds: int) -> Run:
     """A run of a local site a and a site b on the namespace "host", whose link `backend` shapes there."""
     scenario = tmp_path / "remote.toml"
     scenario.write_text(SCENARIO.format(backend=backend, mbps=mbps, interface=ns.site_if))
-    host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
+    host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=venvs,
                       key_file=server.key_file, known_hosts=str(server.known_hosts))
     cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.inner_steps": 8})
     return Run(cfg, run_dir=tmp_path / "run", plan=describe_scenario(scenario), remote={"b": host})
 
 
 @pytest.mark.timeout(480)      # the install on the "host" takes a minute on a loaded machine
-def test_tcconfig_over_ssh_shapes_the_hosts_interface_or_refuses_without_netem(tmp_path):
+def test_tcconfig_over_ssh_shapes_the_hosts_interface_or_refuses_without_netem(tmp_path, venvs):
     with KernelLink("tcs") as ns:
         server = SshServer(tmp_path / "sshd", exec_prefix=tuple(ns.exec_prefix()))
-        run = _run_on_host(tmp_path, ns, server, "tcconfig", 50, rounds=2)
+        run = _run_on_host(tmp_path, venvs, ns, server, "tcconfig", 50, rounds=2)
         try:
             if kernel.netem_available():
                 run.start()
@@ -86,7 +86,7 @@ def test_tcconfig_over_ssh_shapes_the_hosts_interface_or_refuses_without_netem(t
 
 
 @pytest.mark.timeout(480)
-def test_the_kernel_fallback_over_ssh_puts_htb_on_the_hosts_interface_and_removes_it(tmp_path):
+def test_the_kernel_fallback_over_ssh_puts_htb_on_the_hosts_interface_and_removes_it(tmp_path, venvs):
     """Where tcconfig cannot shape (no netem), a site's own backend "kernel" still shapes its host:
     its uplink rate by htb on the host's interface (applied over SSH, read back, gone afterwards),
     the delay and outages by its proxy link here, which its reverse forward leads through."""
@@ -95,7 +95,7 @@ def test_the_kernel_fallback_over_ssh_puts_htb_on_the_hosts_interface_and_remove
 
     with KernelLink("krn") as ns:
         server = SshServer(tmp_path / "sshd", exec_prefix=tuple(ns.exec_prefix()), listen=ns.site_ip)
-        run = _run_on_host(tmp_path, ns, server, "kernel", 20, rounds=3)
+        run = _run_on_host(tmp_path, venvs, ns, server, "kernel", 20, rounds=3)
         try:
             run.start()
             shaped = _tc(ns, "-s", "class")

@@ -86,7 +86,7 @@ def test_three_ssh_sites_train_through_reverse_forwards(tmp_path):
 
 
 @pytest.mark.timeout(480)
-def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
+def test_a_run_with_a_local_and_an_ssh_site(tmp_path, venvs):
     """Run starts site b on its SSH host (inspected, installed, TLS CA and shared secret copied
     there 0600, dialling back through a reverse forward that leads to its emulated link) beside
     local site a. Killed, b rejoins. When every SSH connection drops, once while b downloads the
@@ -104,7 +104,7 @@ def test_a_run_with_a_local_and_an_ssh_site(tmp_path):
 
     server = SshServer(tmp_path / "sshd")
     said: list[str] = []
-    host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=str(tmp_path / "venvs"),
+    host = RemoteSite(server.url, python=sys.executable, reuse_site_packages=True, venvs=venvs,
                       progress=said.append, key_file=server.key_file, known_hosts=str(server.known_hosts))
     # Each round after a fault waits for b (it was in the last round), so it is back before the end.
     cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 6, "train.inner_steps": 16,
