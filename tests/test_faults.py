@@ -29,42 +29,44 @@ def config(**changes):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("phase", ["train", "push", "download"])
-def test_site_killed_in_each_phase_rejoins(tmp_path, phase):
+def test_a_site_killed_in_each_phase_rejoins(tmp_path):
+    """Site b is killed three times in one run and started again at once each time: while it
+    trains (round 1), after the first chunk of its round-3 push, and halfway through the download
+    of the model when it rejoins (both held there by --stall). Each time it resumes its shard and
+    trains again."""
     # A long quorum wait holds each round after a kill until b is back (it was in the last round),
     # so the run cannot end before the restarted process (3-5 s to start, more under load) trains:
-    # with 1 s, a busy machine once finished all 10 rounds first. b is killed in round 1 and trains
-    # again in round 2 at the latest; rounds 3 and 4 check that the run goes on with it.
-    rounds = 5
+    # with 1 s, a busy machine once finished all 10 rounds first. Rounds 5 and 6 check that the
+    # run goes on with it.
+    rounds = 7
     c = Cluster(tmp_path, config(**{"train.rounds": rounds, "train.quorum_wait_s": 120.0}))
+    kills: dict[str, float] = {}
     try:
         c.start_ps().wait_for("listening on")
-        c.start_site("a"), c.start_site("c")
-        # b stalls after the first chunk of its round-1 push, or trains normally at first.
-        c.start_site("b", *(("--stall", "push@1=60") if phase == "push" else ()))
+        for name in ("a", "b", "c"):
+            c.start_site(name)
         c.wait_event("round_end", round=0)
-        if phase == "train":
-            c.sites["b"].wait_for("round 1 starts")
-            time.sleep(0.3)
-        elif phase == "push":
-            c.sites["b"].wait_for("stalling")
-        else:                                       # restart b so that it stalls mid-download
-            c.kill(c.sites["b"])
-            c.start_site("b", "--stall", "download=60").wait_for("stalling")
-        killed = c.kill(c.sites["b"])
+        c.sites["b"].wait_for("round 1 starts")
+        time.sleep(0.3)
+        kills["train"] = c.kill(c.sites["b"])
+        c.start_site("b", "--stall", "push@3=60").wait_for("stalling", timeout=180)
+        kills["push"] = c.kill(c.sites["b"])
+        c.start_site("b", "--stall", "download=60").wait_for("stalling", timeout=120)
+        kills["download"] = c.kill(c.sites["b"])
         c.start_site("b")
         events = c.finish()
     finally:
         c.close()
     check_run(events, rounds)
-    back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > killed]
-    assert back and back[0]["resumed"] and back[0]["data_position"] > 0    # its shard resumes
-    trained = [e for e in rows(events, "site_round") if e["site"] == "b" and e["t"] > killed]
-    assert trained, "the restarted site never trained again"
-    e = trained[0]
-    began = e["t"] - e["compute_s"] - e["encode_s"] - e["send_s"]      # its first inner step after the restart
-    print(f"\n{phase}: site b restarted at once; rejoined {back[0]['t'] - killed:.1f} s, training again "
-          f"{began - killed:.1f} s, first delta in {e['t'] - killed:.1f} s after its kill")
+    for phase, killed in kills.items():
+        back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > killed]
+        assert back and back[0]["resumed"] and back[0]["data_position"] > 0, phase    # its shard resumes
+        trained = [e for e in rows(events, "site_round") if e["site"] == "b" and e["t"] > killed]
+        assert trained, f"killed in {phase}, the restarted site never trained again"
+        e = trained[0]
+        began = e["t"] - e["compute_s"] - e["encode_s"] - e["send_s"]      # its first inner step after the restart
+        print(f"\n{phase}: site b restarted at once; rejoined {back[0]['t'] - killed:.1f} s, training again "
+              f"{began - killed:.1f} s, first delta in {e['t'] - killed:.1f} s after its kill")
 
 
 @pytest.mark.timeout(300)
