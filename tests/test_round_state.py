@@ -6,7 +6,8 @@ import pytest
 
 from wantrain.errors import ProtocolError
 from wantrain.messages import RoundMetrics
-from wantrain.ps.rounds import RoundState
+from wantrain.config import TrainConfig
+from wantrain.ps.rounds import RoundClock, RoundState
 
 
 def arrived(state: RoundState, site: str) -> None:
@@ -49,6 +50,20 @@ def test_a_site_joining_a_running_round_gets_what_is_left_of_the_budget():
     assert s.admission("b", 0.0, now=109.5) == 0.0                     # fixed inner steps: always
     s.admit("b", 1, 7.0)
     assert s.members == {"a", "b"} and s.uploads["b"].train_s == 7.0
+
+
+def test_with_fixed_steps_a_site_joins_a_running_round_only_with_time_to_deliver():
+    s = RoundState()
+    s.start(6, {"a", "c"}, budget_s=0.0, now=100.0, deadline_s=4.0)
+    assert s.admission("b", 0.0, now=101.0, needs_s=2.5) == 0.0        # 3 s left, it needs 2.5
+    assert s.admission("b", 0.0, now=102.8, needs_s=2.5) is None       # 1.2 s left: the next round
+    assert s.admission("b", 0.0, now=102.8) == 0.0                     # never timed: it may try
+    assert s.admission("b", 0.0, now=104.5) is None                    # past the deadline
+    clock = RoundClock(TrainConfig())
+    assert clock.site_s("b") == 0.0
+    for after_s in (4.0, 9.0, 5.0):
+        clock.arrived("b", after_s)
+    assert clock.site_s("b") == 5.0                                    # its median, what it needs
 
 
 def test_quorum_waits_at_the_start_then_only_for_a_site_of_the_last_round():

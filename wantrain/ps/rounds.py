@@ -25,7 +25,9 @@ counted on in a new round: it may be dark (its link down for minutes), and a rou
 cannot hear of would only make it owe another. It is heard from again when its late delta
 arrives, or when it reports having applied the update of the round it owes (a site sends in
 order, so that delta can no longer come); from then on it takes part again, in the running
-round if it is current and enough of the budget is left.
+round if it is current and enough of the budget is left (with fixed inner steps: if at least its
+usual time to deliver is left before the deadline; admitted with less, a slow site back from an
+outage missed every deadline, owed every round and was never counted again).
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ class RoundClock:
 
     def arrived(self, site: str, after_s: float) -> None:
         self.arrivals.setdefault(site, deque(maxlen=self.window)).append(max(0.0, after_s))
+
+    def site_s(self, site: str) -> float:
+        """How long this site's deltas usually take to arrive (its median), 0.0 if never timed."""
+        arrivals = self.arrivals.get(site)
+        return statistics.median(arrivals) if arrivals else 0.0
 
     def typical_s(self) -> float:
         """The lower median over the sites of each one's median arrival."""
@@ -150,13 +157,16 @@ class RoundState:
             return quorum_left_s
         return None
 
-    def admission(self, site: str, budget_s: float, now: float) -> float | None:
+    def admission(self, site: str, budget_s: float, now: float, needs_s: float = 0.0) -> float | None:
         """The compute budget a site (re)joining a running round gets, or None: it waits for the next
-        round (none runs, it is in this one, or too little of the budget is left to be worth it)."""
+        round (none runs, it is in this one, or too little of the budget is left to be worth it).
+        With fixed inner steps (no budget) it needs `needs_s` (its usual time to deliver) before
+        the deadline."""
         if not self.members or self.aggregating or site in self.members or site in self.late:
             return None
         if not budget_s:
-            return 0.0
+            left_s = self.deadline_s - (now - self.started_at)
+            return 0.0 if not self.deadline_s or left_s >= needs_s else None
         train_s = budget_s - (now - self.started_at)
         return train_s if train_s >= 0.1 * budget_s else None
 

@@ -188,7 +188,8 @@ class ParameterServer:
 
     def _admit_to_round(self, link: SiteLink) -> None:
         """A site that (re)joins while a round runs takes part in it, with what is left of the budget."""
-        train_s = self.rounds.admission(link.name, self.cfg.train.round_budget_s, time.time())
+        train_s = self.rounds.admission(link.name, self.cfg.train.round_budget_s, time.time(),
+                                        needs_s=self.clock.site_s(link.name))
         if train_s is not None:
             self.rounds.admit(link.name, self.round, train_s)
             link.outbox.put_nowait(RoundStart(self.round, self.hash, train_s))
