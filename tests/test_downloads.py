@@ -84,12 +84,14 @@ def test_a_site_rejoining_over_a_stalled_download_catches_up(tmp_path):
     download is still in flight when the rounds commit (a small one fits in gRPC's buffers).
     Rounds are 2 s compute budgets, not a number of steps, so that the 12 s stall spans a few
     rounds and leaves a few after it however fast or busy the machine is (with fixed steps, a
-    faster PS round once let a and c finish all 10 rounds inside the stall)."""
+    faster PS round once let a and c finish all 10 rounds inside the stall). Each site computes a
+    quarter of its budget and waits the rest (`--speed-factor 4`): rounds last as long, the machine
+    does a quarter of the training (this test is about the download, not the steps)."""
     rounds = 9
     cfg = small_config(sites=["a", "b", "c"], **{
         "model.preset": "small", "train.rounds": rounds, "train.inner_steps": 4, "train.round_budget_s": 2.0,
         "train.quorum_wait_s": 0.5, "train.deadline_min_s": 30.0, "train.deadline_initial_s": 120.0})
-    c = Cluster(tmp_path, cfg)
+    c = Cluster(tmp_path, cfg, site_args=("--speed-factor", "4"))
     try:
         c.start_ps().wait_for("listening on")
         for name in cfg.sites:
