@@ -254,7 +254,8 @@ def test_quickstart_in_a_real_browser(lab):
             wait_showing(lambda: _points(page, "Timeline", "fault injected") >= 1 and _points(page, "Timeline", "leave") >= 1,
                          300, "the fault and the site's leave on the timeline")
             wait_showing(lambda: _points(page, "Timeline", "join") >= 4, 300, "the killed site's rejoin on the timeline")
-            timeline = page.locator(".js-plotly-plot").filter(has_text="Timeline")
+            # The dashboard's chart in the notebook (JupyterLab may hold a second, off-screen copy)
+            timeline = page.locator(".jp-OutputArea-output.js-plotly-plot").filter(has_text="Timeline")
             _shot(timeline, SHOTS / "3-timeline-with-fault.png")
             assert _points(page, "Loss", "validation") >= 2
 
