@@ -166,45 +166,42 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _sigterm(prog: str, settle_s: float = 0.0) -> tuple[int, str]:
+    """Run `prog` (which calls exit_on_sigterm(0.5), then prints "ready"), send it SIGTERM
+    `settle_s` after that line: its exit code, and what it printed after "ready"."""
+    p = subprocess.Popen([sys.executable, "-c", "from wantrain.commands.process import exit_on_sigterm\n"
+                          "exit_on_sigterm(0.5)\n" + prog], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        time.sleep(settle_s)
+        p.send_signal(signal.SIGTERM)
+        return p.wait(30), p.stdout.read()
+    finally:
+        p.kill()
+        p.wait()
+
+
 @pytest.mark.timeout(60)
 def test_sigterm_unwinds_and_ends_the_process_though_a_thread_is_stuck():
     # A thread in a call that does not return (here a sleep; in a site, a step on a loaded machine)
     # would hold interpreter shutdown until it returned. A second SIGTERM while unwinding (a dying
     # parent sends one per thread) lets the unwinding finish.
-    prog = ("import os, signal, sys, threading, time; from wantrain.commands.process import exit_on_sigterm\n"
-            "exit_on_sigterm(0.5)\n"
+    prog = ("import os, signal, threading, time\n"
             "threading.Thread(target=time.sleep, args=(300,)).start()\n"
             "try:\n    print('ready', flush=True); time.sleep(300)\n"
             "finally:\n    os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.1); print('unwound', flush=True)\n")
-    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline() == "ready\n"
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(30) == 143
-        assert p.stdout.read() == "unwound\n"
-    finally:
-        p.kill()
-        p.wait()
+    assert _sigterm(prog) == (143, "unwound\n")
 
 
 @pytest.mark.timeout(60)
 def test_sigterm_ends_a_process_whose_main_thread_never_returns_from_a_c_call():
     # A mutex wait is not interrupted by a signal: the Python handler never runs, the deadline
     # still does (it starts as the signal arrives, not when the main thread gets to it).
-    prog = ("import ctypes, threading, time; from wantrain.commands.process import exit_on_sigterm\n"
-            "exit_on_sigterm(0.5)\n"
+    prog = ("import ctypes, threading, time\n"
             "libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)\n"
             "threading.Thread(target=lambda: (libc.pthread_mutex_lock(mutex), time.sleep(300)), daemon=True).start()\n"
             "time.sleep(0.2); print('ready', flush=True); libc.pthread_mutex_lock(mutex)\n")
-    p = subprocess.Popen([sys.executable, "-c", prog], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline() == "ready\n"
-        time.sleep(0.2)                      # the main thread is waiting for the mutex
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(30) == 143
-    finally:
-        p.kill()
-        p.wait()
+    assert _sigterm(prog, settle_s=0.2) == (143, "")     # 0.2 s: the main thread is in the wait
 
 
 @pytest.mark.timeout(120)
