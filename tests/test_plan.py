@@ -66,7 +66,8 @@ def test_the_plan_wantrain_writes_is_the_plan_testbed_runs(tmp_path):
         # The link logs the bandwidth in force, from the plan.
         deadline = time.time() + 30
         while True:
-            rows = [json.loads(ln) for ln in (tmp_path / "links.jsonl").read_text().splitlines() if ln]
+            log = tmp_path / "links.jsonl"      # written after links.json: maybe not there yet
+            rows = [json.loads(ln) for ln in (log.read_text() if log.exists() else "").splitlines() if ln]
             samples = {r["site"]: r for r in rows if r["kind"] == "link"}
             if {"eu-west", "ap-southeast"} <= samples.keys():
                 break
