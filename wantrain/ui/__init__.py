@@ -1,7 +1,7 @@
 """Notebook widgets: a control panel that starts, stops and breaks a run, and a live dashboard.
 
 Importing it in a Jupyter kernel makes plotly figures draw in rendered copies of the notebook
-too (ui/render.py). Needs the `notebook` extra (ipywidgets, ipykernel): `pip install wantrain[notebook]`.
+too (ui/render.py). Needs the `notebook` extra (ipywidgets, anywidget, ipykernel): `pip install wantrain[notebook]`.
 """
 
 from .dashboard import Dashboard, site_states

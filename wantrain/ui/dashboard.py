@@ -5,7 +5,9 @@ iterable of event dicts): the PS's own events, the link emulator's and injected 
 stream (telemetry schema 2), so the dashboard shows everything whether the PS runs next to the
 notebook or far away. Redraws are
 rate-capped (`min_interval_s`, stretched so that redrawing takes at most a tenth of the
-kernel's time however long the run) and every series is thinned to about `max_points`, keeping its
+kernel's time however long the run), wait until the page has drawn the last batch (a browser on a
+loaded machine draws slower than a kernel sends: `wantrain.ui.page_ack`), and every series is
+thinned to about `max_points`, keeping its
 spikes (`wantrain.report.thin`), before a figure is built: each redraw sends whole figures to
 the browser, and plotly validates every point it is given. `follow()` runs in a background thread, so the kernel
 stays free while training runs; `static_figures()` gives plain figures of the final state for
@@ -90,6 +92,8 @@ class Dashboard:
     def __init__(self, max_points: int = 400, min_interval_s: float = 1.0, rounds: int | None = None) -> None:
         import ipywidgets as widgets  # the notebook extra; imported here so `wantrain` does not need it
 
+        from .page_ack import PageAck
+
         self.max_points, self.min_interval_s = max_points, min_interval_s
         self.events: list[dict] = []
         self.redraws = 0
@@ -103,6 +107,8 @@ class Dashboard:
         # render from the widget's initial state and then depend on every later message; a view
         # created while the browser was busy showed empty axes for the whole run.)
         self._slots = {prefix: widgets.Output() for prefix in CHART_ORDER}
+        self._page = PageAck(on_drawn=self._page_drew)   # which batch of charts the page has drawn
+        self._drawn_events = 0                 # how many events the last redraw drew
         self._shown: dict[str, go.Figure] = {}
         self._sent: dict[str, str] = {}
         self.status = widgets.HTML("waiting for the run's first events")
@@ -126,11 +132,30 @@ class Dashboard:
 
     def add(self, event: dict) -> None:
         """Take one event; redraw if the last redraw is older than min_interval_s (or ten times
-        what it took, when that is longer: the kernel keeps 90% of its time)."""
+        what it took, when that is longer: the kernel keeps 90% of its time) and the page has
+        drawn the last one (`wantrain.ui.page_ack`)."""
         with self._lock:
             self.events.append(event)
-        if time.monotonic() - self._last >= max(self.min_interval_s, 10 * self._cost) or event["kind"] == "run_end":
+        if event["kind"] == "run_end" or (self._due() and self._page_ready()):
             self.redraw()
+
+    def _due(self) -> bool:
+        return time.monotonic() - self._last >= max(self.min_interval_s, 10 * self._cost)
+
+    def _page_ready(self) -> bool:
+        return self._page.ready()
+
+    def _page_drew(self) -> None:
+        """The page drew the last batch: events that came while it drew are drawn now, if due
+        (otherwise the next event draws them). Called on the kernel's main thread; it never waits
+        for a redraw the follow thread is doing."""
+        with self._lock:
+            behind = len(self.events) > self._drawn_events
+        if behind and self._due() and self._draw_lock.acquire(blocking=False):
+            try:
+                self._redraw()
+            finally:
+                self._draw_lock.release()
 
     def follow(self, source: Iterable[dict]) -> threading.Thread:
         """Consume `source` (e.g. `run.follow()`) in a background thread; returns the thread."""
@@ -207,9 +232,12 @@ class Dashboard:
         import plotly.io as pio
 
         self._last, cpu0 = time.monotonic(), time.thread_time()
+        with self._lock:
+            self._drawn_events = len(self.events)
         figs = self.static_figures(self.max_points)     # thinned before plotly validates a point
         if figs:
             self.redraws += 1
+        changed = False
         for fig in figs:
             title = fig.layout.title.text
             prefix = next((p for p in CHART_ORDER if title.startswith(p)), title)
@@ -222,6 +250,9 @@ class Dashboard:
                 self._sent[prefix] = spec
                 bundle = {"application/vnd.plotly.v1+json": json.loads(spec)}   # plotly's Jupyter renderer
                 self._slots[prefix].outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+                changed = True
+        if changed:
+            self._page.batch_sent()
         self.status.value = self._summary()
         with self._lock:
             self.progress.value = min(self.progress.max, sum(1 for e in self.events if e["kind"] == "round_end"))
