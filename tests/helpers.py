@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import resource
-import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 from wantrain.config import RunConfig
+from wantrain.launch import LocalLauncher, ProcessSpec
 
 
 def drain(link) -> list:
@@ -47,12 +47,13 @@ class Proc:
 
     def __init__(self, *args: str, log: Path, open_files: int | None = None) -> None:
         self.log = log
-        self.f = open(log, "wb")
-        # No preexec_fn: it makes Python fork() holding the GIL, which can hang in gRPC's fork
-        # handlers (see wantrain/launch/local.py).
-        self.p = subprocess.Popen([sys.executable, "-m", "wantrain", *args], stdout=self.f, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True,
-                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.write_bytes(b"")
+        # Started as the product starts its local processes (forked warm from a starter that has
+        # imported torch once, wantrain/launch/warm.py); `p` is what it gives: a Popen's poll,
+        # wait and pid.
+        self.handle = LocalLauncher().start(ProcessSpec(log.stem, (sys.executable, "-m", "wantrain", *args),
+                                                        env={"PYTHONUNBUFFERED": "1"}, log_path=log))
+        self.p = self.handle.popen
         if open_files is not None:      # the child's open-file limit, soft and hard (a common 1024), set
             # long before it listens (importing torch alone takes seconds)
             resource.prlimit(self.p.pid, resource.RLIMIT_NOFILE, (open_files, open_files))
@@ -68,12 +69,7 @@ class Proc:
             time.sleep(0.1)
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.p.wait(10)
-        self.f.close()
+        self.handle.kill()          # SIGKILL to its group, then reaped
 
 
 def pid_alive(pid: int) -> bool:

@@ -3,7 +3,7 @@
 Every test stops what it starts; this is the net under that rule. At the end of the session
 (and of each test module) the processes descended from pytest are listed; any still alive a
 few seconds later are killed and named in the session's summary, so that a test that leaks a
-process is found, and CI never waits on one."""
+process is found, and CI never waits on one. The session's own warm starter is not a leak."""
 
 from __future__ import annotations
 
@@ -46,12 +46,22 @@ def _describe(pid: int) -> str:
     return f"{pid}: {cmd[:160]}"
 
 
+def _own_warm_starter(pid: int, root: int) -> bool:
+    """This process's warm starter (wantrain/launch/warm.py): it serves the whole session, and its
+    children, the processes the tests started, are reaped like any other."""
+    try:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return parent == root and "wantrain.launch.warm" in _describe(pid)
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def reap(grace_s: float = 5.0, root: int | None = None) -> list[str]:
     """Wait up to grace_s for pytest's descendants to exit, SIGKILL the rest; their descriptions."""
     root = root or os.getpid()
     deadline = time.monotonic() + grace_s
     while True:
-        left = [p for p in descendants(root) if not _is_zombie(p)]
+        left = [p for p in descendants(root) if not _is_zombie(p) and not _own_warm_starter(p, root)]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)

@@ -14,7 +14,10 @@ from wantrain.errors import ProcessError, SshError
 from wantrain.launch import LocalLauncher, ProcessSpec
 from wantrain.launch.ssh import LOST, SshLauncher, SshTarget
 
+from wantrain.telemetry import read_events, rows
+
 from .helpers import pid_alive
+from .reaper import descendants
 from .sshd import SshServer
 
 
@@ -153,19 +156,6 @@ def test_ssh_refusals_name_the_host_and_the_cause(sshd, tmp_path):
         SshLauncher("http://host:22")
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d.name))
-    return out
-
-
 def _sigterm(prog: str, settle_s: float = 0.0) -> tuple[int, str]:
     """Run `prog` (which calls exit_on_sigterm(0.5), then prints "ready"), send it SIGTERM
     `settle_s` after that line: its exit code, and what it printed after "ready"."""
@@ -218,14 +208,17 @@ def test_interrupted_demo_leaves_no_process_behind(tmp_path, sig):
     children: list[int] = []
     try:
         deadline = time.time() + 90
-        while time.time() < deadline:   # wait until the PS and all three sites run
-            children = _children(demo.pid)
-            if len(children) >= 4:
+        while time.time() < deadline:   # wait until all three sites have joined
+            if (run_dir / "events.jsonl").exists() and len(rows(read_events(run_dir), "join")) >= 3:
                 break
             time.sleep(0.2)
         else:
             pytest.fail("the demo did not start its processes")
         time.sleep(1.0)
+        # Everything it started: the PS, the sites, the link emulator, the warm starter they were
+        # forked from (wantrain/launch/warm.py).
+        children = descendants(demo.pid)
+        assert len(children) >= 4, children
         os.kill(demo.pid, sig)
         demo.wait(30)
         deadline = time.time() + 15
