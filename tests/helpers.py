@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -82,3 +83,15 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def survivors(pids: list[int], timeout_s: float) -> list[int]:
+    """Wait up to `timeout_s` for every pid to end; those still alive then, SIGKILLed (for the
+    test to assert on: a test that asserts [] has left nothing behind either way)."""
+    deadline = time.time() + timeout_s
+    while any(pid_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    alive = [p for p in pids if pid_alive(p)]
+    for p in alive:
+        os.kill(p, signal.SIGKILL)
+    return alive

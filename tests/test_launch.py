@@ -16,7 +16,7 @@ from wantrain.launch.ssh import LOST, SshLauncher, SshTarget
 
 from wantrain.telemetry import read_events, rows
 
-from .helpers import pid_alive
+from .helpers import pid_alive, survivors
 from .reaper import descendants
 from .sshd import SshServer
 
@@ -221,14 +221,9 @@ def test_interrupted_demo_leaves_no_process_behind(tmp_path, sig):
         assert len(children) >= 4, children
         os.kill(demo.pid, sig)
         demo.wait(30)
-        deadline = time.time() + 15
-        while any(pid_alive(p) for p in children) and time.time() < deadline:
-            time.sleep(0.2)
-        assert [p for p in children if pid_alive(p)] == []
+        assert survivors(children, 15) == []
     finally:
-        for pid in children:
-            if pid_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        survivors(children, 0)
         if demo.poll() is None:
             demo.kill()
 

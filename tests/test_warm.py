@@ -15,7 +15,7 @@ from wantrain.launch.argv import ps_command
 from wantrain.launch.local import _dying_with_parent
 from wantrain.launch.warm import WarmStarter
 
-from .helpers import pid_alive, small_config
+from .helpers import pid_alive, small_config, survivors
 
 # What a child reports about itself: everything `python -m` decides for a process.
 REPORT = """\
@@ -88,14 +88,9 @@ def test_warm_children_die_with_the_process_that_started_them(tmp_path):
         assert len(pids) == 2 and all(pid_alive(p) for p in pids)
         launcher.kill()
         launcher.wait(10)
-        deadline = time.time() + 20
-        while any(pid_alive(p) for p in pids) and time.time() < deadline:
-            time.sleep(0.1)
-        assert not any(pid_alive(p) for p in pids)
+        assert survivors(pids, 20) == []
     finally:
-        for p in pids:
-            if pid_alive(p):
-                os.kill(p, signal.SIGKILL)
+        survivors(pids, 0)
         if launcher.poll() is None:
             launcher.kill()
         launcher.wait(10)
