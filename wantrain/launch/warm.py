@@ -2,9 +2,10 @@
 
 A fresh `python -m wantrain site` spends about 2.5 s of CPU before it can join, most of it
 importing torch, numpy and numba; a notebook's Start, a demo and the test suite start hundreds of
-them. The launcher (local.py) keeps one starter per process: `python -m wantrain.launch.warm FD`,
-which imports those libraries, then forks a child for each request it reads on the socket FD and
-tells the launcher each child's pid and, when it has reaped it, its exit code.
+them. The launcher (local.py) keeps a starter, `python -m wantrain.launch.warm FD`, for each
+environment its processes ask for (see below), which imports those libraries, then forks a child
+for each request it reads on the socket FD and tells the launcher each child's pid and, when it
+has reaped it, its exit code.
 
 The child is what `python -m MODULE ARGS` would have been: its own session (so its process group
 can be signalled), SIGTERM when its parent (the starter) dies, stdin from /dev/null, stdout and
@@ -43,8 +44,8 @@ from collections.abc import Mapping, Sequence
 
 import setproctitle
 
-# Environment variables the preloaded libraries read when they are imported: a request whose
-# environment differs from the starter's in any of these starts cold.
+# Environment variables the preloaded libraries read when they are imported: a starter serves only
+# requests whose environment agrees with its own on these (local.py starts another for the rest).
 IMPORT_TIME_ENV = ("PYTHON", "LD_", "NUMBA_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "CUDA",
                    "NVIDIA_", "HIP_", "ROCM", "GRPC_", "VIRTUAL_ENV")
 IMPORT_TIME_EXEMPT = ("PYTHONUNBUFFERED",)      # become() sets the streams up as it says
