@@ -25,7 +25,9 @@ print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": os.environ.ge
                   "stdin": sys.stdin.read(), "path0": sys.path[0], "name": __name__,
                   "own_group": os.getpgid(0) == os.getpid() == os.getsid(0),
                   "cmdline": open("/proc/self/cmdline").read().replace(chr(0), " ").strip(),
-                  "torch_preloaded": "torch" in sys.modules}))
+                  "torch_preloaded": "torch" in sys.modules,
+                  "kernels_loaded": "wantrain.codec.quantize_kernels" in sys.modules
+                  and bool(sys.modules["wantrain.codec.quantize_kernels"].quantize_blocks.signatures)}))
 raise SystemExit(3)
 """
 
@@ -57,6 +59,8 @@ def test_a_warm_child_is_what_python_m_would_have_started(starter, tmp_path):
     assert warm_lines[1:] == cold_lines[1:] == ["atexit ran"]
     warm, cold_report = json.loads(warm_lines[0]), json.loads(cold_lines[0])
     assert warm.pop("torch_preloaded") and not cold_report.pop("torch_preloaded")   # the point of it
+    assert warm.pop("kernels_loaded") and not cold_report.pop("kernels_loaded")     # and the codec's loops
+    assert os.listdir(f"/proc/{starter.proc.pid}/task") == [str(starter.proc.pid)]  # forked with no thread
     assert warm == cold_report, (warm, cold_report)
     assert warm["own_group"] and warm["cmdline"] == " ".join(argv) and warm["env"] == "x"
 

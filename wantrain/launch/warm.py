@@ -14,6 +14,9 @@ as `__main__` with the interpreter's normal exit (atexit, non-daemon threads, ex
 starter dies with the launcher's spawner thread (setpriv --pdeathsig, as every local process),
 and its children with it. It forks before any thread or gRPC channel exists in it (gRPC and
 OpenMP are not fork-safe once started); it imports neither gRPC nor anything that starts a thread.
+Beside the libraries it loads the codec's compiled loops (numba's first call in a process is
+costly), so it imports the checkout's `wantrain.codec`: an edit to the codec reaches warm children
+only through a new starter (a new launcher: restart the kernel).
 
 Only what would run the same way is started warm (`WarmStarter.fits`): the launcher's own Python,
 `-m wantrain`, and an environment that agrees with the starter's on every variable the preloaded
@@ -72,6 +75,7 @@ def serve(sock: socket.socket) -> dict | None:
     the request that child is to run."""
     for name in PRELOAD:
         __import__(name)
+    _load_codec_kernels()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -124,6 +128,23 @@ def serve(sock: socket.socket) -> dict | None:
                 os.read(settled_r, 1)
                 os.close(settled_r)
                 _send(sock, {"id": req["id"], "pid": pid})
+
+
+def _load_codec_kernels() -> None:
+    """Load the codec's compiled loops here, once: the first numba function a process calls costs
+    about 0.6 s of CPU (numba setting up its compiler and reading the on-disk cache), which every
+    PS and site would otherwise pay at its first delta. The loops are plain compiled code, no
+    thread, so the children inherit them. A failure here is the children's to report."""
+    try:
+        import numpy as np
+
+        from wantrain.codec import Codec
+        from wantrain.config import CodecConfig
+
+        enc, _ = Codec(CodecConfig(mode="int8-huffman")).encode(np.linspace(-1, 1, 64, dtype=np.float32))
+        Codec.decode_many([enc])
+    except Exception:                                # (see the docstring)
+        pass
 
 
 def _reap(sock: socket.socket) -> None:
