@@ -59,23 +59,6 @@ def test_tutorial_sizes_go_through_the_switch(name):
     assert "sized(" in code and "WANTRAIN_QUICK" in "".join("".join(c["source"]) for c in nb["cells"])
 
 
-def test_quick_mode_shrinks_the_tutorials_batches_and_nothing_else(monkeypatch):
-    """A tutorial's run (a panel's, or tutorial_config()'s) takes quarter-size steps under
-    WANTRAIN_QUICK=1 and RunConfig()'s defaults otherwise; a config given to a panel is its own."""
-    from wantrain import RunConfig
-    from wantrain.ui import ControlPanel, tutorial_config
-
-    monkeypatch.setenv("WANTRAIN_QUICK", "0")
-    assert tutorial_config() == RunConfig() == ControlPanel().base
-    monkeypatch.setenv("WANTRAIN_QUICK", "1")
-    quick = tutorial_config()
-    assert (quick.train.batch_size, quick.model.block_size) == (4, 64)
-    assert quick.replace(**{"train.batch_size": 8, "model.block_size": 128}) == RunConfig()
-    assert ControlPanel().base == quick
-    mine = RunConfig().replace(**{"train.rounds": 2})
-    assert ControlPanel(config=mine).base == mine
-
-
 def test_the_claims_check_catches_a_count_the_run_does_not_support():
     """tests/claims.py recounts what 04 prints from the run's log: a line that says more than the log
     (one hash check too many, a fault round timed from its restart, not its first start) fails."""

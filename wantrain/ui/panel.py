@@ -33,15 +33,13 @@ from ..run import Run, describe_scenario, new_run_dir
 from ..watch import Observer
 from .dashboard import Dashboard
 from .site_rows import WHERE, SiteRow, ps_host, remote_hosts, site_table
-from .sizes import tutorial_config
 
 __all__ = ["ControlPanel"]
 
 
 class ControlPanel:
     """Widgets over one `Run` at a time; `start()`, `stop()` and the fault methods are what the
-    buttons call, so code and clicks do the same thing. The widgets edit `config` (by default the
-    tutorials' starting point, sizes.tutorial_config: smaller batches under WANTRAIN_QUICK=1)."""
+    buttons call, so code and clicks do the same thing."""
 
     def __init__(self, scenario: str | Path = "three-sites", *, preset: str = "tiny", rounds: int = 8,
                  inner_steps: int = 30, round_budget_s: float | None = None, codec: str = "int8-huffman",
@@ -51,7 +49,7 @@ class ControlPanel:
 
         from ..presets import PRESETS
 
-        self.base = config or tutorial_config()
+        self.base = config or RunConfig()
         self.scenario, self.run_root, self.site_threads, self.python = scenario, Path(run_root), site_threads, python
         self.restart_after_s = restart_after_s
         self.ssh = dict(ssh or {})       # for every ssh:// row: key_file, known_hosts, python, reuse_site_packages ...
