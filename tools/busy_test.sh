@@ -12,5 +12,6 @@ for i in $(seq 1 "$RUNS"); do
   start=$(date +%s)
   (cd /tmp/cb && make test) > "/tmp/cb-busy$i.log" 2>&1; rc=$?
   kill "$S" 2>/dev/null
-  echo "run $i: rc=$rc $(( $(date +%s) - start )) s $(tail -1 "/tmp/cb-busy$i.log")" >> /tmp/busyn.out
+  # pytest's summary line (make test prints mypy's report after it)
+  echo "run $i: rc=$rc $(( $(date +%s) - start )) s $(grep -E "[0-9]+ (passed|failed)" "/tmp/cb-busy$i.log" | tail -1)" >> /tmp/busyn.out
 done
