@@ -17,6 +17,9 @@ STAMP  := $(VENV)/.installed
 # compile them again (0.2 s of CPU a process; the suite starts hundreds). Before each command that
 # starts them, since an edit makes a .pyc stale; compileall writes only what changed.
 COMPILE := $(BIN)/python -m compileall -q -j 0 wantrain testbed tests
+# The codec's numba loops, compiled once into numba's cache beside their source (6 s of CPU), before
+# the tests start processes that would each compile them at once in a fresh clone or after an edit.
+KERNELS := $(BIN)/python -c "import wantrain.codec; wantrain.codec.load_kernels()"
 
 .PHONY: demo test check sysdeps bench soak protos lab strip-notebooks clean
 
@@ -56,6 +59,7 @@ test:
 	$(BIN)/ruff check .
 	$(COMPILE)
 	$(BIN)/mypy > $(VENV)/mypy.out 2>&1 & types=$$!; \
+	$(KERNELS) && \
 	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15; \
 	tests=$$?; wait $$types; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.out; [ $$tests = 0 ] && [ $$typed = 0 ]
 

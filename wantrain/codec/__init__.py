@@ -6,9 +6,9 @@ codec.py ties them to a CodecConfig; chunks.py cuts tensors into wire-sized piec
 """
 
 from .chunks import ChunkSpec, check_coverage, check_fits, join_chunks, plan_chunks
-from .codec import Codec, Encoded, EncodeStats, Extracted, encode_arrays
+from .codec import Codec, Encoded, EncodeStats, Extracted, encode_arrays, load_kernels
 from .feedback import ErrorFeedback
 from .quantize import dequantize_int8, quantize_int8
 
 __all__ = ["ChunkSpec", "check_coverage", "check_fits", "join_chunks", "plan_chunks", "Codec", "Encoded", "EncodeStats",
-           "Extracted", "encode_arrays", "ErrorFeedback", "dequantize_int8", "quantize_int8"]
+           "Extracted", "encode_arrays", "load_kernels", "ErrorFeedback", "dequantize_int8", "quantize_int8"]
