@@ -10,6 +10,13 @@ computation would (tests/test_server.py checks), whatever thread ran it.
 The average is the token-weighted mean, sites in name order, or (robust.aggregate =
 "trimmed_mean") a coordinate-wise trimmed mean. Inputs were screened before (screening.py):
 finite, bounded by the model's norm, so no float32 below can overflow.
+
+Two inputs serve deltas that missed their round (late_study.py measures the policies they make):
+`absent_weight` is the weight of the round's members whose delta is not there, kept in the mean's
+denominator (a zero substitute for them, where leaving it out substitutes the mean of the others),
+and `side` holds deltas of earlier rounds added to the update outside the outer momentum, each
+scaled by its share of its own round (`Contribution.weight`), so delayed mass is never amplified
+by the momentum buffer.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from .errors import WantrainError
 from .messages import UPDATE, TensorChunk
 from .outer import OuterNesterov
 
-__all__ = ["Contribution", "aggregate_round", "weighted_mean", "trim_count", "trimmed_mean", "apply_sent"]
+__all__ = ["Contribution", "aggregate_round", "weighted_mean", "weighted_sum", "trim_count", "trimmed_mean", "apply_sent"]
 
 
 @dataclass(frozen=True)
@@ -38,22 +45,29 @@ class Contribution:
     weight: float
 
 
-def weighted_mean(parts: list[Extracted] | list[np.ndarray], weights: list[float]) -> np.ndarray:
-    """sum_i w_i v_i / sum_i w_i in float32 (v_i: float32 values, or chunks kept as int8), accumulated
-    in the order given (the PS passes sites in name order, so the result does not depend on who
-    arrived first): acc += float32(w_i / total) * v_i, without dequantizing into a temporary."""
+def weighted_mean(parts: list[Extracted] | list[np.ndarray], weights: list[float],
+                  absent_weight: float = 0.0) -> np.ndarray:
+    """sum_i w_i v_i / (sum_i w_i + absent_weight) in float32 (v_i: float32 values, or chunks kept
+    as int8), accumulated in the order given (the PS passes sites in name order, so the result does
+    not depend on who arrived first): acc += float32(w_i / total) * v_i, without dequantizing into
+    a temporary. `absent_weight` > 0 counts members whose delta is missing as zeros."""
     total = float(sum(weights))
     if not total > 0:
         raise WantrainError("the deltas carry no weight")
+    return weighted_sum(parts, [w / (total + absent_weight) for w in weights])
+
+
+def weighted_sum(parts: list[Extracted] | list[np.ndarray], coefficients: list[float]) -> np.ndarray:
+    """sum_i c_i v_i in float32, in the order given (see weighted_mean)."""
     acc: np.ndarray | None = None
-    for w, p in zip(weights, parts):
+    for c, p in zip(coefficients, parts):
         x = p if isinstance(p, Extracted) else Extracted(np.asarray(p, np.float32), None, 0)
         if acc is None:
             acc = np.zeros(x.data.size, np.float32)
         if x.scales is None:
-            kernels.add_weighted(acc, x.data, np.float32(w / total))
+            kernels.add_weighted(acc, x.data, np.float32(c))
         else:
-            kernels.add_weighted_int8(acc, x.data, x.scales, x.block, np.float32(w / total))
+            kernels.add_weighted_int8(acc, x.data, x.scales, x.block, np.float32(c))
     assert acc is not None
     return acc
 
@@ -78,10 +92,12 @@ def trimmed_mean(values: list[np.ndarray], trim: int) -> np.ndarray:
 
 def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], params: dict[str, np.ndarray],
                     contributions: dict[str, Contribution], outer: OuterNesterov, feedback: ErrorFeedback | None,
-                    codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0
+                    codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0,
+                    absent_weight: float = 0.0, side: dict[str, Contribution] | None = None
                     ) -> tuple[list[TensorChunk], EncodeStats]:
     """Apply one round to `params` (flat float32 views of the global model); returns the update chunks
-    every replica adds, and their encoding statistics (`seconds`: encoding time summed over chunks)."""
+    every replica adds, and their encoding statistics (`seconds`: encoding time summed over chunks).
+    `absent_weight` and `side`: see the module's docstring (the mean, not the trimmed mean)."""
     keys = sorted(contributions)
     if not keys:
         raise WantrainError(f"round {round_} has no deltas to aggregate")
@@ -89,6 +105,8 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
     if not sum(weights) > 0:
         raise WantrainError(f"round {round_}: the deltas carry no weight")
     trim = trim_count(len(keys), trim_fraction) if aggregate == "trimmed_mean" else 0
+    side_keys = sorted(side or {})
+    side_coefficients = [-float(outer.lr) * side[k].weight for k in side_keys] if side else []
     outer.prepare(shapes)                  # buffers exist before threads step parts of them
     if feedback is not None:
         feedback.prepare(shapes)
@@ -100,9 +118,14 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
         if aggregate == "trimmed_mean":
             avg = trimmed_mean([c.values() for c in chunks], trim)
         else:
-            avg = weighted_mean(chunks, weights)
+            avg = weighted_mean(chunks, weights, absent_weight)
         residual = feedback.residuals[spec.tensor][part] if feedback is not None else kernels.NO_RESIDUAL
-        update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg, plus=residual)
+        plus = residual
+        if side:                            # -lr x each late delta's share, outside the momentum
+            plus = weighted_sum([side[k].parts[i] for k in side_keys], side_coefficients)
+            if residual.size:
+                plus += residual
+        update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg, plus=plus)
         t0 = time.perf_counter()
         enc, sent = codec.compress(update, stats)
         stats.seconds += time.perf_counter() - t0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .aggregate import Contribution
 from .codec import Codec, EncodeStats, ErrorFeedback, Extracted, encode_arrays
 from .config import RunConfig
 from .screening import Screen, Verdict, counted, gram
@@ -28,6 +29,7 @@ class Sent:
     parts: list[Extracted]
     tokens: float
     wire_bytes: int = 0
+    values: dict[str, np.ndarray] | None = None     # per tensor, the values the PS decodes
 
 
 class InProcessRun:
@@ -42,12 +44,16 @@ class InProcessRun:
         self.cfg = cfg
         self.model = GlobalModel(cfg, tok.vocab_size, corpus.val)
         self.screen = Screen(cfg)
-        self.names = list(cfg.sites) or [f"site-{k}" for k in range(cfg.num_sites)]
+        self.names = self.site_names(cfg)
         self.sites = {n: build_inner(cfg, k, 0, torch.device("cpu"), n) for k, n in enumerate(self.names)}
         self.uplinks = {n: Codec(cfg.codec) for n in self.names}
         self.feedback = {n: ErrorFeedback() if cfg.codec.error_feedback else None for n in self.names}
         self.alerts: list[dict] = []
         self.update_bytes: list[int] = []     # each committed round's encoded update
+
+    @staticmethod
+    def site_names(cfg: RunConfig) -> list[str]:
+        return list(cfg.sites) or [f"site-{k}" for k in range(cfg.num_sites)]
 
     def start(self) -> dict[str, np.ndarray]:
         """A copy of the global model's parameters: what every site starts the round from."""
@@ -69,14 +75,17 @@ class InProcessRun:
     @staticmethod
     def encode(delta: dict[str, np.ndarray], tokens: float, codec: Codec, feedback: ErrorFeedback | None) -> Sent:
         stats = EncodeStats()
-        chunks, _ = encode_arrays(delta, codec, feedback, stats)
-        return Sent(Codec.extract_many([e for _, e in chunks]), float(tokens), stats.wire_bytes)
+        chunks, values = encode_arrays(delta, codec, feedback, stats)
+        return Sent(Codec.extract_many([e for _, e in chunks]), float(tokens), stats.wire_bytes, values)
 
-    def commit(self, round_: int, deltas: dict[str, Sent]) -> dict[str, Verdict]:
-        """Screen, weigh and aggregate the round's deltas into the global model; the verdicts."""
+    def commit(self, round_: int, deltas: dict[str, Sent], absent_weight: float = 0.0,
+               side: dict[str, Contribution] | None = None) -> dict[str, Verdict]:
+        """Screen, weigh and aggregate the round's deltas into the global model; the verdicts.
+        `absent_weight`, `side`: deltas that missed their round (aggregate.py; not screened here)."""
         keys = sorted(deltas)
         verdicts = self.screen.judge(keys, gram([deltas[k].parts for k in keys]), [deltas[k].tokens for k in keys])
-        _, stats, _ = self.model.apply(round_, counted({k: d.parts for k, d in deltas.items()}, verdicts))
+        _, stats, _ = self.model.apply(round_, counted({k: d.parts for k, d in deltas.items()}, verdicts),
+                                       absent_weight, side)
         self.update_bytes.append(stats.wire_bytes)       # the round's update, as every site downloads it
         self.alerts += [dict(a, round=round_) for a in self.screen.record(round_, verdicts)]
         return verdicts

@@ -1,0 +1,86 @@
+"""Deltas that miss their round: the aggregation's zero substitute and its path outside the outer
+momentum (aggregate.py), and the study that compares the policies (late_study.py)."""
+
+import numpy as np
+
+import pytest
+
+from wantrain.aggregate import Contribution, aggregate_round, weighted_mean
+from wantrain.codec import Codec, Extracted, plan_chunks
+from wantrain.config import CodecConfig, RunConfig
+from wantrain.late_study import ARMS, late_schedule, run_arm
+from wantrain.outer import OuterNesterov
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_zero_substitute_keeps_the_absent_weight_in_the_denominator():
+    a, b = np.array([1.0, 2.0], np.float32), np.array([3.0, 6.0], np.float32)
+    np.testing.assert_allclose(weighted_mean([a, b], [1.0, 3.0], absent_weight=4.0), [1.25, 2.5])
+    assert np.array_equal(weighted_mean([a, b], [1.0, 3.0], 0.0), weighted_mean([a, b], [1.0, 3.0]))
+
+
+def _round(params, outer, contributions, side=None, absent=0.0):
+    shapes = {k: v.size for k, v in params.items()}
+    plan = plan_chunks(shapes, 1000)                  # several chunks per tensor
+    codec = Codec(CodecConfig(mode="fp32"))           # the update is sent exactly
+    aggregate_round(0, plan, shapes, params, contributions, outer, None, codec, absent_weight=absent, side=side)
+    return plan
+
+
+def _parts(values: dict[str, np.ndarray], plan) -> list[Extracted]:
+    return [Extracted(values[s.tensor][s.offset: s.offset + s.length].copy(), None, 0) for s in plan]
+
+
+def test_a_late_delta_moves_the_model_once_by_lr_times_its_share_and_never_enters_the_momentum():
+    rng = np.random.default_rng(0)
+    shapes = {"w": 2500, "b": 700}
+    plan = plan_chunks(shapes, 1000)
+    delta = {k: rng.standard_normal(n).astype(np.float32) for k, n in shapes.items()}
+    late = {k: rng.standard_normal(n).astype(np.float32) for k, n in shapes.items()}
+    lr, mu = 0.7, 0.9
+
+    with_side = {k: np.zeros(n, np.float32) for k, n in shapes.items()}
+    without = {k: np.zeros(n, np.float32) for k, n in shapes.items()}
+    o1, o2 = OuterNesterov(lr, mu), OuterNesterov(lr, mu)
+    _round(with_side, o1, {"a": Contribution(_parts(delta, plan), 3.0)},
+           side={"b@0": Contribution(_parts(late, plan), 0.25)}, absent=1.0)
+    _round(without, o2, {"a": Contribution(_parts(delta, plan), 3.0)}, absent=1.0)
+    for k in shapes:
+        g = 0.75 * delta[k]                                          # zero substitute: 3 / (3 + 1)
+        np.testing.assert_allclose(without[k], -lr * (1 + mu) * g, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(with_side[k] - without[k], -lr * 0.25 * late[k], rtol=1e-5, atol=1e-6)
+        assert np.array_equal(o1.buf[k], o2.buf[k])                  # the momentum never saw it
+    # The next round, with nothing new: both models move by the same momentum term only.
+    before = {k: v.copy() for k, v in with_side.items()}
+    zero = {k: np.zeros(n, np.float32) for k, n in shapes.items()}
+    _round(with_side, o1, {"a": Contribution(_parts(zero, plan), 1.0)})
+    _round(without, o2, {"a": Contribution(_parts(zero, plan), 1.0)})
+    for k in shapes:
+        np.testing.assert_allclose(with_side[k] - before[k], -lr * mu * mu * 0.75 * delta[k], rtol=1e-5, atol=1e-6)
+
+
+def test_the_late_schedule_is_seeded_spares_round_0_and_never_silences_every_site():
+    names = ["a", "b", "c"]
+    s = late_schedule(names, 400, 0.3, seed=5)
+    assert s == late_schedule(names, 400, 0.3, seed=5) and s != late_schedule(names, 400, 0.3, seed=6)
+    assert s[0] == frozenset() and all(len(r) < len(names) for r in s)
+    rate = sum(len(r) for r in s[1:]) / (3 * 399)
+    assert 0.25 < rate < 0.33                     # p = 0.3, less the rounds where all three were drawn
+    assert late_schedule(names, 50, 0.0, seed=5) == [frozenset()] * 50
+
+
+def test_every_arm_is_the_same_run_until_a_site_is_late_then_each_policy_differs():
+    cfg = RunConfig().replace(num_sites=3, **{"model.preset": "tiny", "model.block_size": 32, "train.rounds": 3,
+                                              "train.inner_steps": 2, "train.eval_batches": 1})
+    late = 0.5
+    runs = {arm: run_arm(cfg, arm, late, seed=1) for arm in ARMS}
+    schedule = runs["drop"]["late_sites"]
+    assert schedule[0] == [] and any(schedule[1:]), schedule          # seed 1 has a late site
+    first_late = next(r for r in range(1, 3) if schedule[r])
+    assert len({runs[a]["val"][first_late] for a in ARMS}) == 1      # identical up to it, bit for bit
+    # where a site is late: the peer average ("drop", "rescale") and the zero substitute differ
+    after = {a: runs[a]["val"][first_late + 1] for a in ARMS}
+    assert after["drop"] == after["stale"] == after["rescale"]
+    assert after["zero"] == after["zero-ef"] == after["zero-ef-outside"]
+    assert after["zero"] != after["rescale"] != after["on-time"]
