@@ -27,12 +27,15 @@ KERNELS := $(BIN)/python -c "import wantrain.codec; wantrain.codec.load_kernels(
 # rounds and steps (`make test WANTRAIN_QUICK=0` runs them at full size).
 WANTRAIN_QUICK ?= 1
 
-# pytest runs in two worker processes (pytest-xdist): most tests wait on real processes and sockets,
-# so two of them fill a 2-core machine that one leaves half idle (pytest 11 minutes instead of 15 here).
-# Tests that change the host's network share a file lock (tests/conftest.py: host_network). The
-# heaviest tests (a browser beside a run, whole multi-site runs) share the xdist group "heavy", so
-# they run one after another on one worker instead of starving each other (a loaded CI machine).
-TEST_WORKERS ?= 2
+# pytest runs in three worker processes (pytest-xdist) on this 2-core machine: most tests wait on
+# real processes, sockets and round deadlines, so two workers left a sixth of the CPU idle (a fresh
+# clone's pytest 849 s with three, 918-1039 s with two). Tests that change the host's network share
+# a file lock (tests/conftest.py: host_network). The heaviest tests (a browser beside a run, whole
+# multi-site runs) share the xdist group "heavy", so they run one after another on one worker
+# instead of starving each other (a loaded CI machine). `make check` runs in-process tests, which
+# keep a core busy each: two workers.
+TEST_WORKERS ?= 3
+CHECK_WORKERS ?= 2
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,8 +54,8 @@ demo: $(STAMP)
 	$(COMPILE)
 	$(BIN)/wantrain demo
 
-# mypy (40 s of one core in a fresh clone) runs beside pytest, whose two workers leave a sixth of
-# the machine idle while they wait on processes; its report follows pytest's, and either failing
+# mypy (40 s of one core in a fresh clone) runs beside pytest, whose workers leave part of the
+# machine idle while they wait on processes; its report follows pytest's, and either failing
 # fails the target.
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target $(STAMP) sysdeps
@@ -70,7 +73,7 @@ check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(COMPILE)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not processes" --durations=5 tests
+	$(BIN)/python -m pytest -q -n $(CHECK_WORKERS) -m "not processes" --durations=5 tests
 
 # Every benchmark, then the table of issue 12's figures from what they measured in this run
 # (bench/table.py). LARGE=1 adds the llama3-1b round (bench/large_model.py: minutes, and a PS of several GB).
