@@ -1,0 +1,79 @@
+"""Loss recovery's parts, one function at a time: roles by name, XOR parity, the chunk-loss injector."""
+
+import numpy as np
+
+import pytest
+
+from wantrain.errors import ConfigError, WantrainError
+from wantrain.models import build_model
+from wantrain.recovery import ChunkLoss, rebuild, role_of, roles_of, xor_parity
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])
+def test_every_parameter_of_the_models_has_the_role_its_name_says(preset):
+    model = build_model(preset, 256, 0)
+    roles = roles_of({n: tuple(p.shape) for n, p in model.named_parameters()})
+    for name, role in roles.items():
+        one_d = model.get_parameter(name).dim() == 1
+        assert (role == "critical") == one_d, (name, role)        # norms and biases
+        if not one_d:
+            assert role != "other", name                          # every matrix is known
+    matrices = {r for r in roles.values() if r != "critical"}
+    assert matrices == {"embedding", "attention", "mlp"}
+
+
+def test_roles_of_hugging_face_names_and_small_tensors():
+    assert role_of("model.embed_tokens.weight", (32000, 4096)) == "embedding"
+    assert role_of("lm_head.weight", (32000, 4096)) == "embedding"
+    assert role_of("model.layers.3.self_attn.q_proj.weight", (4096, 4096)) == "attention"
+    assert role_of("model.layers.3.mlp.down_proj.weight", (4096, 11008)) == "mlp"
+    assert role_of("model.layers.3.input_layernorm.weight", (4096,)) == "critical"
+    assert role_of("model.layers.0.mlp.gate.weight", (8, 4096), critical_elements=65536) == "critical"  # a router
+    assert role_of("model.layers.0.mlp.gate.weight", (8, 4096)) == "mlp"
+    assert role_of("pos_scale", ()) == "critical"
+    assert role_of("head.proj", (10, 10)) == "other"
+
+
+def test_a_parity_group_rebuilds_any_one_lost_member():
+    rng = np.random.default_rng(0)
+    members = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (700, 1024, 3, 0, 1023)]
+    parity = xor_parity(members)
+    assert len(parity) == 1024
+    for lost in range(len(members)):
+        present = members[:lost] + members[lost + 1:]
+        assert rebuild(parity, present, len(members[lost])) == members[lost]
+
+
+def test_a_parity_that_does_not_match_is_refused_not_trusted():
+    a, b = b"\x01\x02\x03\x04", b"\x05\x06"
+    parity = xor_parity([a, b])
+    with pytest.raises(WantrainError, match="does not match"):
+        rebuild(parity, [b"\x05\x06\x07\x08"], 2)             # a member longer than the lost one changed
+    with pytest.raises(WantrainError, match="cannot cover"):
+        rebuild(parity, [a], 9)
+    with pytest.raises(WantrainError, match="at least one"):
+        xor_parity([])
+
+
+@pytest.mark.parametrize("burst", [1.0, 6.0])
+def test_chunk_loss_is_seeded_at_its_rate_and_bursts_as_asked(burst):
+    rate, n = 0.05, 100_000
+    m = ChunkLoss(rate, burst, seed=3, link="eu-west").mask(n)
+    assert np.array_equal(m, ChunkLoss(rate, burst, seed=3, link="eu-west").mask(n))
+    assert not np.array_equal(m, ChunkLoss(rate, burst, seed=3, link="us-east").mask(n))
+    assert not np.array_equal(m, ChunkLoss(rate, burst, seed=3, link="eu-west", direction="down").mask(n))
+    assert abs(m.mean() - rate) < 5 * np.sqrt(rate * burst / n) + 0.002
+    edges = np.diff(np.r_[0, m.astype(np.int8), 0])
+    runs = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)          # lengths of the lost runs
+    expected = burst if burst > 1 else 1 / (1 - rate)                          # i.i.d.: geometric
+    assert abs(runs.mean() / expected - 1) < 0.1
+    assert not ChunkLoss(0.0, burst).mask(1000).any()
+
+
+def test_chunk_loss_names_a_bad_setting():
+    with pytest.raises(ConfigError, match=r"rate must be in \[0, 1\), got 1.5"):
+        ChunkLoss(1.5)
+    with pytest.raises(ConfigError, match="burst must be >= 1 chunk, got 0.5"):
+        ChunkLoss(0.1, 0.5)
