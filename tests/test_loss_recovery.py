@@ -77,3 +77,56 @@ def test_chunk_loss_names_a_bad_setting():
         ChunkLoss(1.5)
     with pytest.raises(ConfigError, match="burst must be >= 1 chunk, got 0.5"):
         ChunkLoss(0.1, 0.5)
+
+
+def _manifest(critical_elements=0):
+    from wantrain.codec import Codec, encode_arrays
+    from wantrain.config import CodecConfig
+    from wantrain.recovery import build_manifest
+
+    model = build_model("tiny", 256, 0)
+    rng = np.random.default_rng(1)
+    delta = {n: (rng.standard_normal(p.numel()) * (10.0 if "wte" in n else 1.0)).astype(np.float32)
+             for n, p in model.named_parameters()}
+    roles = roles_of({n: tuple(p.shape) for n, p in model.named_parameters()}, critical_elements)
+    codec = Codec(CodecConfig(chunk_bytes=16384))            # 16k-element chunks: several per matrix
+    chunks, decoded = encode_arrays(delta, codec, None)
+    return build_manifest(4, "eu", chunks, decoded, roles, {**dict.fromkeys(set(roles.values()), 1.0), "mlp": 2.0}), \
+        chunks, decoded
+
+
+def test_a_manifest_knows_each_chunks_energy_and_what_is_missing():
+    import zlib
+
+    m, chunks, decoded = _manifest()
+    assert len(m.chunks) == len(chunks) > 20 and (m.round, m.site) == (4, "eu")
+    total = sum(float(np.dot(v.astype(np.float64), v)) for v in decoded.values())
+    assert m.total_energy == pytest.approx(total, rel=1e-9)
+    assert sum(c.importance for c in m.chunks) == pytest.approx(1.0)
+    mlp = [c for c in m.chunks if c.role == "mlp"]
+    other = [c for c in m.chunks if c.role == "attention"]
+    # role weight 2 for the MLP: per unit of energy, its chunks count twice an attention chunk's
+    assert mlp[0].importance / mlp[0].energy == pytest.approx(2 * other[0].importance / other[0].energy)
+    assert all(c.crc32 == zlib.crc32(enc.scales + enc.payload) and c.nbytes == enc.wire_bytes
+               for c, (_, enc) in zip(m.chunks, chunks))
+    assert m.missing(range(len(chunks))) == 0 and m.missing([]) == pytest.approx(1.0)
+    biggest = max(m.chunks, key=lambda c: c.importance)
+    assert m.missing(c.index for c in m.chunks if c is not biggest) == pytest.approx(biggest.importance)
+    assert m.critical() == {c.index for c in m.chunks if c.length <= 512}   # tiny's 1-D tensors
+
+
+def test_protection_covers_the_most_important_share_in_groups_on_no_critical_chunk():
+    from wantrain.recovery import protect
+
+    m, _, _ = _manifest()
+    p = protect(m, share=0.5, group_size=4)
+    grouped = [c for c in p.chunks if c.group >= 0]
+    assert sum(c.importance for c in grouped) >= 0.5
+    assert not any(c.role == "critical" for c in grouped)
+    # the smallest such set: without its least important member it holds less than the share
+    assert sum(c.importance for c in grouped) - min(c.importance for c in grouped) < 0.5
+    ungrouped = [c for c in p.chunks if c.group < 0 and c.role != "critical"]
+    assert min(c.importance for c in grouped) >= max(c.importance for c in ungrouped)
+    sizes = np.bincount([c.group for c in grouped])
+    assert sizes.max() <= 5 and sizes.min() >= 2 and len(sizes) == -(-len(grouped) // 4) - (len(grouped) % 4 == 1)
+    assert [(c.index, c.energy) for c in p.chunks] == [(c.index, c.energy) for c in m.chunks]

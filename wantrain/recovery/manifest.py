@@ -1,0 +1,100 @@
+"""A delta's manifest: what each of its chunks is and how much it matters, known before they arrive.
+
+A site builds it from the chunks it is about to send (chunk index, tensor, offset, length, role,
+energy, importance, bytes, CRC-32 of the payload, parity group) and sends it first, so the PS knows
+at every moment how much of the delta's weighted energy it is still missing.
+
+    energy       sum of the squares of the chunk's values as the PS will decode them (after
+                 quantization: exactly what the PS loses if the chunk does not arrive)
+    importance   role weight x energy, as a share of the delta's total (critical chunks count
+                 their energy like any other; they are protected by rule, not by share)
+
+`protect` picks the chunks worth parity: the smallest set of non-critical chunks, most important
+first, that holds a `share` of the importance, in groups of `group_size`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codec import ChunkSpec, Encoded
+
+__all__ = ["ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect"]
+
+DEFAULT_ROLE_WEIGHTS = {"critical": 1.0, "embedding": 1.0, "attention": 1.0, "mlp": 1.0, "other": 1.0}
+
+
+@dataclass(frozen=True)
+class ChunkEntry:
+    index: int           # the chunk's place in the delta's plan
+    tensor: str
+    offset: int          # elements
+    length: int
+    role: str
+    energy: float
+    importance: float    # share of the delta's weighted energy, sums to 1 over the chunks
+    nbytes: int          # on the wire (scales and payload)
+    crc32: int           # of scales + payload
+    group: int = -1      # parity group, -1 for none
+
+
+@dataclass(frozen=True)
+class Manifest:
+    round: int
+    site: str
+    chunks: tuple[ChunkEntry, ...]
+
+    @property
+    def total_energy(self) -> float:
+        return sum(c.energy for c in self.chunks)
+
+    def missing(self, arrived: Iterable[int]) -> float:
+        """The share of the delta's importance in the chunks not in `arrived` (0 when all are in)."""
+        have = set(arrived)
+        return sum(c.importance for c in self.chunks if c.index not in have)
+
+    def critical(self) -> frozenset[int]:
+        return frozenset(c.index for c in self.chunks if c.role == "critical")
+
+
+def checksum(enc: Encoded) -> int:
+    return zlib.crc32(enc.payload, zlib.crc32(enc.scales))
+
+
+def build_manifest(round_: int, site: str, chunks: list[tuple[ChunkSpec, Encoded]], decoded: dict[str, np.ndarray],
+                   roles: dict[str, str], role_weights: dict[str, float] | None = None) -> Manifest:
+    """The manifest of a delta encoded as `chunks` (codec.encode_arrays), `decoded` its values as the
+    receiver reconstructs them, `roles` each tensor's (roles.roles_of)."""
+    weights = role_weights or DEFAULT_ROLE_WEIGHTS
+    energies = []
+    for spec, _ in chunks:
+        v = decoded[spec.tensor][spec.offset: spec.offset + spec.length].astype(np.float64)
+        energies.append(float(np.dot(v, v)))
+    weighted = [weights[roles[spec.tensor]] * e for (spec, _), e in zip(chunks, energies)]
+    total = sum(weighted)
+    entries = tuple(ChunkEntry(i, spec.tensor, spec.offset, spec.length, roles[spec.tensor], e,
+                               w / total if total > 0 else 1.0 / len(chunks), enc.wire_bytes, checksum(enc))
+                    for i, ((spec, enc), e, w) in enumerate(zip(chunks, energies, weighted)))
+    return Manifest(round_, site, entries)
+
+
+def protect(manifest: Manifest, share: float = 0.5, group_size: int = 8) -> Manifest:
+    """The manifest with parity groups over the most important non-critical chunks that together hold
+    at least `share` of the importance (groups of `group_size`, in order of importance, so a group's
+    members are alike in size and worth)."""
+    ranked = sorted((c for c in manifest.chunks if c.role != "critical"), key=lambda c: (-c.importance, c.index))
+    chosen, held = [], 0.0
+    for c in ranked:
+        if held >= share:
+            break
+        chosen.append(c.index)
+        held += c.importance
+    group = {index: n // group_size for n, index in enumerate(chosen)}
+    if len(chosen) > 1 and len(chosen) % group_size == 1:    # a last group of one would be its own copy
+        group[chosen[-1]] = group[chosen[-2]]
+    return Manifest(manifest.round, manifest.site, tuple(
+        ChunkEntry(**{**c.__dict__, "group": group.get(c.index, -1)}) for c in manifest.chunks))
