@@ -8,6 +8,7 @@ import pytest
 from wantrain.aggregate import Contribution, aggregate_round, weighted_mean
 from wantrain.codec import Codec, Extracted, plan_chunks
 from wantrain.config import CodecConfig, RunConfig
+from wantrain.errors import WantrainError
 from wantrain.late_study import ARMS, late_schedule, run_arm
 from wantrain.outer import OuterNesterov
 
@@ -84,3 +85,49 @@ def test_every_arm_is_the_same_run_until_a_site_is_late_then_each_policy_differs
     assert after["drop"] == after["stale"] == after["rescale"]
     assert after["zero"] == after["zero-ef"] == after["zero-ef-outside"]
     assert after["zero"] != after["rescale"] != after["on-time"]
+
+
+def _aggregate_chunks(deltas, masks, substitute, weights=None):
+    """One round at outer lr 1, momentum 0 (the update is minus the aggregate), chunk i of delta k
+    present where masks[k][i]; returns the aggregate."""
+    shapes = {"w": deltas[0].size}
+    plan = plan_chunks(shapes, 100)
+    params = {"w": np.zeros(deltas[0].size, np.float32)}
+    contributions = {f"s{k}": Contribution([Extracted(d[s.offset: s.offset + s.length], None, 0) if keep[i] else None
+                                            for i, s in enumerate(plan)], (weights or [1.0] * len(deltas))[k])
+                     for k, (d, keep) in enumerate(zip(deltas, masks))}
+    aggregate_round(0, plan, shapes, params, contributions, OuterNesterov(1.0, 0.0), None,
+                    Codec(CodecConfig(mode="fp32")), substitute=substitute)
+    return -params["w"]
+
+
+def test_a_chunk_missing_from_some_deltas_is_their_peers_mean_or_zero_as_asked():
+    deltas = [np.full(300, v, np.float32) for v in (1.0, 2.0, 6.0)]
+    masks = [[True, True, True], [True, False, True], [True, False, False]]   # chunk 1: only s0; chunk 2: s0, s1
+    peer = _aggregate_chunks(deltas, masks, "peer", weights=[1.0, 1.0, 2.0])
+    zero = _aggregate_chunks(deltas, masks, "zero", weights=[1.0, 1.0, 2.0])
+    np.testing.assert_allclose(peer[:100], (1 + 2 + 12) / 4)
+    np.testing.assert_allclose(peer[100:200], 1.0)
+    np.testing.assert_allclose(peer[200:], 1.5)
+    np.testing.assert_allclose(zero[:100], (1 + 2 + 12) / 4)
+    np.testing.assert_allclose(zero[100:200], 1 / 4)
+    np.testing.assert_allclose(zero[200:], 3 / 4)
+    none = _aggregate_chunks(deltas, [[True, False, True]] * 3, "peer")
+    assert not none[100:200].any()                       # a chunk nobody holds: zero (the momentum still moves it)
+    with pytest.raises(WantrainError, match="unknown substitute 'stale'"):
+        _aggregate_chunks(deltas, masks, "stale")
+
+
+def test_the_peer_mean_of_randomly_missing_chunks_is_unbiased_over_many_seeds():
+    rng = np.random.default_rng(0)
+    k, n, p = 4, 400, 0.3
+    deltas = [rng.standard_normal(n).astype(np.float32) for _ in range(k)]
+    errors = []
+    for t in range(800):
+        masks = np.random.default_rng(t).random((k, 4)) >= p
+        if masks.any(axis=0).all():                    # a chunk nobody holds is another question (above)
+            errors.append(_aggregate_chunks(deltas, masks.tolist(), "peer") - np.mean(deltas, axis=0))
+    e = np.array(errors)                               # (trials, elements)
+    standard_error = e.std(axis=0) / np.sqrt(len(e))
+    assert len(e) > 700 and standard_error.max() < 0.05         # power: an error of 0.2 would show
+    assert np.all(np.abs(e.mean(axis=0)) < 4.5 * standard_error)

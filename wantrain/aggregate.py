@@ -11,18 +11,21 @@ The average is the token-weighted mean, sites in name order, or (robust.aggregat
 "trimmed_mean") a coordinate-wise trimmed mean. Inputs were screened before (screening.py):
 finite, bounded by the model's norm, so no float32 below can overflow.
 
-Two inputs serve deltas that missed their round (late_study.py measures the policies they make):
-`absent_weight` is the weight of the round's members whose delta is not there, kept in the mean's
-denominator (a zero substitute for them, where leaving it out substitutes the mean of the others),
-and `side` holds deltas of earlier rounds added to the update outside the outer momentum, each
-scaled by its share of its own round (`Contribution.weight`), so delayed mass is never amplified
-by the momentum buffer.
+Three inputs serve deltas, or parts of them, that missed their round (late_study.py measures the
+policies they make): `absent_weight` is the weight of the round's members whose delta is not there,
+kept in the mean's denominator (a zero substitute for them, where leaving it out substitutes the
+mean of the others); a chunk missing from a delta (a None part) is substituted as `substitute`
+says, "peer" (the mean over the deltas that hold it) or "zero" (its weight kept in that chunk's
+denominator; a chunk no delta holds averages to zero); and `side` holds deltas of earlier rounds
+added to the update outside the outer momentum, each scaled by its share of its own round
+(`Contribution.weight`), so delayed mass is never amplified by the momentum buffer.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,9 +42,10 @@ __all__ = ["Contribution", "aggregate_round", "weighted_mean", "weighted_sum", "
 
 @dataclass(frozen=True)
 class Contribution:
-    """One delta in a round's aggregate: its chunks (as kept by the PS) and its weight."""
+    """One delta in a round's aggregate: its chunks (as kept by the PS; None where a chunk did not
+    arrive in time) and its weight."""
 
-    parts: list[Extracted]
+    parts: Sequence[Extracted | None]
     weight: float
 
 
@@ -93,18 +97,20 @@ def trimmed_mean(values: list[np.ndarray], trim: int) -> np.ndarray:
 def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], params: dict[str, np.ndarray],
                     contributions: dict[str, Contribution], outer: OuterNesterov, feedback: ErrorFeedback | None,
                     codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0,
-                    absent_weight: float = 0.0, side: dict[str, Contribution] | None = None
-                    ) -> tuple[list[TensorChunk], EncodeStats]:
+                    absent_weight: float = 0.0, side: dict[str, Contribution] | None = None,
+                    substitute: str = "peer") -> tuple[list[TensorChunk], EncodeStats]:
     """Apply one round to `params` (flat float32 views of the global model); returns the update chunks
     every replica adds, and their encoding statistics (`seconds`: encoding time summed over chunks).
-    `absent_weight` and `side`: see the module's docstring (the mean, not the trimmed mean)."""
+    `absent_weight`, missing chunks, `substitute` and `side`: see the module's docstring (the
+    trimmed mean takes the chunks there are and ignores the rest)."""
+    if substitute not in ("peer", "zero"):
+        raise WantrainError(f"unknown substitute {substitute!r}: 'peer' or 'zero'")
     keys = sorted(contributions)
     if not keys:
         raise WantrainError(f"round {round_} has no deltas to aggregate")
     weights = [contributions[k].weight for k in keys]
     if not sum(weights) > 0:
         raise WantrainError(f"round {round_}: the deltas carry no weight")
-    trim = trim_count(len(keys), trim_fraction) if aggregate == "trimmed_mean" else 0
     side_keys = sorted(side or {})
     side_coefficients = [-float(outer.lr) * side[k].weight for k in side_keys] if side else []
     outer.prepare(shapes)                  # buffers exist before threads step parts of them
@@ -114,17 +120,23 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
     def step(i: int) -> tuple[TensorChunk, EncodeStats]:
         spec, stats = plan[i], EncodeStats()
         part = slice(spec.offset, spec.offset + spec.length)
-        chunks = [contributions[k].parts[i] for k in keys]
-        if aggregate == "trimmed_mean":
-            avg = trimmed_mean([c.values() for c in chunks], trim)
+        parts = [contributions[k].parts[i] for k in keys]
+        chunks = [c for c in parts if c is not None]
+        if not chunks:                      # nobody's chunk arrived: the momentum alone moves it
+            avg = np.zeros(spec.length, np.float32)
+        elif aggregate == "trimmed_mean":
+            avg = trimmed_mean([c.values() for c in chunks], trim_count(len(chunks), trim_fraction))
         else:
-            avg = weighted_mean(chunks, weights, absent_weight)
+            missing = sum(w for w, c in zip(weights, parts) if c is None) if substitute == "zero" else 0.0
+            avg = weighted_mean(chunks, [w for w, c in zip(weights, parts) if c is not None], absent_weight + missing)
         residual = feedback.residuals[spec.tensor][part] if feedback is not None else kernels.NO_RESIDUAL
         plus = residual
         if side:                            # -lr x each late delta's share, outside the momentum
-            plus = weighted_sum([side[k].parts[i] for k in side_keys], side_coefficients)
-            if residual.size:
-                plus += residual
+            late = [(p, c) for k, c in zip(side_keys, side_coefficients) if (p := side[k].parts[i]) is not None]
+            if late:
+                plus = weighted_sum([p for p, _ in late], [c for _, c in late])
+                if residual.size:
+                    plus += residual
         update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg, plus=plus)
         t0 = time.perf_counter()
         enc, sent = codec.compress(update, stats)
