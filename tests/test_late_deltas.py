@@ -9,7 +9,7 @@ from wantrain.aggregate import Contribution, aggregate_round, weighted_mean
 from wantrain.codec import Codec, Extracted, plan_chunks
 from wantrain.config import CodecConfig, RunConfig
 from wantrain.errors import WantrainError
-from wantrain.late_study import ARMS, late_schedule, run_arm
+from wantrain.late_study import ARMS, WHOLE, chunk_schedule, late_schedule, run_arm
 from wantrain.outer import OuterNesterov
 
 pytestmark = pytest.mark.timeout(120)
@@ -22,10 +22,13 @@ def test_a_zero_substitute_keeps_the_absent_weight_in_the_denominator():
 
 
 def _round(params, outer, contributions, side=None, absent=0.0):
+    """A round of `contributions`, and (absent > 0) a delta of that weight that never came, as zeros."""
     shapes = {k: v.size for k, v in params.items()}
     plan = plan_chunks(shapes, 1000)                  # several chunks per tensor
     codec = Codec(CodecConfig(mode="fp32"))           # the update is sent exactly
-    aggregate_round(0, plan, shapes, params, contributions, outer, None, codec, absent_weight=absent, side=side)
+    if absent:
+        contributions = {**contributions, "absent": Contribution([None] * len(plan), absent)}
+    aggregate_round(0, plan, shapes, params, contributions, outer, None, codec, side=side, substitute="zero")
     return plan
 
 
@@ -65,26 +68,39 @@ def test_the_late_schedule_is_seeded_spares_round_0_and_never_silences_every_sit
     names = ["a", "b", "c"]
     s = late_schedule(names, 400, 0.3, seed=5)
     assert s == late_schedule(names, 400, 0.3, seed=5) and s != late_schedule(names, 400, 0.3, seed=6)
-    assert s[0] == frozenset() and all(len(r) < len(names) for r in s)
+    assert s[0] == {} and all(len(r) < len(names) and set(r.values()) <= {WHOLE} for r in s)
     rate = sum(len(r) for r in s[1:]) / (3 * 399)
     assert 0.25 < rate < 0.33                     # p = 0.3, less the rounds where all three were drawn
-    assert late_schedule(names, 50, 0.0, seed=5) == [frozenset()] * 50
+    assert late_schedule(names, 50, 0.0, seed=5) == [{}] * 50
+    chunks = chunk_schedule(names, 200, 50, 0.1, 4.0, seed=5)
+    assert chunks == chunk_schedule(names, 200, 50, 0.1, 4.0, seed=5) and chunks[0] == {}
+    assert 0.07 < sum(len(c) for r in chunks for c in r.values()) / (3 * 199 * 50) < 0.13
+
+
+CFG = RunConfig().replace(num_sites=3, **{"model.preset": "tiny", "model.block_size": 32, "train.rounds": 3,
+                                          "train.inner_steps": 2, "train.eval_batches": 1})
 
 
 def test_every_arm_is_the_same_run_until_a_site_is_late_then_each_policy_differs():
-    cfg = RunConfig().replace(num_sites=3, **{"model.preset": "tiny", "model.block_size": 32, "train.rounds": 3,
-                                              "train.inner_steps": 2, "train.eval_batches": 1})
-    late = 0.5
-    runs = {arm: run_arm(cfg, arm, late, seed=1) for arm in ARMS}
-    schedule = runs["drop"]["late_sites"]
-    assert schedule[0] == [] and any(schedule[1:]), schedule          # seed 1 has a late site
+    runs = {arm: run_arm(CFG, arm, seed=1, late=0.5) for arm in ARMS}
+    schedule = runs["drop"]["late_chunks"]
+    assert schedule[0] == {} and any(schedule[1:]) and runs["on-time"]["late_chunks"] == [{}] * 3
     first_late = next(r for r in range(1, 3) if schedule[r])
     assert len({runs[a]["val"][first_late] for a in ARMS}) == 1      # identical up to it, bit for bit
-    # where a site is late: the peer average ("drop", "rescale") and the zero substitute differ
+    # where a site is late: the peer average ("drop", "stale", "rescale") and the zero substitute differ
     after = {a: runs[a]["val"][first_late + 1] for a in ARMS}
     assert after["drop"] == after["stale"] == after["rescale"]
     assert after["zero"] == after["zero-ef"] == after["zero-ef-outside"]
     assert after["zero"] != after["rescale"] != after["on-time"]
+
+
+def test_with_chunks_late_today_drops_the_whole_site_where_the_others_lose_chunks():
+    runs = {arm: run_arm(CFG, arm, seed=0, chunk_loss=0.2) for arm in ("drop", "rescale")}
+    schedule = runs["drop"]["late_chunks"]
+    assert schedule == runs["rescale"]["late_chunks"] and schedule[1]          # the same chunks late
+    assert all(0 < n < runs["drop"]["chunks"] for n in schedule[1].values())   # some of a delta, not all
+    assert runs["drop"]["val"][:2] == runs["rescale"]["val"][:2]
+    assert runs["drop"]["val"][2] != runs["rescale"]["val"][2]
 
 
 def _aggregate_chunks(deltas, masks, substitute, weights=None):

@@ -11,14 +11,13 @@ The average is the token-weighted mean, sites in name order, or (robust.aggregat
 "trimmed_mean") a coordinate-wise trimmed mean. Inputs were screened before (screening.py):
 finite, bounded by the model's norm, so no float32 below can overflow.
 
-Three inputs serve deltas, or parts of them, that missed their round (late_study.py measures the
-policies they make): `absent_weight` is the weight of the round's members whose delta is not there,
-kept in the mean's denominator (a zero substitute for them, where leaving it out substitutes the
-mean of the others); a chunk missing from a delta (a None part) is substituted as `substitute`
-says, "peer" (the mean over the deltas that hold it) or "zero" (its weight kept in that chunk's
-denominator; a chunk no delta holds averages to zero); and `side` holds deltas of earlier rounds
-added to the update outside the outer momentum, each scaled by its share of its own round
-(`Contribution.weight`), so delayed mass is never amplified by the momentum buffer.
+Two inputs serve deltas, or parts of them, that missed their round (late_study.py measures the
+policies they make): a chunk missing from a delta (a None part; a delta that did not come at all
+has every part None) is substituted as `substitute` says, "peer" (the mean over the deltas that
+hold it) or "zero" (its weight kept in that chunk's denominator; a chunk no delta holds averages to
+zero); and `side` holds deltas of earlier rounds, or their chunks, added to the update outside the
+outer momentum, each scaled by its share of its own round (`Contribution.weight`), so delayed mass
+is never amplified by the momentum buffer.
 """
 
 from __future__ import annotations
@@ -97,12 +96,11 @@ def trimmed_mean(values: list[np.ndarray], trim: int) -> np.ndarray:
 def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], params: dict[str, np.ndarray],
                     contributions: dict[str, Contribution], outer: OuterNesterov, feedback: ErrorFeedback | None,
                     codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0,
-                    absent_weight: float = 0.0, side: dict[str, Contribution] | None = None,
-                    substitute: str = "peer") -> tuple[list[TensorChunk], EncodeStats]:
+                    side: dict[str, Contribution] | None = None, substitute: str = "peer") -> tuple[list[TensorChunk], EncodeStats]:
     """Apply one round to `params` (flat float32 views of the global model); returns the update chunks
     every replica adds, and their encoding statistics (`seconds`: encoding time summed over chunks).
-    `absent_weight`, missing chunks, `substitute` and `side`: see the module's docstring (the
-    trimmed mean takes the chunks there are and ignores the rest)."""
+    Missing chunks, `substitute` and `side`: see the module's docstring (the trimmed mean takes the
+    chunks there are and ignores the rest)."""
     if substitute not in ("peer", "zero"):
         raise WantrainError(f"unknown substitute {substitute!r}: 'peer' or 'zero'")
     keys = sorted(contributions)
@@ -128,7 +126,7 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
             avg = trimmed_mean([c.values() for c in chunks], trim_count(len(chunks), trim_fraction))
         else:
             missing = sum(w for w, c in zip(weights, parts) if c is None) if substitute == "zero" else 0.0
-            avg = weighted_mean(chunks, [w for w, c in zip(weights, parts) if c is not None], absent_weight + missing)
+            avg = weighted_mean(chunks, [w for w, c in zip(weights, parts) if c is not None], missing)
         residual = feedback.residuals[spec.tensor][part] if feedback is not None else kernels.NO_RESIDUAL
         plus = residual
         if side:                            # -lr x each late delta's share, outside the momentum

@@ -78,14 +78,19 @@ class InProcessRun:
         chunks, values = encode_arrays(delta, codec, feedback, stats)
         return Sent(Codec.extract_many([e for _, e in chunks]), float(tokens), stats.wire_bytes, values)
 
-    def commit(self, round_: int, deltas: dict[str, Sent], absent_weight: float = 0.0,
-               side: dict[str, Contribution] | None = None) -> dict[str, Verdict]:
+    def commit(self, round_: int, deltas: dict[str, Sent], lost: dict[str, frozenset[int]] | None = None,
+               side: dict[str, Contribution] | None = None, substitute: str = "peer") -> dict[str, Verdict]:
         """Screen, weigh and aggregate the round's deltas into the global model; the verdicts.
-        `absent_weight`, `side`: deltas that missed their round (aggregate.py; not screened here)."""
+        `lost`: per delta, the chunks that did not arrive in time (the screen judges the whole
+        deltas; the aggregate goes without those chunks); `side`, `substitute`: aggregate.py."""
         keys = sorted(deltas)
         verdicts = self.screen.judge(keys, gram([deltas[k].parts for k in keys]), [deltas[k].tokens for k in keys])
-        _, stats, _ = self.model.apply(round_, counted({k: d.parts for k, d in deltas.items()}, verdicts),
-                                       absent_weight, side)
+        counts = counted({k: d.parts for k, d in deltas.items()}, verdicts)
+        for k, chunks in (lost or {}).items():
+            if k in counts and chunks:
+                counts[k] = Contribution([None if i in chunks else p for i, p in enumerate(counts[k].parts)],
+                                         counts[k].weight)
+        _, stats, _ = self.model.apply(round_, counts, side, substitute)
         self.update_bytes.append(stats.wire_bytes)       # the round's update, as every site downloads it
         self.alerts += [dict(a, round=round_) for a in self.screen.record(round_, verdicts)]
         return verdicts

@@ -1,24 +1,30 @@
-"""What to do with a delta that misses its round: the policies measured on the transformer, in this process.
+"""What to do with a delta, or chunks of it, that miss their round: the policies measured on the
+transformer, in this process.
 
 A run's rounds (inprocess.InProcessRun: the sites' inner loops, their codecs with error feedback,
-the PS's global model and outer Nesterov step) with a seeded schedule of late sites: in each round
-after the first, each site is late with probability `late`, independently (at least one is on time).
-A late site trained its whole round; its delta reaches the PS after the round committed. Every arm
-sees the same schedule, data and initial weights for a seed, so arms differ by policy alone:
+the PS's global model and outer Nesterov step) with a seeded schedule of what is late. Either whole
+sites (`late_schedule`: in each round after the first, each site is late with probability `late`,
+at least one on time) or chunks (`chunk_schedule`: each site's link loses chunks at a rate, i.i.d.
+or in bursts, recovery.ChunkLoss). A late site trained its whole round; its late chunks reach the
+PS after the round committed. Every arm sees the same schedule, data and initial weights for a
+seed, so arms differ by policy alone:
 
-    on-time           nobody is late (the reference)
-    drop              today's late_policy "drop": the round's mean is over the deltas that came (a
-                      peer-average substitute for the late one), and the late site adds its delta to
-                      its error feedback, so it goes out again inside its next delta, through the
-                      outer momentum: its mass counts twice, once as the others' mean, once itself
-    stale             today's late_policy "stale": the mean over the deltas that came, and the late
-                      delta counts in the next round's mean, its weight x staleness_discount
-    rescale           the mean over the deltas that came; the late delta is never applied
-    zero              the late site counts as zeros in the mean (its weight stays in the
-                      denominator); the late delta is never applied
-    zero-ef           zero, and the late site carries its delta into its next one, as "drop" does
-    zero-ef-outside   zero, and the late delta is applied when it arrives, in the next round, outside
-                      the outer momentum: -outer_lr x its share of its round (aggregate.py's `side`)
+    on-time           nothing is late (the reference)
+    drop              today's late_policy "drop": a site with any chunk late is late as a whole; the
+                      round's mean is over the deltas that came (a peer-average substitute for the
+                      late one), and the late site adds its delta to its error feedback, so it goes
+                      out again inside its next delta, through the outer momentum: its mass counts
+                      twice, once as the others' mean, once itself
+    stale             today's late_policy "stale": late as a whole, the mean over the deltas that
+                      came, and the late delta counts in the next round's mean, its weight x
+                      staleness_discount
+    rescale           per chunk, the mean over the deltas that hold it; a late chunk is never applied
+    zero              per chunk, a late one counts as zeros (its weight stays in the denominator);
+                      it is never applied
+    zero-ef           zero, and the site carries its late chunks into its next delta, as "drop" does
+    zero-ef-outside   zero, and late chunks are applied when they arrive, in the next round, outside
+                      the outer momentum: -outer_lr x their delta's share of its round (aggregate.py's
+                      `side`)
 
 `run_arm` runs one arm for one seed; `late_policies` every arm and seed, one after another;
 `summary` their mean final losses and gaps to "on-time". bench/late_policy.py runs the arms in
@@ -27,36 +33,52 @@ parallel and writes the table.
 
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import replace
+
+import numpy as np
 
 from .aggregate import Contribution
 from .config import RunConfig
 from .inprocess import InProcessRun, Sent
+from .recovery import ChunkLoss
 from .screening import late_key
 
-__all__ = ["ARMS", "late_schedule", "run_arm", "late_policies", "summary"]
+__all__ = ["ARMS", "late_schedule", "chunk_schedule", "run_arm", "late_policies", "summary"]
 
 ARMS = ("on-time", "drop", "stale", "rescale", "zero", "zero-ef", "zero-ef-outside")
+WHOLE = frozenset({-1})          # in a schedule: every chunk of the site's delta is late
 
-
-def late_schedule(names: list[str], rounds: int, late: float, seed: int) -> list[frozenset[str]]:
-    """Who is late in each round: none in round 0 (warm-up), then each site with probability `late`,
-    never all of them (one drawn at random stays on time)."""
+def late_schedule(names: list[str], rounds: int, late: float, seed: int) -> list[dict[str, frozenset[int]]]:
+    """Who is late in each round (site -> WHOLE): none in round 0 (warm-up), then each site with
+    probability `late`, never all of them (one drawn at random stays on time)."""
     rng = np.random.default_rng([seed, 28])
-    out: list[frozenset[str]] = [frozenset()]
+    out: list[dict[str, frozenset[int]]] = [{}]
     for _ in range(1, rounds):
         is_late = rng.random(len(names)) < late
         if is_late.all():
             is_late[rng.integers(len(names))] = False
-        out.append(frozenset(n for n, x in zip(names, is_late) if x))
+        out.append({n: WHOLE for n, x in zip(names, is_late) if x})
     return out
 
 
-def run_arm(cfg: RunConfig, arm: str, late: float, seed: int, threads: int = 1, progress=None) -> dict:
-    """One arm for one seed (the model's weights, its data order and the late schedule): the
-    validation loss before training and after each of `cfg.train.rounds` rounds, and who was late.
+def chunk_schedule(names: list[str], rounds: int, chunks: int, rate: float, burst: float, seed: int
+                   ) -> list[dict[str, frozenset[int]]]:
+    """Which chunks of each site's delta are late in each round: none in round 0 (warm-up), then
+    what each site's link loses of its `chunks` chunks a round, sent in plan order (recovery.ChunkLoss)."""
+    links = {n: ChunkLoss(rate, burst, seed, link=n) for n in names}
+    out: list[dict[str, frozenset[int]]] = [{}]
+    for _ in range(1, rounds):
+        round_ = {n: frozenset(np.flatnonzero(link.mask(chunks)).tolist()) for n, link in links.items()}
+        out.append({n: lost for n, lost in round_.items() if lost})
+    return out
+
+
+def run_arm(cfg: RunConfig, arm: str, seed: int, late: float = 0.0, chunk_loss: float = 0.0, burst: float = 1.0,
+            threads: int = 1, progress=None) -> dict:
+    """One arm for one seed (the model's weights, its data order and what is late): whole sites late
+    with probability `late`, or (`chunk_loss` > 0) chunks lost by each site's link at that rate, in
+    bursts of mean length `burst`. Returns the validation loss before training and after each of
+    `cfg.train.rounds` rounds, and per round the late chunks of each site ("all": the whole delta).
     `progress(round)` is called after every round."""
     import torch
 
@@ -68,53 +90,77 @@ def run_arm(cfg: RunConfig, arm: str, late: float, seed: int, threads: int = 1, 
     run = cfg.replace(**{"model.seed": seed, "train.seed": seed})
     tok, corpus = load_run_data(run.data)
     ps = InProcessRun(run, tok, corpus)
-    schedule = late_schedule(ps.names, run.train.rounds, 0.0 if arm == "on-time" else late, seed)
-    return {"arm": arm, "late": late, "seed": seed, "val": _train(ps, arm, schedule, progress),
-            "late_sites": [sorted(s) for s in schedule]}
+    rounds = run.train.rounds
+    if arm == "on-time":
+        schedule: list[dict[str, frozenset[int]]] = [{}] * rounds
+    elif chunk_loss > 0:
+        schedule = chunk_schedule(ps.names, rounds, len(ps.model.plan), chunk_loss, burst, seed)
+    else:
+        schedule = late_schedule(ps.names, rounds, late, seed)
+    return {"arm": arm, "seed": seed, "late": late, "chunk_loss": chunk_loss, "burst": burst,
+            "chunks": len(ps.model.plan), "val": _train(ps, arm, schedule, progress),
+            "late_chunks": [{n: "all" if c == WHOLE else len(c) for n, c in sorted(r.items())} for r in schedule]}
 
 
-def late_policies(cfg: RunConfig, arms: tuple[str, ...] = ARMS, late: float = 0.3, seeds: tuple[int, ...] = (0, 1, 2),
-                  threads: int = 1) -> dict:
-    """Every arm for every seed, one after another: {"val": {arm: [[losses] per seed]}, "late_sites": [per seed]}."""
+def late_policies(cfg: RunConfig, arms: tuple[str, ...] = ARMS, seeds: tuple[int, ...] = (0, 1, 2),
+                  threads: int = 1, **loss) -> dict:
+    """Every arm for every seed, one after another (`loss`: run_arm's late, chunk_loss, burst):
+    {"val": {arm: [[losses] per seed]}, "late_chunks": [per seed]}."""
     from .memory import trim_heap
 
-    out: dict = {"late": late, "seeds": list(seeds), "val": {a: [] for a in arms}, "late_sites": []}
+    out: dict = {**loss, "seeds": list(seeds), "val": {a: [] for a in arms}, "late_chunks": []}
     for seed in seeds:
         for arm in arms:
-            x = run_arm(cfg, arm, late, seed, threads)
+            x = run_arm(cfg, arm, seed, threads=threads, **loss)
             out["val"][arm].append(x["val"])
             trim_heap()
-        out["late_sites"].append(x["late_sites"])
+            if arm != "on-time":
+                schedule = x["late_chunks"]
+        out["late_chunks"].append(schedule)
     return out
 
 
-def _train(ps, arm: str, schedule: list[frozenset[str]], progress) -> list[float]:
+def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]], progress) -> list[float]:
     """One arm's run; the validation loss before training and after each round."""
     val = [ps.evaluate()]
-    outside: dict[str, Contribution] = {}       # zero-ef-outside: late deltas, for outside the momentum
+    every = frozenset(range(len(ps.model.plan)))
+    whole_site = arm in ("drop", "stale")        # today: a site with any chunk late is late as a whole
+    outside: dict[str, Contribution] = {}       # zero-ef-outside: late chunks, for outside the momentum
     stale: dict[str, Sent] = {}                  # stale: late deltas, for the next round's mean
     discount = ps.cfg.train.staleness_discount
-    for r, late in enumerate(schedule):
+    for r, lost in enumerate(schedule):
         start = ps.start()
         sent = {name: ps.train(name, r, start)[1] for name in ps.names}
-        came = {**{n: s for n, s in sent.items() if n not in late}, **stale}
+        late = {n: every if chunks == WHOLE or whole_site else chunks for n, chunks in lost.items()}
         total = sum(s.tokens for s in sent.values())
-        absent = sum(sent[n].tokens for n in late) if arm.startswith("zero") else 0.0
-        ps.commit(r, came, absent_weight=absent, side=outside or None)
+        ps.commit(r, {**sent, **stale}, lost=late, side=outside or None,
+                  substitute="zero" if arm.startswith("zero") else "peer")
         outside, stale = {}, {}
-        for name in late:
-            if arm in ("drop", "zero-ef"):           # the site sends it again, inside its next delta
+        for name, chunks in late.items():
+            s = sent[name]
+            if arm in ("drop", "zero-ef"):           # the site sends them again, inside its next delta
                 feedback = ps.feedback[name]
-                assert feedback is not None and sent[name].values is not None
-                feedback.carry(sent[name].values)
+                assert feedback is not None and s.values is not None
+                feedback.carry(_only(s.values, ps.model.plan, chunks))
             elif arm == "stale":
-                stale[late_key(name, r)] = replace(sent[name], tokens=sent[name].tokens * discount)
-            elif arm == "zero-ef-outside":            # the PS applies it next round, outside momentum
-                outside[name] = Contribution(sent[name].parts, sent[name].tokens / total)
+                stale[late_key(name, r)] = replace(s, tokens=s.tokens * discount)
+            elif arm == "zero-ef-outside":            # the PS applies them next round, outside momentum
+                outside[name] = Contribution([p if i in chunks else None for i, p in enumerate(s.parts)],
+                                             s.tokens / total)
         val.append(ps.evaluate())
         if progress is not None:
             progress(r)
     return val
+
+
+def _only(values: dict[str, np.ndarray], plan, chunks: frozenset[int]) -> dict[str, np.ndarray]:
+    """`values` with every element outside `chunks` (indices into `plan`) zeroed."""
+    out = {k: np.zeros_like(v) for k, v in values.items()}
+    for i in chunks:
+        spec = plan[i]
+        part = slice(spec.offset, spec.offset + spec.length)
+        out[spec.tensor][part] = values[spec.tensor][part]
+    return out
 
 
 def summary(result: dict, last: int = 3) -> dict[str, dict]:

@@ -64,16 +64,16 @@ class GlobalModel:
         """L2 norm of the parameters (float64): the scale every delta is bounded against."""
         return l2_norm(self.views.values())
 
-    def apply(self, round_: int, contributions: dict[str, Contribution], absent_weight: float = 0.0,
-              side: dict[str, Contribution] | None = None) -> tuple[list[TensorChunk], EncodeStats, str]:
+    def apply(self, round_: int, contributions: dict[str, Contribution], side: dict[str, Contribution] | None = None,
+              substitute: str = "peer") -> tuple[list[TensorChunk], EncodeStats, str]:
         """Aggregate, take the outer step, encode the update and apply exactly what was encoded;
         returns the update's chunks, its encoding stats and the new hash. (Evaluation is separate:
-        a replayed round takes its validation loss from its commit record.) `absent_weight`, `side`:
-        deltas that missed their round (aggregate.py)."""
+        a replayed round takes its validation loss from its commit record.) `side`, `substitute`:
+        deltas or chunks that missed their round (aggregate.py)."""
         robust = self.cfg.robust
         msgs, stats = aggregate_round(round_, self.plan, self.shapes, self.views, contributions,
                                       self.outer, self.feedback, self.codec, robust.aggregate, robust.trim_fraction,
-                                      absent_weight, side)
+                                      side, substitute)
         self.norm = self.l2_norm()
         return msgs, stats, self.hash()
 
