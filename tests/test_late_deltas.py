@@ -9,7 +9,7 @@ from wantrain.aggregate import Contribution, aggregate_round, weighted_mean
 from wantrain.codec import Codec, Extracted, plan_chunks
 from wantrain.config import CodecConfig, RunConfig
 from wantrain.errors import WantrainError
-from wantrain.late_study import ARMS, WHOLE, chunk_schedule, late_schedule, run_arm
+from wantrain.late_study import WHOLE, chunk_schedule, late_schedule, run_arm
 from wantrain.outer import OuterNesterov
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,25 +82,30 @@ CFG = RunConfig().replace(num_sites=3, **{"model.preset": "tiny", "model.block_s
 
 
 def test_every_arm_is_the_same_run_until_a_site_is_late_then_each_policy_differs():
-    runs = {arm: run_arm(CFG, arm, seed=1, late=0.5) for arm in ARMS}
+    arms = ("on-time", "drop", "stale", "rescale", "zero", "zero-ef-outside")      # (zero-ef, salr: as zero here)
+    runs = {arm: run_arm(CFG, arm, seed=1, late=0.5) for arm in arms}
     schedule = runs["drop"]["late_chunks"]
     assert schedule[0] == {} and any(schedule[1:]) and runs["on-time"]["late_chunks"] == [{}] * 3
     first_late = next(r for r in range(1, 3) if schedule[r])
-    assert len({runs[a]["val"][first_late] for a in ARMS}) == 1      # identical up to it, bit for bit
+    assert len({runs[a]["val"][first_late] for a in arms}) == 1      # identical up to it, bit for bit
     # where a site is late: the peer average ("drop", "stale", "rescale") and the zero substitute differ
-    after = {a: runs[a]["val"][first_late + 1] for a in ARMS}
+    after = {a: runs[a]["val"][first_late + 1] for a in arms}
     assert after["drop"] == after["stale"] == after["rescale"]
-    assert after["zero"] == after["zero-ef"] == after["zero-ef-outside"]
+    assert after["zero"] == after["zero-ef-outside"]
     assert after["zero"] != after["rescale"] != after["on-time"]
 
 
 def test_with_chunks_late_today_drops_the_whole_site_where_the_others_lose_chunks():
-    runs = {arm: run_arm(CFG, arm, seed=0, chunk_loss=0.2) for arm in ("drop", "rescale")}
-    schedule = runs["drop"]["late_chunks"]
-    assert schedule == runs["rescale"]["late_chunks"] and schedule[1]          # the same chunks late
-    assert all(0 < n < runs["drop"]["chunks"] for n in schedule[1].values())   # some of a delta, not all
+    runs = {arm: run_arm(CFG, arm, seed=0, chunk_loss=0.2) for arm in ("drop", "rescale", "salr")}
+    partial = runs["rescale"]["late_chunks"]
+    assert partial[1] and all(0 < n < runs["drop"]["chunks"] for n in partial[1].values())   # some of a delta
+    assert runs["drop"]["late_chunks"] == [dict.fromkeys(r, "all") for r in partial]         # the same sites, whole
     assert runs["drop"]["val"][:2] == runs["rescale"]["val"][:2]
     assert runs["drop"]["val"][2] != runs["rescale"]["val"][2]
+    # protection rebuilds some of what the same link loses, for a few percent more bytes
+    salr = runs["salr"]["late_chunks"]
+    assert sum(n for r in salr for n in r.values()) < sum(n for r in partial for n in r.values())
+    assert 0 < runs["salr"]["overhead"] < 0.1 and runs["rescale"]["overhead"] == 0
 
 
 def _aggregate_chunks(deltas, masks, substitute, weights=None):

@@ -130,3 +130,39 @@ def test_protection_covers_the_most_important_share_in_groups_on_no_critical_chu
     sizes = np.bincount([c.group for c in grouped])
     assert sizes.max() <= 5 and sizes.min() >= 2 and len(sizes) == -(-len(grouped) // 4) - (len(grouped) % 4 == 1)
     assert [(c.index, c.energy) for c in p.chunks] == [(c.index, c.energy) for c in m.chunks]
+
+
+def _hand_manifest():
+    from wantrain.recovery import ChunkEntry, Manifest
+
+    def entry(i, role, importance, group=-1, nbytes=100):
+        return ChunkEntry(i, "t", 0, 10, role, importance, importance, nbytes, 0, group)
+    # chunk 0: critical; 1-4: one parity group (members 1, 2, 3 ranked by importance, and 4); 5, 6: the rest
+    return Manifest(0, "a", (entry(0, "critical", 0.01), entry(1, "mlp", 0.3, 0, 120), entry(2, "mlp", 0.2, 0),
+                             entry(3, "mlp", 0.25, 0), entry(4, "attention", 0.14, 0), entry(5, "mlp", 0.06),
+                             entry(6, "embedding", 0.04)))
+
+
+def test_the_send_order_is_critical_twice_then_groups_with_parity_then_the_rest_by_importance():
+    from wantrain.recovery import overhead_bytes, transmissions
+
+    order = [(t.kind, t.index) for t in transmissions(_hand_manifest())]
+    assert order == [("chunk", 0), ("copy", 0), ("chunk", 1), ("chunk", 3), ("chunk", 2), ("chunk", 4), ("parity", 0),
+                     ("chunk", 5), ("chunk", 6)]
+    assert overhead_bytes(_hand_manifest()) == 100 + 120       # a critical copy, a parity as long as its longest
+
+
+def test_what_lost_transmissions_leave_missing():
+    from wantrain.recovery import still_missing, transmissions
+
+    m = _hand_manifest()
+    order = transmissions(m)
+    assert still_missing(m, order, []) == frozenset()
+    assert still_missing(m, order, [0]) == frozenset()                 # one copy of the critical chunk
+    assert still_missing(m, order, [0, 1]) == {0}                      # both
+    assert still_missing(m, order, [3]) == frozenset()                 # one member of the group: rebuilt
+    assert still_missing(m, order, [6]) == frozenset()                 # its parity alone
+    assert still_missing(m, order, [3, 6]) == {3}                      # a member and the parity
+    assert still_missing(m, order, [2, 4]) == {1, 2}                   # two members
+    assert still_missing(m, order, [7, 8]) == {5, 6}                   # unprotected chunks
+    assert still_missing(m, order, range(len(order))) == set(range(7))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .aggregate import Contribution
-from .codec import Codec, EncodeStats, ErrorFeedback, Extracted, encode_arrays
+from .codec import ChunkSpec, Codec, Encoded, EncodeStats, ErrorFeedback, Extracted, encode_arrays
 from .config import RunConfig
 from .screening import Screen, Verdict, counted, gram
 
@@ -30,6 +30,7 @@ class Sent:
     tokens: float
     wire_bytes: int = 0
     values: dict[str, np.ndarray] | None = None     # per tensor, the values the PS decodes
+    encoded: list[tuple[ChunkSpec, Encoded]] | None = None   # the chunks as they went on the wire
 
 
 class InProcessRun:
@@ -76,7 +77,7 @@ class InProcessRun:
     def encode(delta: dict[str, np.ndarray], tokens: float, codec: Codec, feedback: ErrorFeedback | None) -> Sent:
         stats = EncodeStats()
         chunks, values = encode_arrays(delta, codec, feedback, stats)
-        return Sent(Codec.extract_many([e for _, e in chunks]), float(tokens), stats.wire_bytes, values)
+        return Sent(Codec.extract_many([e for _, e in chunks]), float(tokens), stats.wire_bytes, values, chunks)
 
     def commit(self, round_: int, deltas: dict[str, Sent], lost: dict[str, frozenset[int]] | None = None,
                side: dict[str, Contribution] | None = None, substitute: str = "peer") -> dict[str, Verdict]:

@@ -25,6 +25,14 @@ seed, so arms differ by policy alone:
     zero-ef-outside   zero, and late chunks are applied when they arrive, in the next round, outside
                       the outer momentum: -outer_lr x their delta's share of its round (aggregate.py's
                       `side`)
+    salr              zero-ef-outside, sending with protection (recovery/sending.py): critical chunks
+                      twice, the chunks holding half the delta's importance in parity groups of 8, the
+                      rest by importance; the schedule's losses hit transmissions in that order, and
+                      only what protection cannot rebuild is late (a site late as a whole still is)
+
+Chunk losses are drawn per transmission slot (`chunk_schedule`: twice the chunks a delta has, in
+sending order), so every arm meets the same link: the arms without protection send their chunks in
+plan order on the first slots.
 
 `run_arm` runs one arm for one seed; `late_policies` every arm and seed, one after another;
 `summary` their mean final losses and gaps to "on-time". bench/late_policy.py runs the arms in
@@ -40,12 +48,12 @@ import numpy as np
 from .aggregate import Contribution
 from .config import RunConfig
 from .inprocess import InProcessRun, Sent
-from .recovery import ChunkLoss
+from .recovery import ChunkLoss, build_manifest, overhead_bytes, protect, roles_of, still_missing, transmissions
 from .screening import late_key
 
 __all__ = ["ARMS", "late_schedule", "chunk_schedule", "run_arm", "late_policies", "summary"]
 
-ARMS = ("on-time", "drop", "stale", "rescale", "zero", "zero-ef", "zero-ef-outside")
+ARMS = ("on-time", "drop", "stale", "rescale", "zero", "zero-ef", "zero-ef-outside", "salr")
 WHOLE = frozenset({-1})          # in a schedule: every chunk of the site's delta is late
 
 def late_schedule(names: list[str], rounds: int, late: float, seed: int) -> list[dict[str, frozenset[int]]]:
@@ -63,8 +71,8 @@ def late_schedule(names: list[str], rounds: int, late: float, seed: int) -> list
 
 def chunk_schedule(names: list[str], rounds: int, chunks: int, rate: float, burst: float, seed: int
                    ) -> list[dict[str, frozenset[int]]]:
-    """Which chunks of each site's delta are late in each round: none in round 0 (warm-up), then
-    what each site's link loses of its `chunks` chunks a round, sent in plan order (recovery.ChunkLoss)."""
+    """Which transmission slots of each site's round are lost: none in round 0 (warm-up), then what
+    each site's link loses of `chunks` slots a round, in sending order (recovery.ChunkLoss)."""
     links = {n: ChunkLoss(rate, burst, seed, link=n) for n in names}
     out: list[dict[str, frozenset[int]]] = [{}]
     for _ in range(1, rounds):
@@ -94,12 +102,12 @@ def run_arm(cfg: RunConfig, arm: str, seed: int, late: float = 0.0, chunk_loss: 
     if arm == "on-time":
         schedule: list[dict[str, frozenset[int]]] = [{}] * rounds
     elif chunk_loss > 0:
-        schedule = chunk_schedule(ps.names, rounds, len(ps.model.plan), chunk_loss, burst, seed)
+        schedule = chunk_schedule(ps.names, rounds, 2 * len(ps.model.plan), chunk_loss, burst, seed)
     else:
         schedule = late_schedule(ps.names, rounds, late, seed)
+    val, late_chunks, overhead = _train(ps, arm, schedule, progress)
     return {"arm": arm, "seed": seed, "late": late, "chunk_loss": chunk_loss, "burst": burst,
-            "chunks": len(ps.model.plan), "val": _train(ps, arm, schedule, progress),
-            "late_chunks": [{n: "all" if c == WHOLE else len(c) for n, c in sorted(r.items())} for r in schedule]}
+            "chunks": len(ps.model.plan), "val": val, "late_chunks": late_chunks, "overhead": overhead}
 
 
 def late_policies(cfg: RunConfig, arms: tuple[str, ...] = ARMS, seeds: tuple[int, ...] = (0, 1, 2),
@@ -120,10 +128,16 @@ def late_policies(cfg: RunConfig, arms: tuple[str, ...] = ARMS, seeds: tuple[int
     return out
 
 
-def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]], progress) -> list[float]:
-    """One arm's run; the validation loss before training and after each round."""
-    val = [ps.evaluate()]
-    every = frozenset(range(len(ps.model.plan)))
+def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]], progress
+           ) -> tuple[list[float], list[dict], float]:
+    """One arm's run: the validation loss before training and after each round, the late chunks of
+    each site in each round ("all": the whole delta), and the bytes protection added (a fraction of
+    the deltas' wire bytes)."""
+    val, late_chunks = [ps.evaluate()], []
+    n = len(ps.model.plan)
+    every = frozenset(range(n))
+    roles = roles_of({k: tuple(p.shape) for k, p in ps.model.model.named_parameters()})
+    extra = wire = 0
     whole_site = arm in ("drop", "stale")        # today: a site with any chunk late is late as a whole
     outside: dict[str, Contribution] = {}       # zero-ef-outside: late chunks, for outside the momentum
     stale: dict[str, Sent] = {}                  # stale: late deltas, for the next round's mean
@@ -131,10 +145,23 @@ def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]]
     for r, lost in enumerate(schedule):
         start = ps.start()
         sent = {name: ps.train(name, r, start)[1] for name in ps.names}
-        late = {n: every if chunks == WHOLE or whole_site else chunks for n, chunks in lost.items()}
+        wire += sum(s.wire_bytes for s in sent.values())
+        if arm == "salr":
+            late = {}
+            for name, s in sent.items():
+                assert s.encoded is not None and s.values is not None
+                manifest = protect(build_manifest(r, name, s.encoded, s.values, roles))
+                extra += overhead_bytes(manifest)
+                slots = lost.get(name, frozenset())
+                late[name] = every if slots == WHOLE else still_missing(manifest, transmissions(manifest), slots)
+        else:                                    # plan order on the first slots
+            late = {k: every if slots == WHOLE or whole_site else frozenset(j for j in slots if j < n)
+                    for k, slots in lost.items()}
+        late = {k: chunks for k, chunks in late.items() if chunks}
+        late_chunks.append({k: "all" if c == every else len(c) for k, c in sorted(late.items())})
         total = sum(s.tokens for s in sent.values())
         ps.commit(r, {**sent, **stale}, lost=late, side=outside or None,
-                  substitute="zero" if arm.startswith("zero") else "peer")
+                  substitute="zero" if arm.startswith("zero") or arm == "salr" else "peer")
         outside, stale = {}, {}
         for name, chunks in late.items():
             s = sent[name]
@@ -144,13 +171,13 @@ def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]]
                 feedback.carry(_only(s.values, ps.model.plan, chunks))
             elif arm == "stale":
                 stale[late_key(name, r)] = replace(s, tokens=s.tokens * discount)
-            elif arm == "zero-ef-outside":            # the PS applies them next round, outside momentum
+            elif arm in ("zero-ef-outside", "salr"):  # the PS applies them next round, outside momentum
                 outside[name] = Contribution([p if i in chunks else None for i, p in enumerate(s.parts)],
                                              s.tokens / total)
         val.append(ps.evaluate())
         if progress is not None:
             progress(r)
-    return val
+    return val, late_chunks, extra / wire if wire else 0.0
 
 
 def _only(values: dict[str, np.ndarray], plan, chunks: frozenset[int]) -> dict[str, np.ndarray]:

@@ -6,6 +6,8 @@ from .injector import ChunkLoss, GilbertElliott
 from .manifest import DEFAULT_ROLE_WEIGHTS, ChunkEntry, Manifest, build_manifest, protect
 from .parity import rebuild, xor_parity
 from .roles import ROLES, role_of, roles_of
+from .sending import Transmission, overhead_bytes, still_missing, transmissions
 
 __all__ = ["ROLES", "role_of", "roles_of", "xor_parity", "rebuild", "ChunkLoss", "GilbertElliott",
-           "ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect"]
+           "ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect",
+           "Transmission", "transmissions", "still_missing", "overhead_bytes"]
