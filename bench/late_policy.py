@@ -105,7 +105,8 @@ def main() -> None:
     p.add_argument("--chunk-loss", help="comma-separated rates of chunks late per link (none by default)")
     p.add_argument("--burst", type=float, default=1.0, help="mean length of a run of late chunks (1: i.i.d.)")
     p.add_argument("--seeds", type=int, help="seeds per arm (quick: 1, full: 3)")
-    p.add_argument("--rounds", type=int, help="rounds per run (full: 24)")
+    p.add_argument("--rounds", type=int, help="rounds per run (full: 20)")
+    p.add_argument("--inner-steps", type=int, help="inner steps per round (full: 15)")
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (default: all)")
     p.add_argument("--outer-lr", default="0.7", help="comma-separated outer learning rates (default 0.7)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one core each")
@@ -114,6 +115,8 @@ def main() -> None:
     size = dict(SIZES["quick" if args.quick else "full"])
     if args.rounds:
         size["rounds"] = args.rounds
+    if args.inner_steps:
+        size["inner_steps"] = args.inner_steps
     arms = args.arms.split(",") if args.arms else list(ARMS)
     if unknown := set(arms) - set(ARMS):
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
