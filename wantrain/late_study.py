@@ -34,9 +34,8 @@ Chunk losses are drawn per transmission slot (`chunk_schedule`: twice the chunks
 sending order), so every arm meets the same link: the arms without protection send their chunks in
 plan order on the first slots.
 
-`run_arm` runs one arm for one seed; `late_policies` every arm and seed, one after another;
-`summary` their mean final losses and gaps to "on-time". bench/late_policy.py runs the arms in
-parallel and writes the table.
+`run_arm` runs one arm for one seed; bench/late_policy.py runs the arms in parallel and writes
+the table.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ from .inprocess import InProcessRun, Sent
 from .recovery import ChunkLoss, build_manifest, overhead_bytes, protect, roles_of, still_missing, transmissions
 from .screening import late_key
 
-__all__ = ["ARMS", "late_schedule", "chunk_schedule", "run_arm", "late_policies", "summary"]
+__all__ = ["ARMS", "late_schedule", "chunk_schedule", "run_arm"]
 
 ARMS = ("on-time", "drop", "stale", "rescale", "zero", "zero-ef", "zero-ef-outside", "salr")
 WHOLE = frozenset({-1})          # in a schedule: every chunk of the site's delta is late
@@ -108,24 +107,6 @@ def run_arm(cfg: RunConfig, arm: str, seed: int, late: float = 0.0, chunk_loss: 
     val, late_chunks, overhead = _train(ps, arm, schedule, progress)
     return {"arm": arm, "seed": seed, "late": late, "chunk_loss": chunk_loss, "burst": burst,
             "chunks": len(ps.model.plan), "val": val, "late_chunks": late_chunks, "overhead": overhead}
-
-
-def late_policies(cfg: RunConfig, arms: tuple[str, ...] = ARMS, seeds: tuple[int, ...] = (0, 1, 2),
-                  threads: int = 1, **loss) -> dict:
-    """Every arm for every seed, one after another (`loss`: run_arm's late, chunk_loss, burst):
-    {"val": {arm: [[losses] per seed]}, "late_chunks": [per seed]}."""
-    from .memory import trim_heap
-
-    out: dict = {**loss, "seeds": list(seeds), "val": {a: [] for a in arms}, "late_chunks": []}
-    for seed in seeds:
-        for arm in arms:
-            x = run_arm(cfg, arm, seed, threads=threads, **loss)
-            out["val"][arm].append(x["val"])
-            trim_heap()
-            if arm != "on-time":
-                schedule = x["late_chunks"]
-        out["late_chunks"].append(schedule)
-    return out
 
 
 def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]], progress
@@ -188,18 +169,3 @@ def _only(values: dict[str, np.ndarray], plan, chunks: frozenset[int]) -> dict[s
         part = slice(spec.offset, spec.offset + spec.length)
         out[spec.tensor][part] = values[spec.tensor][part]
     return out
-
-
-def summary(result: dict, last: int = 3) -> dict[str, dict]:
-    """Per arm: the final validation loss (mean over the last `last` evaluations, then over seeds),
-    its spread over seeds, and its gap to "on-time" in percent (where that arm ran), seed by seed."""
-    base = result["val"].get("on-time")
-    rows = {}
-    for arm, runs in result["val"].items():
-        finals = np.array([np.mean(v[-last:]) for v in runs])
-        row = {"final": float(finals.mean()), "spread": float(finals.max() - finals.min())}
-        if base is not None:
-            ref = np.array([np.mean(v[-last:]) for v in base])
-            row["gap_pct"] = float(100 * np.mean(finals / ref - 1))
-        rows[arm] = row
-    return rows
