@@ -121,10 +121,13 @@ def test_a_failed_full_checkpoint_loses_nothing(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(120)
-def test_a_late_delta_counted_rounds_later_is_replayed(tmp_path):
-    """With the "stale" policy a delta of round 0 that missed its deadline counts in round 1, at a
-    discounted weight: the journal names it by the round it was for, and replay finds it."""
-    cfg = small_config(num_sites=2, **{"train.rounds": 4, "train.deadline_s": 4.0, "train.late_policy": "stale",
+@pytest.mark.parametrize("policy", ["stale", "zero-outside"])
+def test_a_late_delta_counted_rounds_later_is_replayed(tmp_path, policy):
+    """A delta of round 0 that missed its deadline counts in round 1: with the "stale" policy in the
+    mean, at a discounted weight; with "zero-outside" outside the outer momentum, at the share of
+    round 0 it was counted as zeros at. The journal names it by the round it was for, and replay
+    finds it (and the zeros)."""
+    cfg = small_config(num_sites=2, **{"train.rounds": 4, "train.deadline_s": 4.0, "train.late_policy": policy,
                                        "train.checkpoint_every": 10})
 
     async def scenario():
@@ -147,4 +150,12 @@ def test_a_late_delta_counted_rounds_later_is_replayed(tmp_path):
     ps = asyncio.run(scenario())
     record = json.loads((tmp_path / JOURNAL_DIR / "commit-000001.json").read_text())
     assert [(c["key"], c["upload_round"]) for c in record["contributions"]] == [("a", 1), ("b", 1), ("b@0", 0)]
+    first = json.loads((tmp_path / JOURNAL_DIR / "commit-000000.json").read_text())
+    if policy == "zero-outside":     # b counted as zeros at a's weight; its delta, later, at half of round 0
+        a, b = first["contributions"]
+        assert b == {"key": "b", "site": "b", "missing": True, "weight": a["weight"]}
+        assert [c["side"] for c in record["contributions"]] == [False, False, True]
+        assert record["contributions"][2]["weight"] == pytest.approx(0.5) and record["substitute"] == "zero"
+    else:
+        assert [c["key"] for c in first["contributions"]] == ["a"] and record["substitute"] == "peer"
     assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path)), state_of(ps))

@@ -152,3 +152,54 @@ def test_the_peer_mean_of_randomly_missing_chunks_is_unbiased_over_many_seeds():
     standard_error = e.std(axis=0) / np.sqrt(len(e))
     assert len(e) > 700 and standard_error.max() < 0.05         # power: an error of 0.2 would show
     assert np.all(np.abs(e.mean(axis=0)) < 4.5 * standard_error)
+
+
+def _applied_mass(deltas: np.ndarray, lost: np.ndarray, policy: str, owner: int) -> np.ndarray:
+    """Rounds of K equal-weight sites' deltas (deltas: rounds x K x elements) with chunks `lost`
+    (rounds x K x chunks) handled as `policy` says, on a model at zero with lr 1 and no momentum,
+    so the model ends at minus every mass applied; only site `owner`'s values are non-zero (the
+    aggregation is linear, so that is the mass its deltas put in)."""
+    rounds, k, n = deltas.shape
+    shapes = {"w": n}
+    plan = plan_chunks(shapes, n // lost.shape[2])
+    params, outer = {"w": np.zeros(n, np.float32)}, OuterNesterov(1.0, 0.0)
+    carry = np.zeros((k, n), np.float32)                      # the sites' loss error feedback
+    side: dict[str, Contribution] = {}
+    for r in range(rounds):
+        sent = np.where(np.arange(k)[:, None] == owner, deltas[r], 0).astype(np.float32) + carry
+        carry[:] = 0
+        contributions, late = {}, {}
+        for s in range(k):
+            parts = _parts({"w": sent[s]}, plan)
+            contributions[f"s{s}"] = Contribution([None if lost[r, s, i] else p for i, p in enumerate(parts)], 1.0)
+            if lost[r, s].any():
+                late[f"s{s}@{r}"] = Contribution([p if lost[r, s, i] else None for i, p in enumerate(parts)], 1 / k)
+                if policy.endswith("-ef"):                     # the site sends its lost chunks again
+                    for i in np.flatnonzero(lost[r, s]):
+                        spec = plan[i]
+                        carry[s, spec.offset: spec.offset + spec.length] = sent[s, spec.offset: spec.offset + spec.length]
+        aggregate_round(r, plan, shapes, params, contributions, outer, None, Codec(CodecConfig(mode="fp32")),
+                        side=side or None, substitute="peer" if policy.startswith("peer") else "zero")
+        side = late if policy == "zero-outside" else {}
+    return -params["w"]
+
+
+@pytest.mark.parametrize("policy", ["zero-ef", "zero-outside", "peer-ef"])
+def test_no_site_s_mass_is_lost_or_counted_twice(policy):
+    """Per site, the mass the model took from its deltas equals what it sent, 1/K of each (equal
+    weights), when a lost chunk counts as zeros and its values come later, through the site's error
+    feedback or outside the momentum; a peer-mean substitute with error feedback counts it twice."""
+    rng = np.random.default_rng(5)
+    rounds, k, chunks, n = 8, 4, 6, 600
+    deltas = rng.standard_normal((rounds, k, n)).astype(np.float32)
+    lost = rng.random((rounds, k, chunks)) < 0.3
+    lost[-1] = False                                          # the last round delivers what is owed
+    lost[..., 0] |= rng.random((rounds, k)) < 0.2             # some chunks lost two rounds running
+    lost[-1] = False
+    for owner in range(k):
+        applied = _applied_mass(deltas, lost, policy, owner)
+        sent = deltas[:, owner].sum(axis=0) / k
+        if policy == "peer-ef":
+            assert np.abs(applied - sent).max() > 0.1, owner      # the others' mean of it, and itself again
+        else:
+            np.testing.assert_allclose(applied, sent, rtol=1e-4, atol=1e-4)

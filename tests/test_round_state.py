@@ -117,3 +117,9 @@ def test_what_becomes_of_a_late_delta():
     assert late_outcome(stale, 3, committed=5, aggregating=True)[0] == "dropped"      # its next commit is 6
     action, why = late_outcome(stale, 3, committed=9, aggregating=False)
     assert action == "dropped" and "too stale" in why
+    outside = TrainConfig(late_policy="zero-outside")
+    action, why = late_outcome(outside, 3, committed=3, aggregating=True)          # arrived while 3 commits
+    assert action == "deferred" and "applied when round 4 commits" in why and "outside the outer momentum" in why
+    assert late_outcome(outside, 3, committed=6, aggregating=False)[0] == "dropped"
+    action, why = late_outcome(TrainConfig(late_policy="rescale"), 3, committed=4, aggregating=False)
+    assert action == "dropped" and "stood in for it" in why

@@ -150,7 +150,7 @@ def starts(link):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("policy", ["drop", "stale"])
+@pytest.mark.parametrize("policy", ["drop", "stale", "rescale", "zero-outside"])
 def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, policy):
     async def scenario():
         cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 4.0, "train.late_policy": policy})
@@ -179,10 +179,14 @@ def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, p
         await push(ps, b, 0, seed=1)                          # b's late delta for round 0
         late = rows_of(ps, "late_delta")[-1]
         assert late["site"] == "b" and late["rounds_late"] == 1
-        assert late["action"] == ("deferred" if policy == "stale" else "dropped")
+        applied = policy in ("stale", "zero-outside")
+        assert late["action"] == ("deferred" if applied else "dropped")
         told = [m for m in drain(b) if isinstance(m, DeltaOutcome)]     # and b hears what and why
         assert [(m.round, m.outcome) for m in told] == [(0, late["action"])] and late["reason"] == told[0].reason
-        assert ("late_policy stale: it counts in round 1" if policy == "stale" else "late_policy drop") in told[0].reason
+        assert {"stale": "late_policy stale: it counts in round 1", "drop": "late_policy drop: a late delta is never",
+                "rescale": "the mean over the deltas that came stood in for it",
+                "zero-outside": "applied when round 1 commits, at its share of round 0, outside the outer momentum",
+                }[policy] in told[0].reason
         assert ps.hash == h1 == param_hash(ps.model)          # a late delta never changes a committed round
         ps.on_hash_report(b, HashReport(0, h1))               # b applied round 0: it is current, and in round 1
         assert [s.round for s in starts(b)] == [1] and ps.in_round == {"a", "b"}
@@ -191,7 +195,7 @@ def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, p
         await ps.round_task
         end = rows_of(ps, "round_end")[-1]
         assert ps.round == 2 and end["sites"] == ["a", "b"]
-        assert end["late_sites"] == (["b"] if policy == "stale" else [])
+        assert end["late_sites"] == (["b"] if applied else [])
 
     asyncio.run(scenario())
 
@@ -248,7 +252,8 @@ def test_data_position_survives_in_the_checkpoint(tmp_path):
 def test_the_site_carries_an_unapplied_delta_forward():
     from wantrain.site.uplink import Uplink
 
-    for policy, applied_in in (("drop", None), ("stale", 1), ("stale", None)):
+    for policy, applied_in in (("drop", None), ("stale", 1), ("stale", None), ("zero-outside", 1),
+                               ("zero-outside", None), ("rescale", None)):
         site = Uplink("b", small_config(**{"train.late_policy": policy}))
         site.feedback.residuals = {"w": np.full(4, 0.5, np.float32)}
         site.pending = {0: {"w": np.ones(4, np.float32)}}
@@ -256,9 +261,11 @@ def test_the_site_carries_an_unapplied_delta_forward():
         late = ("b",) if applied_in == 1 else ()
         site.settle(RoundResult(1, "h", sites=("a",), late_sites=late))
         site.settle(RoundResult(2, "h", sites=("a",)))
-        carried = policy == "drop" or applied_in is None
+        carried = policy == "drop" or (applied_in is None and policy != "rescale")   # rescale: never carried
         assert np.allclose(site.feedback.residuals["w"], 1.5 if carried else 0.5), policy
         assert site.pending == {}
+        site.keep({"w": np.ones(4, np.float32)})              # a delta never sent (its round went without it)
+        assert np.allclose(site.feedback.residuals["w"], (2.5 if carried else 1.5) if policy != "rescale" else 0.5)
 
 
 def test_a_delta_some_shards_counted_carries_forward_only_the_other_tensors():

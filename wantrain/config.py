@@ -24,7 +24,7 @@ __all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustCon
 CODEC_MODES = ("fp32", "int8", "int8-huffman")
 TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
-LATE_POLICIES = ("drop", "stale")
+LATE_POLICIES = ("drop", "stale", "rescale", "zero-outside")
 SCHEDULES = ("sync", "overlap")
 NORM_ACTIONS = ("reject", "clip")
 AGGREGATES = ("mean", "trimmed_mean")
@@ -104,8 +104,14 @@ class TrainConfig:
     deadline_factor: float = 3.0     # derived: budget + factor x typical (arrival - budget) (ps/rounds.py)
     deadline_min_s: float = 10.0     # floor of the derived deadline
     deadline_initial_s: float = 600.0  # derived deadline before any delta has been timed
-    late_policy: str = "drop"        # a delta that misses its round: "drop" (the site carries it
-                                     # forward in its error feedback) or "stale" (applied next round)
+    # A delta that misses its round (docs/protocol.md 2, late deltas; bench/late_policy.py measures them):
+    # "drop": the round's mean is over the deltas that came, and the site carries the late one forward
+    #   in its error feedback (its mass counts twice: once as the others' mean, once itself);
+    # "stale": that mean, and the late delta counts in the next round's mean, discounted;
+    # "rescale": that mean stands in for it, and the late delta is never applied nor carried;
+    # "zero-outside": it counts as zeros in its round's mean, and is applied when it comes, at the
+    #   next commit, outside the outer momentum (one never sent goes into the site's next delta).
+    late_policy: str = "drop"
     staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
     quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
                                      # when some sites are missing (they join it when they return)
@@ -141,6 +147,17 @@ class TrainConfig:
                self.staleness_discount)
         _check(self.deadline_s == 0 or self.deadline_s > self.round_budget_s, f"{prefix}.deadline_s",
                f"must exceed round_budget_s ({self.round_budget_s}) or be 0 (derived)", self.deadline_s)
+
+    @property
+    def applies_late(self) -> bool:
+        """May the PS still apply a delta after its round closed? (Then a site sends it late.)"""
+        return self.late_policy in ("stale", "zero-outside")
+
+    @property
+    def carries_unapplied(self) -> bool:
+        """Does a site put a delta the PS never applied into its next one? Not under "rescale", where
+        the others' mean stood in for it: carrying it too would count its mass twice."""
+        return self.late_policy != "rescale"
 
 
 @dataclass(frozen=True)

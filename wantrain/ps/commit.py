@@ -5,6 +5,10 @@
 (tokens trained, discounted per round of staleness); `judge` screens the round's deltas against
 each other (screening.Screen) and says what it rejected, clipped or weighed less; what is left
 (screening.counted) goes to the pure aggregation in aggregate.py; `round_end` is what the telemetry hears.
+
+Under late_policy "zero-outside" (`zero_outside`) a member whose delta missed the round counts as
+zeros at the mean weight of the deltas counted, and a late delta goes to the aggregation's side
+path at that share of its own round, outside the outer momentum (aggregate.py).
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,10 +32,10 @@ from .journal import Journal
 from .ledger import Ledger
 from .model import GlobalModel
 from .rounds import stale_weight
-from .state import CheckpointWriter, commit_record
+from .state import CheckpointWriter, commit_record, substitute_of
 from .uploads import Upload
 
-__all__ = ["Committer", "Committed", "weights", "judge", "outcomes", "round_end"]
+__all__ = ["Committer", "Committed", "weights", "judge", "outcomes", "round_end", "zero_outside"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -45,6 +48,23 @@ def weights(uploads: dict[str, Upload], stale: dict[str, Upload], round_: int, d
         out[key] = (stale_weight(up.metrics.tokens, round_ - up.round, discount) if key in stale
                     else float(up.metrics.tokens))
     return out
+
+
+def zero_outside(parts: dict[str, Contribution], late: dict[str, Upload], missing: list[str], claimed: dict[str, float],
+                 chunks: int) -> tuple[dict[str, Contribution], dict[str, Contribution], dict[str, float]]:
+    """late_policy "zero-outside": the round's contributions with each `missing` member as zeros at
+    the mean weight of the deltas counted, the `late` deltas (keys "site@round", screened into
+    `parts`) as side contributions at their share of their own round (less what screening took off
+    their claimed weight), and the share each missing member's delta will have when it comes."""
+    side = {k: Contribution(c.parts, late[k].share * c.weight / claimed[k]) for k, c in parts.items() if k in late}
+    current = {k: c for k, c in parts.items() if k not in late}
+    if not current or not missing:
+        return current, side, {}
+    weight = sum(c.weight for c in current.values()) / len(current)
+    total = weight * (len(current) + len(missing))
+    for site in missing:
+        current[site] = Contribution([None] * chunks, weight)
+    return current, side, {site: weight / total for site in missing}
 
 
 def judge(screen: Screen, round_: int, deltas: dict[str, Upload], claimed: dict[str, float], g: np.ndarray,
@@ -98,6 +118,7 @@ class Committed:
     update: list[TensorChunk]                   # the encoded update, as every site applies it
     outcomes: dict[str, DeltaOutcome]           # sites whose delta was rejected or clipped
     finished: bool                              # the run's last round
+    late_shares: dict[str, float]               # zero-outside: members that missed it, their delta's share
 
 
 class Committer:
@@ -110,51 +131,60 @@ class Committer:
         self.cfg, self.ledger, self.model, self.screen, self.downloads = cfg, ledger, model, screen, downloads
         self.journal, self.checkpoints, self.recorder, self.stalls = journal, checkpoints, recorder, stalls
 
-    async def commit(self, uploads: dict[str, Upload], stale: dict[str, Upload], late: Collection[str],
+    async def commit(self, uploads: dict[str, Upload], stale: dict[str, Upload], late: dict[str, Upload],
                      started_at: float) -> Committed:
         """Screen and aggregate the closed round (`uploads` of its members, `stale` late deltas kept
-        for it, `late` the members that missed it, as it stands when the round ends), apply it and make it durable."""
+        for it, `late` the sites owing a delta, as it stands when the round ends), apply it and make it durable."""
         round_ = self.ledger.round
+        outside = self.cfg.train.late_policy == "zero-outside"
+        # Now, before any await: a late delta arriving meanwhile leaves `late` for the next round's side.
+        missing = sorted(s for s, up in late.items() if up.round == round_)
+        missed = sorted(late)
         deltas = {**uploads, **stale}
         if self.screen.trusted or len(deltas) < 2:      # only the norms are used: no pass over the deltas
             g = np.diag([up.norm ** 2 for up in deltas.values()])
         else:
             g = await asyncio.to_thread(gram, [up.checked for up in deltas.values()], [up.norm for up in deltas.values()])
-        claimed = weights(uploads, stale, round_, self.cfg.train.staleness_discount)
+        claimed = weights(uploads, stale, round_, 1.0 if outside else self.cfg.train.staleness_discount)
         verdicts = judge(self.screen, round_, deltas, claimed, g, self.recorder)
         accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
         accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
         await self.downloads.freeze(round_)
         t0 = time.time()
         parts = counted({k: up.checked for k, up in deltas.items()}, verdicts)
+        side: dict[str, Contribution] = {}
+        shares: dict[str, float] = {}
+        if outside:
+            parts, side, shares = zero_outside(parts, stale, missing, claimed, len(self.model.plan))
         used = {**accepted, **accepted_stale}
         # The model may change only once the last full checkpoint is written (it writes the live
         # arrays), and a round may commit only once the deltas it counts are in the journal.
         if self.checkpoints is not None:
             await self.checkpoints.settled()
         await asyncio.gather(*(up.journaled for up in used.values() if up.journaled is not None))
-        result, stats, update = await asyncio.to_thread(self._aggregate, round_, parts, accepted, accepted_stale)
+        result, stats, update = await asyncio.to_thread(self._aggregate, round_, parts, side, accepted,
+                                                        accepted_stale)
         for alert in self.screen.record(round_, verdicts):
             self.recorder.emit("alert", round=round_, **alert)
             log.warning("alert: %s", alert["message"])
         aggregate_s = time.time() - t0
         self.ledger.advance(result.model_hash, result.val_loss)
         if self.journal is not None:      # the commit point: durable before anyone hears of the round
-            record = commit_record(self.ledger, self.screen, round_, parts, verdicts,
-                                   {k: up.round for k, up in used.items()})
+            record = commit_record(self.ledger, self.screen, round_, parts, side, verdicts,
+                                   {k: up.round for k, up in used.items()}, self.cfg.train.late_policy)
             await asyncio.to_thread(self.journal.commit, record)
         finished = self.ledger.round >= self.cfg.train.rounds
         if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
             self.checkpoints.start()
-        self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, sorted(late),
+        self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
                                                     time.time() - started_at, aggregate_s))
-        return Committed(round_, result, update, outcomes(round_, verdicts), finished)
+        return Committed(round_, result, update, outcomes(round_, verdicts), finished, shares)
 
-    def _aggregate(self, round_: int, parts: dict[str, Contribution], uploads: dict[str, Upload],
-                   stale: dict[str, Upload]) -> tuple[RoundResult, EncodeStats, list]:
+    def _aggregate(self, round_: int, parts: dict[str, Contribution], side: dict[str, Contribution],
+                   uploads: dict[str, Upload], stale: dict[str, Upload]) -> tuple[RoundResult, EncodeStats, list]:
         """The round's aggregate applied to the global model, in a worker thread."""
         self.stalls.sleep("aggregate", round_)
-        msgs, stats, model_hash = self.model.apply(round_, parts)
+        msgs, stats, model_hash = self.model.apply(round_, parts, side or None, substitute_of(self.cfg.train.late_policy))
         val = self.model.evaluate()
         late_sites = tuple(parse_key(k)[0] for k in stale)
         return RoundResult(round_, model_hash, tuple(uploads), val, late_sites), stats, msgs

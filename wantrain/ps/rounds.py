@@ -100,18 +100,24 @@ def stale_weight(tokens: float, staleness: int, discount: float) -> float:
 def late_outcome(train: TrainConfig, late_round: int, committed: int, aggregating: bool) -> tuple[str, str]:
     """What becomes of a delta of `late_round` that arrived after its round closed, `committed` rounds
     being committed (and the next one being aggregated, or not): ("deferred", why) if it will count in
-    the next commit it can reach, discounted ("stale" policy, at most MAX_STALENESS rounds on), else
-    ("dropped", why)."""
+    the next commit it can reach ("stale": discounted, in the mean; "zero-outside": at its share of
+    its own round, outside the outer momentum; at most MAX_STALENESS rounds on), else ("dropped", why)."""
     counts_in = committed + (1 if aggregating else 0)
     closed = (f"round {late_round} committed without it" if committed > late_round
               else f"round {late_round} closed without it") + " (its deadline passed)"
-    if train.late_policy != "stale":
-        return "dropped", f"{closed}; late_policy drop: a late delta is never applied"
+    policy = f"late_policy {train.late_policy}"
+    if not train.applies_late:
+        why = ("the mean over the deltas that came stood in for it" if train.late_policy == "rescale"
+               else "the site carries it into its next delta")
+        return "dropped", f"{closed}; {policy}: a late delta is never applied ({why})"
     if counts_in - late_round > MAX_STALENESS:
         return "dropped", (f"{closed}, and the next commit it could count in is round {counts_in}, more than "
                            f"{MAX_STALENESS} rounds later: too stale to apply")
+    if train.late_policy == "zero-outside":
+        return "deferred", (f"{closed}; {policy}: it counted as zeros there, and is applied when round {counts_in} "
+                            f"commits, at its share of round {late_round}, outside the outer momentum")
     discount = train.staleness_discount ** (counts_in - late_round)
-    return "deferred", (f"{closed}; late_policy stale: it counts in round {counts_in} with its weight multiplied "
+    return "deferred", (f"{closed}; {policy}: it counts in round {counts_in} with its weight multiplied "
                         f"by {discount:.3g}")
 
 
@@ -219,6 +225,18 @@ class RoundState:
         self.uploads.pop(site, None)
         self.late.pop(site, None)
         self.members.discard(site)
+
+    def defer(self, site: str, up: Upload) -> None:
+        """A late delta the policy applies at the next commit (late_outcome: "deferred")."""
+        self.stale[site] = up
+
+    def set_shares(self, round_: int, shares: dict[str, float]) -> None:
+        """late_policy zero-outside: the share of round `round_` that each site's delta of that round,
+        owed or already deferred, will have when it is applied."""
+        for site, share in shares.items():
+            for up in (self.late.get(site), self.stale.get(site)):
+                if up is not None and up.round == round_:
+                    up.share = share
 
     def take_stale(self, current: int) -> dict[str, Upload]:
         """Late deltas still young enough to apply, keyed "site@round" (a site may have a fresh one too)."""

@@ -328,7 +328,7 @@ class ParameterServer:
                            action=action, policy=self.cfg.train.late_policy, reason=reason)
         link.outbox.put_nowait(DeltaOutcome(up.round, action, reason))
         if action == "deferred":
-            self.rounds.stale[link.name] = up
+            self.rounds.defer(link.name, up)
 
     def _on_kept_delta(self, link: SiteLink, owed: Upload) -> None:
         """A site that owed a delta reported a later model without sending it: it kept the delta."""
@@ -388,6 +388,7 @@ class ParameterServer:
 
     def _announce(self, c: Committed) -> None:
         """Tell every site of the committed round; start the next, or end the run."""
+        self.rounds.set_shares(c.round, c.late_shares)
         for site, outcome in c.outcomes.items():     # screened deltas: why, before the update
             if site in self.links:
                 self.links[site].outbox.put_nowait(outcome)

@@ -28,7 +28,7 @@ from .ledger import Ledger
 from .model import GlobalModel
 from .rounds import MAX_STALENESS
 
-__all__ = ["snapshot", "restore", "commit_record", "replay", "come_up", "CheckpointWriter"]
+__all__ = ["snapshot", "restore", "commit_record", "replay", "come_up", "CheckpointWriter", "substitute_of"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -62,14 +62,26 @@ def restore(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, 
     screen.load_state_dict(saved.get("screen", {}))
 
 
+def substitute_of(late_policy: str) -> str:
+    """What stands in for a delta, or chunk, missing from a round's mean (aggregate.py)."""
+    return "zero" if late_policy == "zero-outside" else "peer"
+
+
 def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, Contribution],
-                  verdicts: dict[str, Verdict], upload_rounds: dict[str, int]) -> dict:
+                  side: dict[str, Contribution], verdicts: dict[str, Verdict], upload_rounds: dict[str, int],
+                  late_policy: str) -> dict:
     """Round `round_`'s commit record, once the PS has applied it: the deltas that counted (keys
-    "site" or "site@round" for a late one), each with its weight and clip factor, and the state after."""
-    counted = [{"key": k, "site": parse_key(k)[0], "upload_round": upload_rounds[k], "weight": c.weight,
-                "factor": None if verdicts[k].action == "accept" else verdicts[k].factor}
-               for k, c in sorted(parts.items())]
-    return {**_small_state(ledger, screen), "round": round_, "hash": ledger.hash, "contributions": counted}
+    "site" or "site@round" for a late one), each with its weight and clip factor, whether it went
+    outside the outer momentum (`side`) or was missing (counted as zeros), and the state after."""
+    def entry(key: str, c: Contribution, side: bool) -> dict:
+        if key not in verdicts:                         # a member whose delta missed the round
+            return {"key": key, "site": key, "missing": True, "weight": c.weight}
+        return {"key": key, "site": parse_key(key)[0], "upload_round": upload_rounds[key], "weight": c.weight,
+                "factor": None if verdicts[key].action == "accept" else verdicts[key].factor, "side": side}
+
+    counted = [entry(k, c, False) for k, c in sorted(parts.items())] + [entry(k, c, True) for k, c in sorted(side.items())]
+    return {**_small_state(ledger, screen), "round": round_, "hash": ledger.hash, "contributions": counted,
+            "substitute": substitute_of(late_policy)}
 
 
 def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen, catchup: Catchup) -> int:
@@ -81,17 +93,22 @@ def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen,
         if rec["run_id"] != ledger.run_id:
             raise CheckpointError(f"{journal.folder}: round {rec['round']} belongs to run {rec['run_id']}, "
                                   f"the checkpoint to {ledger.run_id}")
-        parts = {}
+        parts: dict[str, Contribution] = {}
+        side: dict[str, Contribution] = {}
         for c in rec["contributions"]:
+            if c.get("missing"):
+                parts[c["key"]] = Contribution([None] * len(model.plan), c["weight"])
+                continue
             delta = journal.read_delta(c["upload_round"], c["site"])
-            parts[c["key"]] = Contribution(delta if c["factor"] is None else clipped(delta, c["factor"]), c["weight"])
-        msgs, _, model_hash = model.apply(rec["round"], parts)
+            into = side if c.get("side") else parts
+            into[c["key"]] = Contribution(delta if c["factor"] is None else clipped(delta, c["factor"]), c["weight"])
+        msgs, _, model_hash = model.apply(rec["round"], parts, side or None, rec.get("substitute", "peer"))
         if model_hash != rec["hash"]:
             raise CheckpointError(f"{journal.folder}: replaying round {rec['round']} gives parameters hashing to "
                                   f"{model_hash}, the round committed {rec['hash']}")
         ledger.load_state_dict({**rec, "round": rec["round"] + 1}, {**ledger.hashes, rec["round"] + 1: model_hash})
         screen.load_state_dict(rec.get("screen", {}))
-        keys = [parse_key(c["key"]) for c in rec["contributions"]]     # the round's result, as the sites got it
+        keys = [parse_key(c["key"]) for c in rec["contributions"] if not c.get("missing")]   # the result, as sent
         catchup.add(rec["round"], msgs, RoundResult(rec["round"], model_hash, tuple(s for s, r in keys if r is None),
                                                     ledger.val_loss, tuple(s for s, r in keys if r is not None)))
     return len(records)

@@ -45,6 +45,7 @@ class Upload:
     journaled: asyncio.Future | None = None   # its write into the PS's journal (journal.py)
     first_chunk_at: float = 0.0    # when its first chunk arrived (perf_counter)
     last_chunk_at: float = 0.0     # and its latest: once the last is in, the PS holds it all
+    share: float = 0.0             # late_policy zero-outside: its share of the round that committed without it
 
     @property
     def checked(self) -> list[Extracted]:

@@ -17,7 +17,8 @@ A round trains and pushes in a task of its own while the session goes on reading
 hears at once when its round closes without it: the round's result comes before its delta went
 (its link was dark past the deadline, or its RoundStart came late). It then stops after the
 inner step under way: under `late_policy` "drop" the PS would drop the delta, so its change goes
-into the next delta instead of onto the wire; under "stale" it is pushed at once, a late delta.
+into the next delta instead of onto the wire (under "rescale" it is let go: the others' mean stood
+in for it); under "stale" and "zero-outside" it is pushed at once, a late delta.
 Either way the site follows the results of the rounds it missed and takes part in the current
 one as soon as the PS hears from it (it is not counted on until then: ps/rounds.py).
 
@@ -324,17 +325,22 @@ class Site:
 
     def _push_anyway(self, hand: RoundInHand, steps: int, uplink: Uplink) -> bool:
         """A round that committed without this site's delta (or whose session ended): push it all the
-        same? Only under late_policy "stale", where the PS may still apply it; otherwise its change
-        goes into the next delta (error feedback) and nothing goes on the wire."""
+        same? Only under a late_policy that may still apply it ("stale", "zero-outside"); otherwise its
+        change goes into the next delta (error feedback; under "rescale" it is let go) and nothing goes
+        on the wire."""
         me, r = self.opts.name, hand.round
         if hand.abandoned:
             log.warning("site %s: the session ended during round %d (after %d steps); their change goes into "
                         "the next delta", me, r, steps)
             return False
         late = uplink.pushes_late and steps > 0
+        train = self._config().train
+        policy = train.late_policy
+        kept = ("its change goes into the next delta" if train.carries_unapplied else
+                "nor carrying it: the others' mean stood in for it")
         log.warning("site %s: round %d committed without this site's delta (the PS's deadline passed first: its "
                     "result came after %d inner step(s) of %s); %s", me, r, steps, hand.steps_planned,
-                    "late_policy stale: pushing what it has, a late delta" if late else
-                    "late_policy drop: not pushing it, its change goes into the next delta" if steps else
+                    f"late_policy {policy}: pushing what it has, a late delta" if late else
+                    f"late_policy {policy}: not pushing it, {kept}" if steps else
                     "no step taken, nothing to push")
         return late

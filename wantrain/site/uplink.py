@@ -9,10 +9,12 @@
     outcomes             what the PS said of deltas it did not simply count (DeltaOutcome)
 
 `push` encodes a round's delta and sends its chunks and metrics; `keep` puts a delta that will
-not be sent into the error feedback (its round committed without it, under late_policy "drop");
-`settle` reads each RoundResult: a pushed delta that was counted is done, one that never will
-be (late past what the policy allows, rejected) goes into the error feedback. Under a sharded PS
-each shard decides alone, so only the tensors no shard counted are carried (docs/protocol.md 3a).
+not be sent into the error feedback (its round committed without it, under a late_policy that
+never applies a late delta); `settle` reads each RoundResult: a pushed delta that was counted is
+done, one that never will be (late past what the policy allows, rejected) goes into the error
+feedback. Under late_policy "rescale" neither carries anything: the round's mean over the others
+stood in for the delta. Under a sharded PS each shard decides alone, so only the tensors no shard
+counted are carried (docs/protocol.md 3a).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Uplink:
     @property
     def pushes_late(self) -> bool:
         """Is a delta whose round committed without it still worth sending? Only if the PS may apply it."""
-        return self.cfg.train.late_policy == "stale"
+        return self.cfg.train.applies_late
 
     async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict) -> EncodeStats:
         """Encode the round's delta (error feedback in) and send its chunks, then its RoundMetrics with
@@ -71,8 +73,9 @@ class Uplink:
         return stats
 
     def keep(self, delta: dict[str, np.ndarray]) -> None:
-        """A delta that will not be sent: its change goes into the next one."""
-        if self.feedback is not None:
+        """A delta that will not be sent: its change goes into the next one (unless the policy says
+        the others' mean stood in for it)."""
+        if self.feedback is not None and self.cfg.train.carries_unapplied:
             self.feedback.carry(delta)
 
     def fresh_model(self) -> None:
@@ -102,6 +105,10 @@ class Uplink:
                 del self.pending[r]
             elif r <= result.round and not (stale and result.round - r < MAX_STALENESS):
                 sent = self.pending.pop(r)
+                if not self.cfg.train.carries_unapplied:
+                    log.warning("site %s: the delta of round %d was not applied; late_policy rescale: the others' "
+                                "mean stood in for it, so it is not sent again", me, r)
+                    continue
                 if self.feedback is not None:    # what the PS never applied goes out again next round
                     self.feedback.carry(sent)
                 said = self.outcomes.get(r)
