@@ -91,15 +91,15 @@ def _manifest(critical_elements=0):
     roles = roles_of({n: tuple(p.shape) for n, p in model.named_parameters()}, critical_elements)
     codec = Codec(CodecConfig(chunk_bytes=16384))            # 16k-element chunks: several per matrix
     chunks, decoded = encode_arrays(delta, codec, None)
-    return build_manifest(4, "eu", chunks, decoded, roles, {**dict.fromkeys(set(roles.values()), 1.0), "mlp": 2.0}), \
-        chunks, decoded
+    return build_manifest(4, chunks, decoded, roles, {**dict.fromkeys(set(roles.values()), 1.0), "mlp": 2.0},
+                          tokens=4096, steps=8), chunks, decoded
 
 
 def test_a_manifest_knows_each_chunks_energy_and_what_is_missing():
     import zlib
 
     m, chunks, decoded = _manifest()
-    assert len(m.chunks) == len(chunks) > 20 and (m.round, m.site) == (4, "eu")
+    assert len(m.chunks) == len(chunks) > 20 and (m.round, m.tokens, m.steps) == (4, 4096, 8)
     total = sum(float(np.dot(v.astype(np.float64), v)) for v in decoded.values())
     assert m.total_energy == pytest.approx(total, rel=1e-9)
     assert sum(c.importance for c in m.chunks) == pytest.approx(1.0)
@@ -138,7 +138,7 @@ def _hand_manifest():
     def entry(i, role, importance, group=-1, nbytes=100):
         return ChunkEntry(i, "t", 0, 10, role, importance, importance, nbytes, 0, group)
     # chunk 0: critical; 1-4: one parity group (members 1, 2, 3 ranked by importance, and 4); 5, 6: the rest
-    return Manifest(0, "a", (entry(0, "critical", 0.01), entry(1, "mlp", 0.3, 0, 120), entry(2, "mlp", 0.2, 0),
+    return Manifest(0, (entry(0, "critical", 0.01), entry(1, "mlp", 0.3, 0, 120), entry(2, "mlp", 0.2, 0),
                              entry(3, "mlp", 0.25, 0), entry(4, "attention", 0.14, 0), entry(5, "mlp", 0.06),
                              entry(6, "embedding", 0.04)))
 

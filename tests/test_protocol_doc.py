@@ -17,6 +17,7 @@ from wantrain.errors import Reject
 from wantrain.limits import Limits
 from wantrain.messages import DELTA, PROTOCOL_VERSION, Join, TensorChunk
 from wantrain.ps import STATUS
+from wantrain.recovery import build_manifest
 from wantrain.replica import param_hash
 from wantrain.telemetry import EVENT_KINDS
 
@@ -37,6 +38,9 @@ def test_examples_are_what_wantrain_sends():
     chunk = TensorChunk(DELTA, 0, 0, 1, ChunkSpec("w", 0, 10), enc)
     assert golden("delta_chunk") == wire.site_message(chunk).SerializeToString().hex()
     assert list(Codec.decode_many([enc])[0]) == [0, 0, 0.5, -0.5, 0, 1, 0, 0, -0.25, 0.25]
+    decoded = {"w": Codec.decode_many([enc])[0]}
+    manifest = build_manifest(0, [(chunk.spec, enc)], decoded, {"w": "mlp"}, tokens=64, steps=1)
+    assert golden("manifest") == wire.site_message(manifest).SerializeToString().hex()
 
 
 def test_the_hash_example_is_param_hash():

@@ -254,7 +254,7 @@ def test_the_site_carries_an_unapplied_delta_forward():
 
     for policy, applied_in in (("drop", None), ("stale", 1), ("stale", None), ("zero-outside", 1),
                                ("zero-outside", None), ("rescale", None)):
-        site = Uplink("b", small_config(**{"train.late_policy": policy}))
+        site = Uplink("b", small_config(**{"train.late_policy": policy}), {})
         site.feedback.residuals = {"w": np.full(4, 0.5, np.float32)}
         site.pending = {0: {"w": np.ones(4, np.float32)}}
         site.settle(RoundResult(0, "h", sites=("a",)))        # round 0 went on without b
@@ -284,7 +284,7 @@ def test_a_delta_some_shards_counted_carries_forward_only_the_other_tensors():
     assert everywhere == ("a",) and partial == (("b", frozenset({"w"})),)
 
     for policy, late_at_v_next_round in (("drop", False), ("stale", True), ("stale", False)):
-        site = Uplink("b", small_config(**{"train.late_policy": policy}))
+        site = Uplink("b", small_config(**{"train.late_policy": policy}), {})
         site.feedback.residuals = {"w": np.zeros(4, np.float32), "v": np.zeros(4, np.float32)}
         site.pending = {0: {"w": np.ones(4, np.float32), "v": np.full(4, 2.0, np.float32)}}
         site.settle(RoundResult(0, "h", sites=everywhere, partial_sites=partial))

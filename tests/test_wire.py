@@ -110,3 +110,35 @@ def test_a_huffman_header_cannot_claim_more_symbols_than_its_chunk():
     m.chunk.crc32 = __import__("zlib").crc32(m.chunk.payload, __import__("zlib").crc32(m.chunk.scales))
     with pytest.raises(ProtocolError, match="announces 1000000000 symbols"):
         wire.parse_site_message(m.SerializeToString())
+
+
+def manifest():
+    from wantrain.messages import ChunkEntry, Manifest
+
+    return Manifest(3, (ChunkEntry(0, "h.0.ln_1.weight", 0, 64, "critical", 0.5, 0.25, 80, 7),
+                        ChunkEntry(1, "h.0.attn.c_attn.weight", 0, 5000, "attention", 1.5, 0.75, 5100, 9, group=0)),
+                    tokens=1000, steps=10)
+
+
+def test_a_manifest_round_trips():
+    m = manifest()
+    assert wire.site_message_from_proto(pb.SiteMessage.FromString(wire.site_message(m).SerializeToString())) == m
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m.chunks[1].__setattr__("index", 5), "entries come in chunk order"),
+    (lambda m: m.chunks[0].__setattr__("role", 0), "unknown role"),
+    (lambda m: m.chunks[0].__setattr__("energy", float("nan")), "energy must be finite"),
+    (lambda m: m.chunks[0].__setattr__("energy", -1.0), "energy must be finite"),
+    (lambda m: m.chunks[0].__setattr__("importance", 0.5), "sum to 1.25"),
+    (lambda m: m.chunks[0].__setattr__("tensor", ""), "names no tensor"),
+    (lambda m: m.chunks[0].__setattr__("length", 0), "holds no elements"),
+    (lambda m: m.chunks[0].__setattr__("parity_group", 3), "parity group 2 of a delta of 2"),
+    (lambda m: m.__setattr__("steps", 0), "claims 0 steps"),
+    (lambda m: m.ClearField("chunks"), "lists 1 to"),
+])
+def test_a_malformed_manifest_is_rejected(edit, match):
+    m = wire.site_message(manifest())
+    edit(m.manifest)
+    with pytest.raises(ProtocolError, match=match):
+        wire.site_message_from_proto(m)

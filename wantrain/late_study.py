@@ -131,7 +131,7 @@ def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]]
             late = {}
             for name, s in sent.items():
                 assert s.encoded is not None and s.values is not None
-                manifest = protect(build_manifest(r, name, s.encoded, s.values, roles))
+                manifest = protect(build_manifest(r, s.encoded, s.values, roles))
                 extra += overhead_bytes(manifest)
                 slots = lost.get(name, frozenset())
                 late[name] = every if slots == WHOLE else still_missing(manifest, transmissions(manifest), slots)

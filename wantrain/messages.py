@@ -10,16 +10,18 @@ from dataclasses import dataclass, field
 
 from .codec import ChunkSpec, Encoded
 from .config import RunConfig
+from .recovery.manifest import ChunkEntry, Manifest
 
 __all__ = ["PROTOCOL_VERSION", "HASH_HEX_DIGITS", "MAX_STALENESS", "MODEL", "DELTA", "UPDATE", "Join", "Welcome",
            "TensorChunk", "RoundStart", "RoundMetrics", "RoundResult", "Ready", "HashReport", "LinkProbe", "ErrorMessage",
-           "DeltaOutcome", "DELTA_OUTCOMES"]
+           "DeltaOutcome", "DELTA_OUTCOMES", "Manifest", "ChunkEntry"]
 
 # 2: Watch and Ping need a token; delta chunks must use the run's encoding and follow the PS's
 # chunk plan; hashes are 16 lowercase hex digits; limits and status codes as in docs/protocol.md.
 # 3: a site that missed a deadline is not counted on until heard from; DeltaOutcome tells a site
 # what became of a delta that was not simply counted; RoundMetrics.comm_s is send_s.
-PROTOCOL_VERSION = 3
+# 4: a DeltaManifest may come before a delta's chunks (recovery/manifest.py: the domain object).
+PROTOCOL_VERSION = 4
 MODEL, DELTA, UPDATE = "model", "delta", "update"   # chunk kinds
 MAX_STALENESS = 2   # a late delta more rounds old than this is dropped even under the "stale" policy:
                     # both sides use it (the PS to drop, the site to carry the delta forward)

@@ -39,8 +39,8 @@ from .errors import ProtocolError
 from .messages import RoundMetrics
 
 __all__ = ["late_key", "parse_key",
-           "check_claims", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram", "Verdict", "Screen", "counted",
-           "max_steps"]
+           "check_claims", "check_weight", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram", "Verdict",
+           "Screen", "counted", "max_steps"]
 
 
 def max_steps(cfg: RunConfig, train_s: float) -> int:
@@ -68,18 +68,24 @@ def parse_key(key: str) -> tuple[str, int | None]:
     return site, int(late_round) if late_round else None
 
 
+def check_weight(cfg: RunConfig, what: str, steps: int, tokens: int, train_s: float) -> None:
+    """ProtocolError unless `steps` and `tokens` (what a delta's weight rests on) are within what a
+    round of `train_s` allowed; `what` names the claim ("round 3 metrics")."""
+    steps_cap = max_steps(cfg, train_s)
+    if not 1 <= steps <= steps_cap:
+        raise ProtocolError(f"{what} claim {steps} inner steps; the round allowed 1 to {steps_cap}")
+    tokens_cap = steps * cfg.train.batch_size * cfg.model.block_size
+    if not 1 <= tokens <= tokens_cap:
+        raise ProtocolError(f"{what} claim {tokens} tokens; {steps} steps of "
+                            f"{cfg.train.batch_size} x {cfg.model.block_size} tokens allow 1 to {tokens_cap}")
+
+
 def check_claims(cfg: RunConfig, m: RoundMetrics, train_s: float, num_params: int, received_wire_bytes: int,
                  committed_rounds: int) -> None:
     """ProtocolError unless a site's RoundMetrics stay within what its round allowed."""
-    steps_cap = max_steps(cfg, train_s)
-    if not 1 <= m.steps <= steps_cap:
-        raise ProtocolError(f"round {m.round} metrics claim {m.steps} inner steps; the round allowed 1 to {steps_cap}")
+    check_weight(cfg, f"round {m.round} metrics", m.steps, m.tokens, train_s)
     if m.steps_ahead > m.steps:
         raise ProtocolError(f"round {m.round} metrics claim {m.steps_ahead} of {m.steps} inner steps taken ahead")
-    tokens_cap = m.steps * cfg.train.batch_size * cfg.model.block_size
-    if not 1 <= m.tokens <= tokens_cap:
-        raise ProtocolError(f"round {m.round} metrics claim {m.tokens} tokens; {m.steps} steps of "
-                            f"{cfg.train.batch_size} x {cfg.model.block_size} tokens allow 1 to {tokens_cap}")
     if m.raw_bytes != 4 * num_params:
         raise ProtocolError(f"round {m.round} metrics claim raw_bytes {m.raw_bytes}; a delta of {num_params} "
                             f"elements has {4 * num_params} bytes as float32")

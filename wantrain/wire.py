@@ -22,16 +22,19 @@ from .codec import ChunkSpec, Encoded
 from .config import CODEC_MODES, RunConfig, check_site_name
 from .errors import CodecError, ConfigError, ProtocolError
 from .limits import Limits, safe_text
-from .messages import (DELTA, DELTA_OUTCOMES, HASH_HEX_DIGITS, MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport,
-                       Join, LinkProbe, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
+from .messages import (DELTA, DELTA_OUTCOMES, HASH_HEX_DIGITS, MODEL, UPDATE, ChunkEntry, DeltaOutcome, ErrorMessage,
+                       HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
+                       Welcome)
 from .proto.v1 import ps_pb2 as pb
+from .recovery.manifest import checksum
+from .recovery.roles import ROLES
 from .telemetry import REPORTED_KINDS
 
 __all__ = ["site_message", "server_message", "parse_site_message", "parse_server_message",
            "site_message_from_proto", "server_message_from_proto", "event_to_proto", "ping_request", "ping_reply",
            "watch_request", "report_request", "report_reply", "parse_ping", "parse_watch", "parse_report",
            "MAX_MESSAGE_BYTES", "MAX_NAME_LEN", "MAX_DEVICE_LEN", "MAX_TOKEN_LEN", "MAX_PROBE_SAMPLES",
-           "MAX_REPORTED_EVENTS", "MAX_REPORTED_EVENT_CHARS"]
+           "MAX_REPORTED_EVENTS", "MAX_REPORTED_EVENT_CHARS", "MAX_MANIFEST_CHUNKS"]
 
 MAX_MESSAGE_BYTES = Limits.max_message_bytes   # a chunk carries at most ~1 MiB of payload; leave headroom
 MAX_NAME_LEN = 256               # tensor names
@@ -41,6 +44,7 @@ MAX_PROBE_SAMPLES = 1000         # per LinkProbe message
 MAX_REPORTED_EVENTS = 1000       # per ReportRequest
 MAX_REPORTED_EVENT_CHARS = 16384  # one reported event's JSON (a links_start event lists the plan)
 MAX_SECONDS = 1e7                # any duration a message reports (about 116 days)
+MAX_MANIFEST_CHUNKS = 100_000    # entries of a DeltaManifest (~40 bytes each: within one message)
 _HASH = re.compile(rf"[0-9a-f]{{{HASH_HEX_DIGITS}}}")
 
 # The codec's modes (config.CODEC_MODES) are the proto's encodings, by name: "int8-huffman" is
@@ -50,6 +54,9 @@ _ENCODING_BACK = {v: k for k, v in _ENCODING.items()}
 assert set(_ENCODING_BACK) == set(pb.Encoding.values()) - {pb.ENCODING_UNSPECIFIED}, "codec modes != proto encodings"
 _KIND = {MODEL: pb.CHUNK_KIND_MODEL, DELTA: pb.CHUNK_KIND_DELTA, UPDATE: pb.CHUNK_KIND_UPDATE}
 _KIND_BACK = {v: k for k, v in _KIND.items()}
+_ROLE = {r: pb.Role.Value("ROLE_" + r.upper()) for r in ROLES}
+_ROLE_BACK = {v: k for k, v in _ROLE.items()}
+assert set(_ROLE_BACK) == set(pb.Role.values()) - {pb.ROLE_UNSPECIFIED}, "recovery roles != proto roles"
 
 
 def _hash(value: str, what: str, empty_ok: bool = False) -> str:
@@ -65,10 +72,22 @@ def chunk_to_proto(c: TensorChunk) -> pb.Chunk:
     return pb.Chunk(kind=_KIND[c.kind], round=c.round, index=c.index, count=c.count, tensor=c.spec.tensor,
                     offset=c.spec.offset, length=c.spec.length, encoding=_ENCODING[d.encoding],
                     quant_block=d.quant_block, scales=d.scales, payload=d.payload,
-                    crc32=zlib.crc32(d.payload, zlib.crc32(d.scales)))
+                    crc32=checksum(d))
 
 
-def site_message(obj: Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe) -> pb.SiteMessage:
+def manifest_to_proto(m: Manifest) -> pb.DeltaManifest:
+    return pb.DeltaManifest(round=m.round, tokens=m.tokens, steps=m.steps, chunks=[
+        pb.ManifestEntry(index=c.index, tensor=c.tensor, offset=c.offset, length=c.length, role=_ROLE[c.role],
+                         energy=c.energy, importance=c.importance, nbytes=c.nbytes, crc32=c.crc32,
+                         parity_group=c.group + 1) for c in m.chunks])
+
+
+SiteMessage = Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe | Manifest
+
+
+def site_message(obj: SiteMessage) -> pb.SiteMessage:
+    if isinstance(obj, Manifest):
+        return pb.SiteMessage(manifest=manifest_to_proto(obj))
     if isinstance(obj, Join):
         return pb.SiteMessage(join=pb.Join(**dataclasses.asdict(obj)))
     if isinstance(obj, TensorChunk):
@@ -115,7 +134,7 @@ def event_to_proto(seq: int, json_line: str) -> pb.TelemetryEvent:
 
 # ------------------------------------------------------------------ bytes -> domain
 
-def parse_site_message(raw: bytes) -> Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe:
+def parse_site_message(raw: bytes) -> SiteMessage:
     """What a site sent, checked; ProtocolError if protobuf cannot parse it or it breaks a rule."""
     try:
         m = pb.SiteMessage.FromString(raw)
@@ -221,8 +240,43 @@ def _metrics(m: pb.RoundMetrics) -> RoundMetrics:
     return RoundMetrics(**fields)
 
 
-def site_message_from_proto(m: pb.SiteMessage) -> Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe:
+def manifest_from_proto(m: pb.DeltaManifest) -> Manifest:
+    """A DeltaManifest, checked for what needs no state: entries in index order, named, sized, with
+    a known role, finite non-negative energies and importances that sum to 1 (the PS checks them
+    against its chunk plan and the chunks as they come)."""
+    n = len(m.chunks)
+    if not 1 <= n <= MAX_MANIFEST_CHUNKS:
+        raise ProtocolError(f"a delta manifest lists 1 to {MAX_MANIFEST_CHUNKS} chunks, this one {n}")
+    if m.steps < 1 or m.tokens < 1:
+        raise ProtocolError(f"delta manifest of round {m.round} claims {m.steps} steps and {m.tokens} tokens")
+    entries = []
+    for i, e in enumerate(m.chunks):
+        what = f"delta manifest entry {i}"
+        if e.index != i:
+            raise ProtocolError(f"{what} is for chunk {e.index}: entries come in chunk order from 0")
+        if not e.tensor or len(e.tensor) > MAX_NAME_LEN or not e.tensor.isprintable():
+            raise ProtocolError(f"{what} names no tensor (or an unprintable or overlong name)")
+        if e.length == 0:
+            raise ProtocolError(f"{what} holds no elements")
+        if e.role not in _ROLE_BACK:
+            raise ProtocolError(f"{what} has unknown role {e.role}")
+        if not (math.isfinite(e.energy) and e.energy >= 0 and math.isfinite(e.importance) and 0 <= e.importance <= 1):
+            raise ProtocolError(f"{what} has energy {e.energy} and importance {e.importance}: energy must be "
+                                f"finite and >= 0, importance in [0, 1]")
+        if e.parity_group > n:
+            raise ProtocolError(f"{what} is in parity group {e.parity_group - 1} of a delta of {n} chunks")
+        entries.append(ChunkEntry(i, e.tensor, e.offset, e.length, _ROLE_BACK[e.role], e.energy, e.importance,
+                                  e.nbytes, e.crc32, e.parity_group - 1))
+    total = math.fsum(e.importance for e in entries)
+    if abs(total - 1) > 1e-6:
+        raise ProtocolError(f"delta manifest of round {m.round}: its chunks' importances sum to {total:.9g}, not 1")
+    return Manifest(m.round, tuple(entries), m.tokens, m.steps)
+
+
+def site_message_from_proto(m: pb.SiteMessage) -> SiteMessage:
     which = m.WhichOneof("body")
+    if which == "manifest":
+        return manifest_from_proto(m.manifest)
     if which == "join":
         j = m.join
         why = check_site_name(j.site)

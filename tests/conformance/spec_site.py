@@ -166,6 +166,18 @@ def encode_chunk(kind: int, round_: int, index: int, count: int, spec: tuple[str
                     encoding=encoding, quant_block=block, scales=scales, payload=payload, crc32=crc(scales, payload))
 
 
+def manifest(round_: int, chunks: list, tokens: int, steps: int) -> pb.DeltaManifest:
+    """A delta's manifest (4a): every chunk's energy from its decoded values, importance its share
+    (every role weighs the same here, so the role says nothing the PS needs; ROLE_OTHER)."""
+    energies = [float(np.sum(decode_chunk(c).astype(np.float64) ** 2)) for c in chunks]
+    total = sum(energies)
+    return pb.DeltaManifest(round=round_, tokens=tokens, steps=steps, chunks=[
+        pb.ManifestEntry(index=c.index, tensor=c.tensor, offset=c.offset, length=c.length, role=pb.ROLE_OTHER,
+                         energy=e, importance=e / total if total > 0 else 1 / len(chunks),
+                         nbytes=len(c.scales) + len(c.payload), crc32=c.crc32)
+        for c, e in zip(chunks, energies)])
+
+
 # ------------------------------------------------------------------ 6: the replica
 
 class Replica:

@@ -34,7 +34,7 @@ SECRET = "conformance-secret-0123456789"      # the token of the spec's example 
 def test_example_join_is_what_the_spec_says():
     m = pb.SiteMessage.FromString(bytes.fromhex(spec.golden("join")))
     j = m.join
-    assert (j.site, j.protocol_version, j.device, j.token) == ("conformance", 3, "spec-example", SECRET)
+    assert (j.site, j.protocol_version, j.device, j.token) == ("conformance", 4, "spec-example", SECRET)
 
 
 def test_example_huffman_payload_decodes_and_encodes_as_the_spec_derives_it():
@@ -52,6 +52,16 @@ def test_example_delta_chunk_decodes_to_its_values():
     assert (c.kind, c.tensor, c.length, c.encoding, c.quant_block, c.crc32) == (
         pb.CHUNK_KIND_DELTA, "w", 10, pb.ENCODING_INT8_HUFFMAN, 8, 791083444)
     assert list(spec.decode_chunk(c)) == [0, 0, 0.5, -0.5, 0, 1, 0, 0, -0.25, 0.25]
+
+
+def test_example_manifest_describes_the_example_chunk():
+    m = pb.SiteMessage.FromString(bytes.fromhex(spec.golden("manifest"))).manifest
+    chunk = pb.SiteMessage.FromString(bytes.fromhex(spec.golden("delta_chunk"))).chunk
+    (e,) = m.chunks
+    assert (m.round, m.tokens, m.steps) == (0, 64, 1)
+    assert (e.index, e.tensor, e.offset, e.length, e.role, e.parity_group) == (0, "w", 0, 10, pb.ROLE_MLP, 0)
+    assert e.energy == float(np.sum(spec.decode_chunk(chunk).astype(np.float64) ** 2)) == 1.625
+    assert e.importance == 1.0 and e.nbytes == len(chunk.scales) + len(chunk.payload) and e.crc32 == chunk.crc32
 
 
 def test_example_hash():
@@ -131,9 +141,9 @@ def test_refusals_carry_their_code_and_status(ps):
     address, _, _ = ps
     for join, code, status in [(pb.Join(site="conformance", protocol_version=1, token=SECRET), "protocol_version",
                                 grpc.StatusCode.FAILED_PRECONDITION),
-                               (pb.Join(site="conformance", protocol_version=3, token="wrong"), "unauthenticated",
+                               (pb.Join(site="conformance", protocol_version=4, token="wrong"), "unauthenticated",
                                 grpc.StatusCode.UNAUTHENTICATED),
-                               (pb.Join(site="conformance", protocol_version=3, token=SECRET, resume_hash="x"),
+                               (pb.Join(site="conformance", protocol_version=4, token=SECRET, resume_hash="x"),
                                 "invalid_message", grpc.StatusCode.INVALID_ARGUMENT)]:
         s = Session(address, pb.SiteMessage(join=join))
         try:
@@ -174,12 +184,14 @@ def test_two_rounds_from_the_spec_alone(ps):
             chunks = [spec.encode_chunk(pb.CHUNK_KIND_DELTA, r, i, len(delta_plan), p,
                                         (rng.standard_normal(p[2]) * 1e-3).astype(np.float32), codec)
                       for i, p in enumerate(delta_plan)]
+            tokens = train["batch_size"] * config["model"]["block_size"]
+            if r == 1:                                                 # 4a: optional; round 0 goes without
+                s.send(manifest=spec.manifest(r, chunks, tokens, steps=1))
             for c in chunks:                                           # 3.5
                 s.send(chunk=c)
             s.send(link_probe=pb.LinkProbe(t=[time.time()], rtt_ms=[0.5]))
             s.send(metrics=pb.RoundMetrics(                            # 7
-                round=r, train_loss=3.0, last_train_loss=3.0, steps=1,
-                tokens=train["batch_size"] * config["model"]["block_size"],
+                round=r, train_loss=3.0, last_train_loss=3.0, steps=1, tokens=tokens,
                 raw_bytes=4 * sum(n for _, n in replica.sizes()),
                 wire_bytes=sum(len(c.scales) + len(c.payload) for c in chunks), chunks=len(chunks),
                 data_position=r + 1))

@@ -206,6 +206,16 @@ class RoundState:
     def missing(self) -> list[str]:
         return sorted(s for s in self.members if self.uploads[s].metrics is None)
 
+    def missing_importance(self) -> dict[str, float]:
+        """Of the members whose delta is not complete and who sent its manifest: the share of its
+        importance still to come (recovery/manifest.py)."""
+        out = {}
+        for s in self.missing():
+            share = self.uploads[s].missing_importance
+            if share is not None:
+                out[s] = round(share, 6)
+        return out
+
     def close(self) -> bool:
         """Close the round if every member's delta is in, or the deadline passed and some are: the
         missing ones become late. True when it closed (the caller aggregates `uploads`)."""

@@ -36,7 +36,8 @@ from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError, Rej
 from ..faults import Stalls
 from ..limits import Limits, safe_text
 from ..memory import trim_heap
-from ..messages import DeltaOutcome, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart, TensorChunk, Welcome
+from ..messages import (DeltaOutcome, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk,
+                        Welcome)
 from ..screening import Screen, check_claims
 from ..telemetry import Recorder
 from .commit import Committed, Committer
@@ -47,7 +48,7 @@ from .sites import SiteLink, check_join
 from .journal import JOURNAL_DIR, Journal
 from .ledger import Ledger
 from .state import CheckpointWriter, come_up, snapshot
-from .uploads import Upload, assemble, check_chunk
+from .uploads import Upload, assemble, check_chunk, check_manifest
 
 __all__ = ["ParameterServer", "SiteLink"]
 
@@ -166,6 +167,8 @@ class ParameterServer:
         (link probes), so a site can cause only a bounded number of events."""
         if isinstance(msg, TensorChunk):
             self.on_chunk(link, msg)
+        elif isinstance(msg, Manifest):
+            self.on_manifest(link, msg)
         elif isinstance(msg, RoundMetrics):
             await self.on_metrics(link, msg)
         elif isinstance(msg, HashReport):
@@ -258,9 +261,16 @@ class ParameterServer:
         self.rounds.past_deadline = True
         missing = self.rounds.missing()
         self.recorder.emit("deadline", round=round_, deadline_s=time.time() - self.rounds.started_at,
-                           missing=missing, policy=self.cfg.train.late_policy)
+                           missing=missing, policy=self.cfg.train.late_policy,
+                           missing_importance=self.rounds.missing_importance())
         log.warning("round %d: deadline passed, %d site(s) missing: %s", round_, len(missing), ", ".join(missing))
         self._maybe_finish_round()
+
+    def on_manifest(self, link: SiteLink, m: Manifest) -> None:
+        """Take a delta's manifest, before its chunks; raises ProtocolError if it does not belong."""
+        up = self.rounds.upload_for(link.name, m.round, self.round)
+        check_manifest(self.cfg, up, m, self.plan)
+        up.manifest = m
 
     def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
@@ -275,6 +285,9 @@ class ParameterServer:
         if len(up.decoding) != up.count or m.chunks != up.count:
             raise ProtocolError(f"metrics after {len(up.decoding)} of {max(up.count, m.chunks)} delta chunks")
         check_claims(self.cfg, m, up.train_s, self.num_params, up.wire_bytes, self.round)
+        if up.manifest is not None and (m.steps, m.tokens) != (up.manifest.steps, up.manifest.tokens):
+            raise ProtocolError(f"round {m.round} metrics claim {m.steps} steps and {m.tokens} tokens, its manifest "
+                                f"{up.manifest.steps} and {up.manifest.tokens}")
         # Check this site's delta now (its chunks were decoded as they came), while others still
         # train: a bad delta is rejected here, for this site alone, and never reaches the aggregate.
         try:

@@ -1,7 +1,9 @@
 """A site's delta for one round as it arrives, and the checks it passes before it counts.
 
-`check_chunk` runs on every delta chunk (does it belong to this run's chunk plan, is it sized
-like one); a chunk that passes is decoded at once on the process's CPU pool (`extract_chunk`),
+`check_manifest` runs on a delta's manifest, if the site sends one (before the chunks: does it
+describe this run's chunk plan, is the weight it claims allowed); `check_chunk` runs on every
+delta chunk (does it belong to this run's chunk plan, is it sized like one, is it the chunk the
+manifest described); a chunk that passes is decoded at once on the process's CPU pool (`extract_chunk`),
 so a delta is decoded while it arrives and its wire bytes are dropped as soon as they are; `assemble`
 runs once the site's metrics say the delta is complete (every chunk decodable and finite, the whole
 not out of all proportion to the model). They raise ProtocolError or a quarantine error for the
@@ -22,10 +24,11 @@ from .. import cpu_pool
 from ..codec import ChunkSpec, Codec, Extracted
 from ..config import RunConfig
 from ..errors import CodecError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError
-from ..messages import DELTA, RoundMetrics, TensorChunk
-from ..screening import max_delta_scale, sum_of_squares
+from ..messages import DELTA, Manifest, RoundMetrics, TensorChunk
+from ..recovery.manifest import checksum
+from ..screening import check_weight, max_delta_scale, sum_of_squares
 
-__all__ = ["Upload", "check_chunk", "extract_chunk", "assemble"]
+__all__ = ["Upload", "check_manifest", "check_chunk", "extract_chunk", "assemble"]
 
 Checked = tuple[Extracted, float]           # a decoded chunk and its squared L2 norm
 
@@ -46,6 +49,7 @@ class Upload:
     first_chunk_at: float = 0.0    # when its first chunk arrived (perf_counter)
     last_chunk_at: float = 0.0     # and its latest: once the last is in, the PS holds it all
     share: float = 0.0             # late_policy zero-outside: its share of the round that committed without it
+    manifest: Manifest | None = None   # what the site said the delta holds, before its chunks
 
     @property
     def checked(self) -> list[Extracted]:
@@ -63,10 +67,32 @@ class Upload:
         self.wire_bytes += c.data.wire_bytes
 
     @property
+    def missing_importance(self) -> float | None:
+        """The share of the delta's importance in chunks not yet in (None without a manifest)."""
+        return None if self.manifest is None else self.manifest.missing(self.decoding)
+
+    @property
     def upload_s(self) -> float:
         """From the first chunk's arrival to the last's: the delta's time on the wire, as the site sends
         its smallest chunk first (less the link's one-way delay, which the first chunk took too)."""
         return self.last_chunk_at - self.first_chunk_at
+
+
+def check_manifest(cfg: RunConfig, up: Upload, m: Manifest, plan: list[ChunkSpec]) -> None:
+    """Does manifest `m` describe the delta `up` will hold? It comes before the delta's first chunk,
+    once, lists the plan's chunks, and claims a weight the round allowed (screening.check_weight)."""
+    if up.manifest is not None:
+        raise ProtocolError(f"the manifest of round {m.round} arrived twice")
+    if up.decoding or up.metrics is not None:
+        raise ProtocolError(f"the manifest of round {m.round} came after its delta's first chunk: it comes first")
+    if len(m.chunks) != len(plan):
+        raise ProtocolError(f"a delta comes in {len(plan)} chunks here, the manifest of round {m.round} lists "
+                            f"{len(m.chunks)}")
+    for e, spec in zip(m.chunks, plan):
+        if (e.tensor, e.offset, e.length) != (spec.tensor, spec.offset, spec.length):
+            raise ProtocolError(f"manifest entry {e.index} covers {e.tensor!r}[{e.offset}:{e.offset + e.length}], "
+                                f"the plan says {spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
+    check_weight(cfg, f"the manifest of round {m.round}", m.steps, m.tokens, up.train_s)
 
 
 def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str) -> None:
@@ -97,6 +123,10 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
         raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice")
     if c.data.wire_bytes > 4 * c.spec.length + 65536:
         raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
+    said = up.manifest.chunks[c.index] if up.manifest is not None else None
+    if said is not None and (said.crc32, said.nbytes) != (checksum(c.data), c.data.wire_bytes):
+        raise ProtocolError(f"delta chunk {c.index} of round {c.round} is not the chunk its manifest described "
+                            f"(CRC-32 and bytes differ)")
 
 
 def extract_chunk(site: str, c: TensorChunk) -> Checked:

@@ -1,8 +1,9 @@
 """A delta's manifest: what each of its chunks is and how much it matters, known before they arrive.
 
 A site builds it from the chunks it is about to send (chunk index, tensor, offset, length, role,
-energy, importance, bytes, CRC-32 of the payload, parity group) and sends it first, so the PS knows
-at every moment how much of the delta's weighted energy it is still missing.
+energy, importance, bytes, CRC-32 of the payload, parity group) and sends it first, with the
+weight the delta claims (tokens, steps), so the PS knows at every moment how much of the delta's
+weighted energy it is still missing, and can count the chunks it has (docs/protocol.md, 2b).
 
     energy       sum of the squares of the chunk's values as the PS will decode them (after
                  quantization: exactly what the PS loses if the chunk does not arrive)
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..codec import ChunkSpec, Encoded
 
-__all__ = ["ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect"]
+__all__ = ["ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect", "checksum"]
 
 DEFAULT_ROLE_WEIGHTS = {"critical": 1.0, "embedding": 1.0, "attention": 1.0, "mlp": 1.0, "other": 1.0}
 
@@ -45,8 +46,9 @@ class ChunkEntry:
 @dataclass(frozen=True)
 class Manifest:
     round: int
-    site: str
     chunks: tuple[ChunkEntry, ...]
+    tokens: int = 0      # what the delta's RoundMetrics will claim: its weight
+    steps: int = 0
 
     @property
     def total_energy(self) -> float:
@@ -62,11 +64,13 @@ class Manifest:
 
 
 def checksum(enc: Encoded) -> int:
+    """A chunk's CRC-32 (zlib) of its scales followed by its payload, as its wire message carries it."""
     return zlib.crc32(enc.payload, zlib.crc32(enc.scales))
 
 
-def build_manifest(round_: int, site: str, chunks: list[tuple[ChunkSpec, Encoded]], decoded: dict[str, np.ndarray],
-                   roles: dict[str, str], role_weights: dict[str, float] | None = None) -> Manifest:
+def build_manifest(round_: int, chunks: list[tuple[ChunkSpec, Encoded]], decoded: dict[str, np.ndarray],
+                   roles: dict[str, str], role_weights: dict[str, float] | None = None, tokens: int = 0,
+                   steps: int = 0) -> Manifest:
     """The manifest of a delta encoded as `chunks` (codec.encode_arrays), `decoded` its values as the
     receiver reconstructs them, `roles` each tensor's (roles.roles_of)."""
     weights = role_weights or DEFAULT_ROLE_WEIGHTS
@@ -79,7 +83,7 @@ def build_manifest(round_: int, site: str, chunks: list[tuple[ChunkSpec, Encoded
     entries = tuple(ChunkEntry(i, spec.tensor, spec.offset, spec.length, roles[spec.tensor], e,
                                w / total if total > 0 else 1.0 / len(chunks), enc.wire_bytes, checksum(enc))
                     for i, ((spec, enc), e, w) in enumerate(zip(chunks, energies, weighted)))
-    return Manifest(round_, site, entries)
+    return Manifest(round_, entries, tokens, steps)
 
 
 def protect(manifest: Manifest, share: float = 0.5, group_size: int = 8) -> Manifest:
@@ -96,5 +100,4 @@ def protect(manifest: Manifest, share: float = 0.5, group_size: int = 8) -> Mani
     group = {index: n // group_size for n, index in enumerate(chosen)}
     if len(chosen) > 1 and len(chosen) % group_size == 1:    # a last group of one would be its own copy
         group[chosen[-1]] = group[chosen[-2]]
-    return Manifest(manifest.round, manifest.site, tuple(
-        ChunkEntry(**{**c.__dict__, "group": group.get(c.index, -1)}) for c in manifest.chunks))
+    return replace(manifest, chunks=tuple(replace(c, group=group.get(c.index, -1)) for c in manifest.chunks))

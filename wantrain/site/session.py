@@ -41,6 +41,8 @@ from ..config import RunConfig
 from ..errors import ConfigError, ProtocolError, Reject, RejectedError, ReplicaMismatchError
 from ..faults import Stalls
 from ..memory import trim_heap
+from ..recovery import roles_of
+from ..replica import named_params
 from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundResult,
                         RoundStart, TensorChunk, Welcome)
 from ..tls import TLSClient
@@ -294,7 +296,8 @@ class Site:
             t = w.config.train
             self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s)
             self.replica.build(self.model, w.shards, w.config.codec.chunk_elements())
-            self.uplink = Uplink(self.opts.name, w.config, self.stalls)
+            self.uplink = Uplink(self.opts.name, w.config,
+                                 roles_of({k: tuple(p.shape) for k, p in named_params(self.model).items()}), self.stalls)
             log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
                      w.site_index, w.config.model.preset, self.device, w.data_position)
         self._held().expect(w.round, w.model_hash)

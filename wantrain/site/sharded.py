@@ -6,6 +6,8 @@ the logic of one PS:
 
     sent                      to each shard
     Join, Ready, HashReport   with that shard's part of the replica's hash
+    delta manifest            the entries of its tensors, numbered in its own plan, their importance
+                              a share of that shard's part (parity groups are not kept)
     delta chunks, metrics     the chunks of its tensors, numbered in its own plan; metrics with its
                               counts (chunks, raw and wire bytes)
     link probes               to shard 0 only
@@ -37,10 +39,10 @@ from dataclasses import dataclass, field, replace
 import grpc
 
 from .. import wire
-from ..codec import plan_chunks
+from ..codec import ChunkSpec, plan_chunks
 from ..errors import ConnectionLostError, ProtocolError
-from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundMetrics,
-                        RoundResult, RoundStart, TensorChunk, Welcome)
+from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Manifest, Ready,
+                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
 from ..shards import combine_hashes
 from .replica import Replica
 
@@ -220,6 +222,8 @@ class ShardedStream:
         elif isinstance(msg, (Ready, HashReport)):
             for i in range(self.n):
                 await self._write(i, replace(msg, model_hash=self.replica.part_hashes[i]))
+        elif isinstance(msg, Manifest):
+            await self._manifest(msg)
         elif isinstance(msg, TensorChunk):
             await self._delta_chunk(msg)
         elif isinstance(msg, RoundMetrics):
@@ -234,10 +238,26 @@ class ShardedStream:
         else:
             raise TypeError(f"not a site message: {type(msg).__name__}")
 
-    async def _delta_chunk(self, c: TensorChunk) -> None:
+    def _begin_push(self, round_: int) -> None:
         if not self.sent_index:      # a round's push begins (a push cut short by a failure is not replayed)
-            self.mem.pushed_round, self.mem.pushed, self.mem.complete = c.round, [[] for _ in range(self.n)], False
+            self.mem.pushed_round, self.mem.pushed, self.mem.complete = round_, [[] for _ in range(self.n)], False
             self.sent_index, self.sent_bytes = [0] * self.n, [0] * self.n
+
+    async def _manifest(self, m: Manifest) -> None:
+        self._begin_push(m.round)
+        index, layout = self._shard_index(), self.replica.layout
+        for i in range(self.n):
+            mine = [e for e in m.chunks if layout.shard_of(e.tensor) == i]
+            total = math.fsum(e.importance for e in mine)
+            part = sorted((replace(e, index=index[ChunkSpec(e.tensor, e.offset, e.length)], group=-1,
+                                   importance=e.importance / total if total > 0 else 1 / len(mine)) for e in mine),
+                          key=lambda e: e.index)
+            msg = replace(m, chunks=tuple(part))
+            self.mem.pushed[i].append(msg)
+            await self._write(i, msg)
+
+    async def _delta_chunk(self, c: TensorChunk) -> None:
+        self._begin_push(c.round)
         i = self.replica.layout.shard_of(c.spec.tensor)
         m = replace(c, index=self._shard_index()[c.spec], count=self._plan_counts()[0][i])
         self.sent_index[i] += 1

@@ -28,7 +28,8 @@ import numpy as np
 from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays
 from ..config import RunConfig
 from ..faults import Stalls
-from ..messages import DELTA, MAX_STALENESS, DeltaOutcome, RoundMetrics, RoundResult, TensorChunk
+from ..messages import DELTA, MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult, TensorChunk
+from ..recovery import build_manifest
 
 __all__ = ["Uplink"]
 
@@ -38,8 +39,8 @@ log = logging.getLogger("wantrain.site")
 class Uplink:
     """One site's deltas: encoded with error feedback, pushed, and settled by the PS's results."""
 
-    def __init__(self, site: str, cfg: RunConfig, stalls: Stalls | None = None) -> None:
-        self.site, self.cfg = site, cfg
+    def __init__(self, site: str, cfg: RunConfig, roles: dict[str, str], stalls: Stalls | None = None) -> None:
+        self.site, self.cfg, self.roles = site, cfg, roles
         self.codec = Codec(cfg.codec)
         self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
         self.stalls = stalls or Stalls((), log)
@@ -52,16 +53,21 @@ class Uplink:
         return self.cfg.train.applies_late
 
     async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict) -> EncodeStats:
-        """Encode the round's delta (error feedback in) and send its chunks, then its RoundMetrics with
-        `figures` (the training's, wait_s, decode_s). The smallest chunk goes first: the PS times the
-        upload from the first chunk's arrival to the last's, so the first must take no time itself."""
+        """Encode the round's delta (error feedback in) and send its manifest, its chunks, then its
+        RoundMetrics with `figures` (the training's, wait_s, decode_s). The chunks go critical ones
+        first, then by importance (what a deadline cuts short is what matters least), except that
+        the smallest goes first of all: the PS times the upload from the first chunk's arrival to
+        the last's, so the first must take no time itself."""
         stats = EncodeStats()
-        chunks, sent = await asyncio.to_thread(encode_arrays, delta, self.codec, self.feedback, stats)
+        chunks, sent, manifest = await asyncio.to_thread(self._encode, round_, delta, figures, stats)
         if self.feedback is not None:
             self.pending[round_] = sent
+        order = sorted(range(len(chunks)), key=lambda i: (manifest.chunks[i].role != "critical",
+                                                         -manifest.chunks[i].importance, i))
         first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
+        await stream.send(manifest)
         t0 = time.perf_counter()
-        for n, i in enumerate([first, *(i for i in range(len(chunks)) if i != first)]):
+        for n, i in enumerate([first, *(i for i in order if i != first)]):
             spec, enc = chunks[i]
             await stream.send(TensorChunk(DELTA, round_, i, len(chunks), spec, enc))
             if n == 0:
@@ -71,6 +77,14 @@ class Uplink:
                                send_s=time.perf_counter() - t0, chunks=len(chunks), **figures)
         await stream.send(metrics)
         return stats
+
+    def _encode(self, round_: int, delta: dict[str, np.ndarray], figures: dict, stats: EncodeStats
+                ) -> tuple[list, dict[str, np.ndarray], Manifest]:
+        chunks, sent = encode_arrays(delta, self.codec, self.feedback, stats)
+        t0 = time.perf_counter()
+        manifest = build_manifest(round_, chunks, sent, self.roles, tokens=figures["tokens"], steps=figures["steps"])
+        stats.seconds += time.perf_counter() - t0
+        return chunks, sent, manifest
 
     def keep(self, delta: dict[str, np.ndarray]) -> None:
         """A delta that will not be sent: its change goes into the next one (unless the policy says

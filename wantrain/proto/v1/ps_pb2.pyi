@@ -19,6 +19,15 @@ class ChunkKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CHUNK_KIND_MODEL: _ClassVar[ChunkKind]
     CHUNK_KIND_DELTA: _ClassVar[ChunkKind]
     CHUNK_KIND_UPDATE: _ClassVar[ChunkKind]
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_CRITICAL: _ClassVar[Role]
+    ROLE_EMBEDDING: _ClassVar[Role]
+    ROLE_ATTENTION: _ClassVar[Role]
+    ROLE_MLP: _ClassVar[Role]
+    ROLE_OTHER: _ClassVar[Role]
 ENCODING_UNSPECIFIED: Encoding
 ENCODING_FP32: Encoding
 ENCODING_INT8: Encoding
@@ -27,6 +36,12 @@ CHUNK_KIND_UNSPECIFIED: ChunkKind
 CHUNK_KIND_MODEL: ChunkKind
 CHUNK_KIND_DELTA: ChunkKind
 CHUNK_KIND_UPDATE: ChunkKind
+ROLE_UNSPECIFIED: Role
+ROLE_CRITICAL: Role
+ROLE_EMBEDDING: Role
+ROLE_ATTENTION: Role
+ROLE_MLP: Role
+ROLE_OTHER: Role
 
 class Chunk(_message.Message):
     __slots__ = ("kind", "round", "index", "count", "tensor", "offset", "length", "encoding", "quant_block", "scales", "payload", "crc32")
@@ -55,6 +70,42 @@ class Chunk(_message.Message):
     payload: bytes
     crc32: int
     def __init__(self, kind: _Optional[_Union[ChunkKind, str]] = ..., round: _Optional[int] = ..., index: _Optional[int] = ..., count: _Optional[int] = ..., tensor: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., encoding: _Optional[_Union[Encoding, str]] = ..., quant_block: _Optional[int] = ..., scales: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., crc32: _Optional[int] = ...) -> None: ...
+
+class ManifestEntry(_message.Message):
+    __slots__ = ("index", "tensor", "offset", "length", "role", "energy", "importance", "nbytes", "crc32", "parity_group")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_FIELD_NUMBER: _ClassVar[int]
+    IMPORTANCE_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    PARITY_GROUP_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    tensor: str
+    offset: int
+    length: int
+    role: Role
+    energy: float
+    importance: float
+    nbytes: int
+    crc32: int
+    parity_group: int
+    def __init__(self, index: _Optional[int] = ..., tensor: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., role: _Optional[_Union[Role, str]] = ..., energy: _Optional[float] = ..., importance: _Optional[float] = ..., nbytes: _Optional[int] = ..., crc32: _Optional[int] = ..., parity_group: _Optional[int] = ...) -> None: ...
+
+class DeltaManifest(_message.Message):
+    __slots__ = ("round", "tokens", "steps", "chunks")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    tokens: int
+    steps: int
+    chunks: _containers.RepeatedCompositeFieldContainer[ManifestEntry]
+    def __init__(self, round: _Optional[int] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ManifestEntry, _Mapping]]] = ...) -> None: ...
 
 class Join(_message.Message):
     __slots__ = ("site", "protocol_version", "resume_round", "resume_hash", "device", "token")
@@ -199,20 +250,22 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class SiteMessage(_message.Message):
-    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe", "ready")
+    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe", "ready", "manifest")
     JOIN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     HASH_REPORT_FIELD_NUMBER: _ClassVar[int]
     LINK_PROBE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
     join: Join
     chunk: Chunk
     metrics: RoundMetrics
     hash_report: HashReport
     link_probe: LinkProbe
     ready: Ready
-    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ...) -> None: ...
+    manifest: DeltaManifest
+    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., manifest: _Optional[_Union[DeltaManifest, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
     __slots__ = ("welcome", "chunk", "round_start", "round_result", "error", "delta_outcome")

@@ -1,0 +1,111 @@
+"""A delta's manifest at the PS (docs/protocol.md 4a), driven without a network: it comes first,
+describes the run's chunk plan and the chunks that follow, claims the weight the metrics claim, and
+tells the deadline how much of a late delta's importance is still missing."""
+
+import asyncio
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from wantrain.codec import Codec, EncodeStats, encode_arrays
+from wantrain.errors import ProtocolError
+from wantrain.messages import DELTA, Join, TensorChunk
+from wantrain.ps import ParameterServer
+from wantrain.recovery import build_manifest, roles_of
+from wantrain.replica import named_params
+
+from .helpers import small_config
+from .test_server import drain, enter, metrics_for, rows_of
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def delta_with_manifest(ps, round_, seed=0, steps=1):
+    """A delta's chunks, its manifest (as a site builds it) and its metrics."""
+    rng = np.random.default_rng(seed)
+    delta = {k: (rng.standard_normal(n) * 1e-3).astype(np.float32) for k, n in ps.shapes.items()}
+    stats = EncodeStats()
+    chunks, decoded = encode_arrays(delta, Codec(ps.cfg.codec), None, stats)
+    roles = roles_of({k: tuple(p.shape) for k, p in named_params(ps.global_model.model).items()})
+    m = metrics_for(ps.cfg, round_, stats, len(chunks), steps=steps)
+    manifest = build_manifest(round_, chunks, decoded, roles, tokens=m.tokens, steps=m.steps)
+    msgs = [TensorChunk(DELTA, round_, i, len(chunks), spec, enc) for i, (spec, enc) in enumerate(chunks)]
+    return manifest, msgs, m
+
+
+def test_a_delta_with_a_manifest_commits_as_one_without():
+    async def scenario(with_manifest):
+        ps = ParameterServer(small_config(num_sites=1), run_dir=None)
+        a = enter(ps, Join("a"))
+        drain(a)
+        manifest, msgs, m = delta_with_manifest(ps, 0)
+        if with_manifest:
+            ps.on_manifest(a, manifest)
+        for i in sorted(range(len(msgs)), key=lambda i: -manifest.chunks[i].importance):   # importance order
+            ps.on_chunk(a, msgs[i])
+        await ps.on_metrics(a, m)
+        await ps.round_task
+        return ps.round, ps.hash
+
+    assert asyncio.run(scenario(True)) == asyncio.run(scenario(False)) and asyncio.run(scenario(True))[0] == 1
+
+
+def _refused(edit_manifest=None, after_chunk=False, edit_metrics=None, edit_chunk=None, twice=False):
+    async def scenario():
+        ps = ParameterServer(small_config(num_sites=1), run_dir=None)
+        a = enter(ps, Join("a"))
+        drain(a)
+        manifest, msgs, m = delta_with_manifest(ps, 0)
+        if after_chunk:
+            ps.on_chunk(a, msgs[0])
+        ps.on_manifest(a, edit_manifest(manifest) if edit_manifest else manifest)
+        if twice:
+            ps.on_manifest(a, manifest)
+        for c in msgs[1:] if after_chunk else msgs:
+            ps.on_chunk(a, edit_chunk(c) if edit_chunk and c.index == 1 else c)
+        await ps.on_metrics(a, edit_metrics(m) if edit_metrics else m)
+    with pytest.raises(ProtocolError) as info:
+        asyncio.run(scenario())
+    return str(info.value)
+
+
+def test_a_manifest_that_does_not_belong_is_refused():
+    assert "came after its delta's first chunk" in _refused(after_chunk=True)
+    assert "arrived twice" in _refused(twice=True)
+    shifted = lambda m: replace(m, chunks=(replace(m.chunks[0], offset=1), *m.chunks[1:]))
+    assert "manifest entry 0 covers" in _refused(shifted)
+    assert "lists 2" in _refused(lambda m: replace(m, chunks=m.chunks[:2]))
+    assert "claim 99 inner steps" in _refused(lambda m: replace(m, steps=99))
+
+
+def test_a_chunk_or_metrics_unlike_the_manifest_are_refused():
+    other = lambda c: replace(c, data=replace(c.data, payload=c.data.payload[:-1] + bytes([c.data.payload[-1] ^ 1])))
+    assert "not the chunk its manifest described" in _refused(edit_chunk=other)
+    assert "its manifest 1 and" in _refused(edit_metrics=lambda m: replace(m, tokens=m.tokens - 1))
+
+
+def test_the_deadline_says_how_much_of_a_late_delta_s_importance_is_missing():
+    async def scenario():
+        cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 3.0})
+        ps = ParameterServer(cfg, run_dir=None)
+        a_manifest, a_msgs, a_metrics = delta_with_manifest(ps, 0, seed=1)
+        b_manifest, b_msgs, _ = delta_with_manifest(ps, 0, seed=2)
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        drain(a), drain(b)
+        for c in a_msgs:
+            ps.on_chunk(a, c)
+        await ps.on_metrics(a, a_metrics)
+        ps.on_manifest(b, b_manifest)
+        sent = sorted(range(len(b_msgs)), key=lambda i: -b_manifest.chunks[i].importance)[:len(b_msgs) // 2]
+        for i in sent:
+            ps.on_chunk(b, b_msgs[i])
+        await asyncio.sleep(3.3)
+        await ps.round_task
+        return ps, b_manifest, sent
+
+    ps, manifest, sent = asyncio.run(scenario())
+    deadline = rows_of(ps, "deadline")[-1]
+    assert deadline["missing"] == ["b"]
+    missing = deadline["missing_importance"]["b"]
+    assert missing == pytest.approx(manifest.missing(sent), abs=1e-6) and 0 < missing < 0.5   # the top half went first
