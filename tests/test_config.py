@@ -20,6 +20,8 @@ def test_json_round_trip():
     ({"data.val_fraction": 0.9}, "data.val_fraction"),
     ({"num_sites": 0}, "num_sites"),
     ({"train.inner_lr": float("nan")}, "train.inner_lr"),
+    ({"train.late_policy": "wait"}, "train.late_policy"),
+    ({"train.partial_deltas": True}, "train.partial_deltas"),        # under the default late_policy, drop
 ])
 def test_bad_values_name_the_field(change, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

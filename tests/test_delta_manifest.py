@@ -3,6 +3,7 @@ describes the run's chunk plan and the chunks that follow, claims the weight the
 tells the deadline how much of a late delta's importance is still missing."""
 
 import asyncio
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 
 from wantrain.codec import Codec, EncodeStats, encode_arrays
 from wantrain.errors import ProtocolError
-from wantrain.messages import DELTA, Join, TensorChunk
+from wantrain.messages import DELTA, HashReport, Join, RoundResult, TensorChunk
 from wantrain.ps import ParameterServer
+from wantrain.ps.journal import JOURNAL_DIR
 from wantrain.recovery import build_manifest, roles_of
 from wantrain.replica import named_params
 
@@ -109,3 +111,69 @@ def test_the_deadline_says_how_much_of_a_late_delta_s_importance_is_missing():
     assert deadline["missing"] == ["b"]
     missing = deadline["missing_importance"]["b"]
     assert missing == pytest.approx(manifest.missing(sent), abs=1e-6) and 0 < missing < 0.5   # the top half went first
+
+
+def _partial_run(tmp_path, policy, late_b):
+    """Two sites, rounds 0 and 1, fp32 deltas, lr 1 and no outer momentum (so the model ends at its
+    start minus every mass applied). In round 0 `late_b`: b sends its manifest and the top half of
+    its chunks by importance before the deadline, the rest after; else it is on time. Returns the PS,
+    the chunks b had in at the deadline and what a heard."""
+    cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 3.0, "train.late_policy": policy,
+                                       "train.partial_deltas": True, "train.checkpoint_every": 10,
+                                       "train.outer_lr": 1.0, "train.outer_momentum": 0.0, "codec.mode": "fp32"})
+
+    async def scenario():
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        deltas = {(r, s): delta_with_manifest(ps, r, seed=10 * r + i) for r in (0, 1) for i, s in enumerate("ab")}
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        drain(a), drain(b)
+        heard = []
+        for r in (0, 1):
+            for site, link in (("a", a), ("b", b)):
+                manifest, msgs, m = deltas[(r, site)]
+                ps.on_manifest(link, manifest)
+                order = sorted(range(len(msgs)), key=lambda i: -manifest.chunks[i].importance)
+                first = order[:len(order) // 2] if (site, r) == ("b", 0) and late_b else order
+                for i in first:
+                    ps.on_chunk(link, msgs[i])
+                if first is order:
+                    await ps.on_metrics(link, m)
+            if r == 0 and late_b:
+                await asyncio.sleep(3.3)                 # the deadline: a's delta and half of b's are in
+                await ps.round_task
+                heard += drain(a)
+                for i in order[len(order) // 2:]:        # the rest of b's, late
+                    ps.on_chunk(b, deltas[(0, "b")][1][i])
+                await ps.on_metrics(b, deltas[(0, "b")][2])
+                ps.on_hash_report(b, HashReport(0, ps.hash))
+            await ps.round_task
+            heard += drain(a)
+        return ps, frozenset(order[:len(order) // 2]), heard
+
+    return cfg, *asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("policy", ["zero-outside", "rescale"])
+def test_the_chunks_in_at_the_deadline_count_and_the_rest_once_later(tmp_path, policy):
+    cfg, ps, sent, heard = _partial_run(tmp_path / "late", policy, late_b=True)
+    results = [m for m in heard if isinstance(m, RoundResult)]
+    assert [(r.round, r.sites, r.partial_chunks) for r in results][0] == (0, ("a",), (("b", sent),))
+    late = rows_of(ps, "late_delta")[-1]
+    assert (late["site"], late["action"]) == ("b", "deferred" if policy == "zero-outside" else "dropped")
+    first = json.loads((tmp_path / "late" / JOURNAL_DIR / "commit-000000.json").read_text())
+    b0 = next(c for c in first["contributions"] if c["site"] == "b")
+    assert b0["partial"] and b0["chunks"] == sorted(sent)
+    second = json.loads((tmp_path / "late" / JOURNAL_DIR / "commit-000001.json").read_text())
+    rest = [c for c in second["contributions"] if c["key"] == "b@0"]
+    if policy == "zero-outside":                 # the rest, once, outside the momentum, at b's half of round 0
+        assert results[1].late_sites == ("b",)
+        assert rest[0]["side"] and set(rest[0]["chunks"]) == set(range(len(ps.plan))) - sent
+        assert rest[0]["weight"] == pytest.approx(0.5)
+        # Every chunk of b's round-0 delta counted once: the model ends where it would with b on time.
+        _, on_time, _, _ = _partial_run(tmp_path / "on-time", policy, late_b=False)
+        for k, v in ps.global_model.views.items():
+            np.testing.assert_allclose(v, on_time.global_model.views[k], rtol=0, atol=1e-6)
+    else:                                        # the others' mean stood in for the rest: never applied
+        assert not rest and results[1].late_sites == ()
+    from .test_journal import assert_same_state, state_of    # and a restart replays it bit for bit
+    assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path / "late")), state_of(ps))

@@ -295,3 +295,21 @@ def test_a_delta_some_shards_counted_carries_forward_only_the_other_tensors():
         v_carried = 0.0 if late_at_v_next_round else 2.0
         assert np.all(site.feedback.residuals["v"] == v_carried), (policy, late_at_v_next_round)
         assert site.pending == {}
+
+
+def test_a_delta_whose_round_counted_some_chunks_carries_only_the_rest():
+    """train.partial_deltas: round 0 counted chunk 1 of b's delta (the chunks in at its deadline);
+    the rest, late past what the policy applies, goes into b's next delta, and chunk 1 never again."""
+    from wantrain.site.uplink import Uplink
+
+    cfg = small_config(**{"train.late_policy": "zero-outside", "train.partial_deltas": True})
+    e = cfg.codec.chunk_elements()
+    site = Uplink("b", cfg, {})
+    site.feedback.residuals = {"w": np.zeros(2 * e + 5, np.float32)}
+    site.pending = {0: {"w": np.ones(2 * e + 5, np.float32)}}            # chunks [0, e), [e, 2e), [2e, 2e+5)
+    site.settle(RoundResult(0, "h", sites=("a",), partial_chunks=(("b", frozenset({1})),)))
+    for r in (1, 2):
+        site.settle(RoundResult(r, "h", sites=("a",)))                   # the rest never applied
+    carried = site.feedback.residuals["w"]
+    assert carried[:e].tolist() == [1.0] * e and not carried[e:2 * e].any() and carried[2 * e:].tolist() == [1.0] * 5
+    assert site.pending == {}

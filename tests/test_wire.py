@@ -35,7 +35,8 @@ def test_site_messages_round_trip(make):
 
 @pytest.mark.parametrize("make", [
     lambda: Welcome("run", 2, RunConfig(), 5, H, 7), chunk, lambda: RoundStart(4, H),
-    lambda: RoundResult(4, H, ("a", "b"), 2.5), lambda: ErrorMessage("duplicate_site", "taken")])
+    lambda: RoundResult(4, H, ("a", "b"), 2.5), lambda: ErrorMessage("duplicate_site", "taken"),
+    lambda: RoundResult(4, H, ("a",), 2.5, ("c",), partial_chunks=(("b", frozenset({0, 3})),))])
 def test_server_messages_round_trip(make):
     msg = make()
     raw = wire.server_message(msg).SerializeToString()

@@ -104,7 +104,7 @@ class TrainConfig:
     deadline_factor: float = 3.0     # derived: budget + factor x typical (arrival - budget) (ps/rounds.py)
     deadline_min_s: float = 10.0     # floor of the derived deadline
     deadline_initial_s: float = 600.0  # derived deadline before any delta has been timed
-    # A delta that misses its round (docs/protocol.md 2, late deltas; bench/late_policy.py measures them):
+    # A delta that misses its round (docs/protocol.md 3, late deltas; bench/late_policy.py measures them):
     # "drop": the round's mean is over the deltas that came, and the site carries the late one forward
     #   in its error feedback (its mass counts twice: once as the others' mean, once itself);
     # "stale": that mean, and the late delta counts in the next round's mean, discounted;
@@ -112,6 +112,10 @@ class TrainConfig:
     # "zero-outside": it counts as zeros in its round's mean, and is applied when it comes, at the
     #   next commit, outside the outer momentum (one never sent goes into the site's next delta).
     late_policy: str = "drop"
+    # Count the chunks of a late delta that arrived by the deadline, when its manifest did (the rest
+    # is what late_policy says: zeros and outside the momentum later, or the others' mean). Needs
+    # late_policy "rescale" or "zero-outside"; an unsharded PS (a shard counts whole deltas).
+    partial_deltas: bool = False
     staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
     quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
                                      # when some sites are missing (they join it when they return)
@@ -142,6 +146,9 @@ class TrainConfig:
                "must be >= 1", self.deadline_factor)
         _check(self.late_policy in LATE_POLICIES, f"{prefix}.late_policy", f"must be one of {LATE_POLICIES}",
                self.late_policy)
+        _check(not self.partial_deltas or self.late_policy in ("rescale", "zero-outside"), f"{prefix}.partial_deltas",
+               f"needs late_policy 'rescale' or 'zero-outside' (it is {self.late_policy!r}): under the others, a late "
+               f"delta is counted whole or not at all", self.partial_deltas)
         _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
         _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",
                self.staleness_discount)

@@ -95,7 +95,9 @@ class RoundResult:
     model_hash: str
     sites: tuple[str, ...] = field(default_factory=tuple)
     val_loss: float = float("nan")
-    late_sites: tuple[str, ...] = field(default_factory=tuple)   # late deltas applied, discounted
+    late_sites: tuple[str, ...] = field(default_factory=tuple)   # late deltas applied (late_policy)
+    # Sites of which the round counted the chunks in at its deadline, and which (train.partial_deltas).
+    partial_chunks: tuple[tuple[str, frozenset[int]], ...] = ()
     # Only in a sharded PS's merged result (site/sharded.py), never on the wire: a site that some
     # shards counted and others did not, with the tensors whose part was counted.
     partial_sites: tuple[tuple[str, frozenset[str]], ...] = ()

@@ -23,6 +23,7 @@ angles (`gram`) dequantize one chunk at a time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 import math
 import statistics
 from dataclasses import dataclass
@@ -122,17 +123,17 @@ def sum_of_squares(x: Extracted) -> float:
     return float(np.dot(per_block.astype(np.float64), np.square(x.scales.astype(np.float64))))
 
 
-def clipped(parts: list[Extracted], factor: float) -> list[Extracted]:
-    """The delta times `factor` (< 1), by scaling its scales: exact and cheap."""
+def clipped(parts: Sequence[Extracted | None], factor: float) -> list[Extracted | None]:
+    """The delta times `factor` (< 1), by scaling its scales: exact and cheap (a missing chunk stays missing)."""
     f = np.float32(factor)
-    return [Extracted(x.data * f, None, 0) if x.scales is None else Extracted(x.data, x.scales * f, x.block)
-            for x in parts]
+    return [None if x is None else Extracted(x.data * f, None, 0) if x.scales is None
+            else Extracted(x.data, x.scales * f, x.block) for x in parts]
 
 
-def gram(deltas: list[list[Extracted]], norms: list[float] | None = None) -> np.ndarray:
+def gram(deltas: Sequence[Sequence[Extracted | None]], norms: list[float] | None = None) -> np.ndarray:
     """Every pair's dot product of whole deltas, (n, n) float64: the norms on the diagonal (squared;
     given, or computed), the angles off it. Chunk by chunk on every core, from the int8 symbols and
-    scales without dequantizing (aggregate_kernels.dot_int8)."""
+    scales without dequantizing (aggregate_kernels.dot_int8). A missing chunk (None) counts as zeros."""
     n = len(deltas)
     pairs = [(a, b) for a in range(n) for b in range(a if norms is None else a + 1, n)]
 
@@ -140,7 +141,9 @@ def gram(deltas: list[list[Extracted]], norms: list[float] | None = None) -> np.
         out = []
         for a, b in pairs:
             x, y = deltas[a][i], deltas[b][i]
-            if x.scales is None or y.scales is None:
+            if x is None or y is None:
+                out.append(0.0)
+            elif x.scales is None or y.scales is None:
                 out.append(kernels.dot_f32(x.values(), y.values()))
             else:
                 out.append(kernels.dot_int8(x.data, x.scales, y.data, y.scales, x.block))
@@ -325,7 +328,7 @@ class Screen:
         self.alerted = set(state.get("alerted", []))
 
 
-def counted(deltas: dict[str, list[Extracted]], verdicts: dict[str, Verdict]) -> dict[str, Contribution]:
+def counted(deltas: dict[str, Sequence[Extracted | None]], verdicts: dict[str, Verdict]) -> dict[str, Contribution]:
     """The deltas that count, scaled and weighted as the screen decided (keys as in `verdicts`)."""
     return {k: Contribution(deltas[k] if v.factor == 1 else clipped(deltas[k], v.factor), v.weight)
             for k, v in verdicts.items() if v.action != "reject"}

@@ -120,7 +120,8 @@ def server_message(obj: ServerMessage) -> pb.ServerMessage:
     if isinstance(obj, RoundResult):
         return pb.ServerMessage(round_result=pb.RoundResult(
             round=obj.round, model_hash=obj.model_hash, sites=list(obj.sites), val_loss=obj.val_loss,
-            late_sites=list(obj.late_sites)))
+            late_sites=list(obj.late_sites),
+            partial=[pb.CountedChunks(site=s, chunks=sorted(c)) for s, c in obj.partial_chunks]))
     if isinstance(obj, DeltaOutcome):
         return pb.ServerMessage(delta_outcome=pb.DeltaOutcome(round=obj.round, outcome=obj.outcome, reason=obj.reason))
     if isinstance(obj, ErrorMessage):
@@ -333,11 +334,14 @@ def server_message_from_proto(m: pb.ServerMessage) -> ServerMessage:
         return RoundStart(rs.round, _hash(rs.model_hash, "round start model_hash"), rs.train_s)
     if which == "round_result":
         r = m.round_result
-        for name in (*r.sites, *r.late_sites):
+        for name in (*r.sites, *r.late_sites, *(p.site for p in r.partial)):
             if check_site_name(name):
                 raise ProtocolError(f"round result names an invalid site {safe_text(name, 60)!r}")
+        for p in r.partial:
+            if len(set(p.chunks)) != len(p.chunks) or any(i >= MAX_MANIFEST_CHUNKS for i in p.chunks):
+                raise ProtocolError(f"round result counts chunks of {p.site!r} twice or out of range")
         return RoundResult(r.round, _hash(r.model_hash, "round result model_hash"), tuple(r.sites), r.val_loss,
-                           tuple(r.late_sites))
+                           tuple(r.late_sites), partial_chunks=tuple((p.site, frozenset(p.chunks)) for p in r.partial))
     if which == "delta_outcome":
         o = m.delta_outcome
         if o.outcome not in DELTA_OUTCOMES:

@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..aggregate import Contribution
-from ..codec import EncodeStats
+from ..codec import EncodeStats, Extracted
+from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError
 from ..config import RunConfig
 from ..faults import Stalls
 from ..messages import DeltaOutcome, RoundResult, TensorChunk
-from ..screening import Screen, Verdict, counted, gram, parse_key
+from ..screening import Screen, Verdict, counted, gram, parse_key, sum_of_squares
 from ..telemetry import Recorder
 from .downloads import Downloads
 from .journal import Journal
@@ -33,45 +36,51 @@ from .ledger import Ledger
 from .model import GlobalModel
 from .rounds import stale_weight
 from .state import CheckpointWriter, commit_record, substitute_of
-from .uploads import Upload
+from .uploads import Upload, assemble_part
 
 __all__ = ["Committer", "Committed", "weights", "judge", "outcomes", "round_end", "zero_outside"]
 
 log = logging.getLogger("wantrain.ps")
 
 
-def weights(uploads: dict[str, Upload], stale: dict[str, Upload], round_: int, discount: float) -> dict[str, float]:
-    """Each delta's weight as claimed: the tokens its site trained, discounted per round it is late."""
+def weights(uploads: dict[str, Upload], stale: dict[str, Upload], partial: dict[str, Upload], round_: int,
+            discount: float) -> dict[str, float]:
+    """Each delta's weight as claimed: the tokens its site trained, discounted per round it is late
+    (a partial delta's, as its manifest claims them)."""
     out = {}
     for key, up in {**uploads, **stale}.items():
         assert up.metrics is not None                   # only complete, checked uploads commit
         out[key] = (stale_weight(up.metrics.tokens, round_ - up.round, discount) if key in stale
                     else float(up.metrics.tokens))
+    for key, up in partial.items():
+        assert up.manifest is not None
+        out[key] = float(up.manifest.tokens)
     return out
 
 
 def zero_outside(parts: dict[str, Contribution], late: dict[str, Upload], missing: list[str], claimed: dict[str, float],
                  chunks: int) -> tuple[dict[str, Contribution], dict[str, Contribution], dict[str, float]]:
-    """late_policy "zero-outside": the round's contributions with each `missing` member as zeros at
-    the mean weight of the deltas counted, the `late` deltas (keys "site@round", screened into
-    `parts`) as side contributions at their share of their own round (less what screening took off
-    their claimed weight), and the share each missing member's delta will have when it comes."""
+    """late_policy "zero-outside": the round's contributions with each `missing` member that has no
+    chunk counted as zeros at the mean weight of the deltas counted, the `late` deltas (keys
+    "site@round", screened into `parts`) as side contributions at their share of their own round
+    (less what screening took off their claimed weight), and the share each missing member's delta
+    (or the rest of it, for one whose chunks in at the deadline count) will have when it comes."""
     side = {k: Contribution(c.parts, late[k].share * c.weight / claimed[k]) for k, c in parts.items() if k in late}
     current = {k: c for k, c in parts.items() if k not in late}
     if not current or not missing:
         return current, side, {}
+    absent = [s for s in missing if s not in current]
     weight = sum(c.weight for c in current.values()) / len(current)
-    total = weight * (len(current) + len(missing))
-    for site in missing:
+    total = sum(c.weight for c in current.values()) + weight * len(absent)
+    for site in absent:
         current[site] = Contribution([None] * chunks, weight)
-    return current, side, {site: weight / total for site in missing}
+    return current, side, {site: current[site].weight / total for site in missing}
 
 
-def judge(screen: Screen, round_: int, deltas: dict[str, Upload], claimed: dict[str, float], g: np.ndarray,
+def judge(screen: Screen, round_: int, keys: list[str], claimed: dict[str, float], g: np.ndarray,
           recorder: Recorder) -> dict[str, Verdict]:
     """A verdict per delta (keys "site" or "site@round" for a late one; `g` their Gram matrix),
     each rejection or clip written as a `quarantine` event and a log line."""
-    keys = list(deltas)
     verdicts = screen.judge(keys, g, [claimed[k] for k in keys])
     for key, v in verdicts.items():
         if not v.reason:
@@ -119,6 +128,7 @@ class Committed:
     outcomes: dict[str, DeltaOutcome]           # sites whose delta was rejected or clipped
     finished: bool                              # the run's last round
     late_shares: dict[str, float]               # zero-outside: members that missed it, their delta's share
+    counted_chunks: dict[str, frozenset[int]]   # partial_deltas: members of which it counted these chunks
 
 
 class Committer:
@@ -137,21 +147,29 @@ class Committer:
         for it, `late` the sites owing a delta, as it stands when the round ends), apply it and make it durable."""
         round_ = self.ledger.round
         outside = self.cfg.train.late_policy == "zero-outside"
-        # Now, before any await: a late delta arriving meanwhile leaves `late` for the next round's side.
+        # Now, before any await: a late delta arriving meanwhile leaves `late` for the next round's
+        # side, and a chunk arriving meanwhile joins the rest of its partial delta.
         missing = sorted(s for s, up in late.items() if up.round == round_)
         missed = sorted(late)
-        deltas = {**uploads, **stale}
-        if self.screen.trusted or len(deltas) < 2:      # only the norms are used: no pass over the deltas
-            g = np.diag([up.norm ** 2 for up in deltas.values()])
+        taking = {s: frozenset(late[s].decoding) for s in missing if self._takes_part(late[s])}
+        partial = {s: late[s] for s in taking}
+        views, refused = await asyncio.to_thread(self._views, uploads, stale, partial, taking)
+        for site, why in refused.items():
+            del partial[site]
+            self.recorder.emit("quarantine", round=round_, site=site, message=why, action="rejected")
+            log.warning("round %d: the chunks of %s in at the deadline are not counted: %s", round_, site, why)
+        if self.screen.trusted or len(views) < 2:       # only the norms are used: no pass over the deltas
+            g = np.diag([norm ** 2 for _, norm in views.values()])
         else:
-            g = await asyncio.to_thread(gram, [up.checked for up in deltas.values()], [up.norm for up in deltas.values()])
-        claimed = weights(uploads, stale, round_, 1.0 if outside else self.cfg.train.staleness_discount)
-        verdicts = judge(self.screen, round_, deltas, claimed, g, self.recorder)
+            g = await asyncio.to_thread(gram, [p for p, _ in views.values()], [norm for _, norm in views.values()])
+        claimed = weights(uploads, stale, partial, round_, 1.0 if outside else self.cfg.train.staleness_discount)
+        verdicts = judge(self.screen, round_, list(views), claimed, g, self.recorder)
         accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
         accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
+        counted_chunks = {s: taking[s] for s in partial if verdicts[s].action != "reject"}
         await self.downloads.freeze(round_)
         t0 = time.time()
-        parts = counted({k: up.checked for k, up in deltas.items()}, verdicts)
+        parts = counted({k: p for k, (p, _) in views.items()}, verdicts)
         side: dict[str, Contribution] = {}
         shares: dict[str, float] = {}
         if outside:
@@ -162,29 +180,63 @@ class Committer:
         if self.checkpoints is not None:
             await self.checkpoints.settled()
         await asyncio.gather(*(up.journaled for up in used.values() if up.journaled is not None))
+        if self.journal is not None:
+            for site in counted_chunks:
+                await asyncio.to_thread(self.journal.write_delta, round_, site, views[site][0], True)
         result, stats, update = await asyncio.to_thread(self._aggregate, round_, parts, side, accepted,
-                                                        accepted_stale)
+                                                        accepted_stale, counted_chunks)
         for alert in self.screen.record(round_, verdicts):
             self.recorder.emit("alert", round=round_, **alert)
             log.warning("alert: %s", alert["message"])
         aggregate_s = time.time() - t0
         self.ledger.advance(result.model_hash, result.val_loss)
         if self.journal is not None:      # the commit point: durable before anyone hears of the round
+            chunks = {**counted_chunks, **{k: frozenset(range(len(self.model.plan))) - up.counted
+                                           for k, up in accepted_stale.items() if up.counted}}
             record = commit_record(self.ledger, self.screen, round_, parts, side, verdicts,
-                                   {k: up.round for k, up in used.items()}, self.cfg.train.late_policy)
+                                   {**{k: up.round for k, up in used.items()}, **dict.fromkeys(counted_chunks, round_)},
+                                   self.cfg.train.late_policy, chunks, set(counted_chunks))
             await asyncio.to_thread(self.journal.commit, record)
         finished = self.ledger.round >= self.cfg.train.rounds
         if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
             self.checkpoints.start()
         self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
                                                     time.time() - started_at, aggregate_s))
-        return Committed(round_, result, update, outcomes(round_, verdicts), finished, shares)
+        return Committed(round_, result, update, outcomes(round_, verdicts), finished, shares, counted_chunks)
+
+    def _takes_part(self, up: Upload) -> bool:
+        """Does this round count the chunks of `up` (a member's delta still coming) that are in?"""
+        return (self.cfg.train.partial_deltas and up.manifest is not None and bool(up.decoding)
+                and self.model.shard[1] == 1)
+
+    def _views(self, uploads: dict[str, Upload], stale: dict[str, Upload], partial: dict[str, Upload],
+               taking: dict[str, frozenset[int]]) -> tuple[dict[str, tuple[Sequence[Extracted | None], float]],
+                                                          dict[str, str]]:
+        """Each delta as the round takes it, its chunks and norm (keys in the order uploads, stale,
+        partial): a late delta whose round counted some chunks without the rest (`counted`) gives
+        only the rest; a partial one, the chunks `taking` names, checked (assemble_part), or why
+        they are refused. In a worker thread."""
+        views: dict[str, tuple[Sequence[Extracted | None], float]] = {k: (up.checked, up.norm)
+                                                                      for k, up in uploads.items()}
+        for k, up in stale.items():
+            rest = [None if i in up.counted else x for i, x in enumerate(up.checked)]
+            views[k] = (rest, math.sqrt(math.fsum(sum_of_squares(x) for x in rest if x is not None))) \
+                if up.counted else (up.checked, up.norm)
+        refused = {}
+        for site, up in partial.items():
+            try:
+                views[site] = assemble_part(self.cfg, site, up, taking[site], self.model.norm, self.model.num_params)
+            except (NonFiniteDeltaError, DeltaRejectedError, ProtocolError) as e:
+                refused[site] = str(e)
+        return views, refused
 
     def _aggregate(self, round_: int, parts: dict[str, Contribution], side: dict[str, Contribution],
-                   uploads: dict[str, Upload], stale: dict[str, Upload]) -> tuple[RoundResult, EncodeStats, list]:
+                   uploads: dict[str, Upload], stale: dict[str, Upload], counted_chunks: dict[str, frozenset[int]]
+                   ) -> tuple[RoundResult, EncodeStats, list]:
         """The round's aggregate applied to the global model, in a worker thread."""
         self.stalls.sleep("aggregate", round_)
         msgs, stats, model_hash = self.model.apply(round_, parts, side or None, substitute_of(self.cfg.train.late_policy))
         val = self.model.evaluate()
         late_sites = tuple(parse_key(k)[0] for k in stale)
-        return RoundResult(round_, model_hash, tuple(uploads), val, late_sites), stats, msgs
+        return RoundResult(round_, model_hash, tuple(uploads), val, late_sites,
+                           partial_chunks=tuple(sorted(counted_chunks.items()))), stats, msgs

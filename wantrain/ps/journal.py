@@ -11,6 +11,8 @@ Replaying the update that was sent would give the parameters but not the outer m
 downlink residual, so the journal keeps what the aggregation consumed:
   delta-<round>-<site>.npz   a site's checked delta (int8 symbols + scales), written as soon as it
                              is checked, while other sites still train: off the critical path
+  delta-<round>-<site>.part.npz   the chunks of it a round counted before the rest came
+                             (train.partial_deltas), written at that commit
   commit-<round>.json        which deltas counted with what weight and clip factor, the hash they
                              gave, and the small state (registry, data positions, screen history)
 Each file is written to a temporary name, fsync'ed and renamed; a commit record also fsyncs the
@@ -23,6 +25,7 @@ import json
 import os
 import re
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +37,7 @@ __all__ = ["Journal", "JOURNAL_DIR"]
 
 JOURNAL_DIR = "journal"
 _COMMIT = re.compile(r"commit-(\d{6,})\.json")
-_DELTA = re.compile(r"delta-(\d{6,})-([0-9a-f]+)\.npz")
+_DELTA = re.compile(r"delta-(\d{6,})-([0-9a-f]+)(\.part)?\.npz")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -52,19 +55,23 @@ class Journal:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def _delta_path(self, round_: int, site: str) -> Path:
+    def _delta_path(self, round_: int, site: str, partial: bool = False) -> Path:
         # Site names are checked text, but never trusted as a path: hex-encode them.
-        return self.folder / f"delta-{round_:06d}-{site.encode().hex()}.npz"
+        return self.folder / f"delta-{round_:06d}-{site.encode().hex()}{'.part' if partial else ''}.npz"
 
-    def write_delta(self, round_: int, site: str, parts: list[Extracted]) -> None:
-        """A site's checked delta for `round_`, durable when this returns (call it off the loop)."""
-        arrays: dict[str, np.ndarray] = {"blocks": np.array([x.block for x in parts], np.int64),
-                                         "scaled": np.array([x.scales is not None for x in parts])}
+    def write_delta(self, round_: int, site: str, parts: Sequence[Extracted | None], partial: bool = False) -> None:
+        """A site's checked delta for `round_` (`partial`: the chunks of it a round counted, None where
+        one was not in), durable when this returns (call it off the loop)."""
+        arrays: dict[str, np.ndarray] = {"blocks": np.array([x.block if x else 0 for x in parts], np.int64),
+                                         "scaled": np.array([x is not None and x.scales is not None for x in parts]),
+                                         "present": np.array([x is not None for x in parts])}
         for i, x in enumerate(parts):
+            if x is None:
+                continue
             arrays[f"d{i}"] = x.data
             if x.scales is not None:
                 arrays[f"s{i}"] = x.scales
-        path = self._delta_path(round_, site)
+        path = self._delta_path(round_, site, partial)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
             np.savez(f, allow_pickle=False, **arrays)
@@ -72,12 +79,13 @@ class Journal:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    def read_delta(self, round_: int, site: str) -> list[Extracted]:
-        path = self._delta_path(round_, site)
+    def read_delta(self, round_: int, site: str, partial: bool = False) -> list[Extracted | None]:
+        path = self._delta_path(round_, site, partial)
         try:
             with np.load(path, allow_pickle=False) as z:
                 blocks, scaled = z["blocks"], z["scaled"]
-                return [Extracted(z[f"d{i}"], z[f"s{i}"] if scaled[i] else None, int(blocks[i]))
+                present = z["present"] if "present" in z else np.ones(len(blocks), bool)
+                return [Extracted(z[f"d{i}"], z[f"s{i}"] if scaled[i] else None, int(blocks[i])) if present[i] else None
                         for i in range(len(blocks))]
         except (OSError, KeyError, ValueError) as e:
             raise CheckpointError(f"{path}: the journal's delta of {site!r} for round {round_} cannot be read "

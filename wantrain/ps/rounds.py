@@ -240,18 +240,22 @@ class RoundState:
         """A late delta the policy applies at the next commit (late_outcome: "deferred")."""
         self.stale[site] = up
 
-    def set_shares(self, round_: int, shares: dict[str, float]) -> None:
-        """late_policy zero-outside: the share of round `round_` that each site's delta of that round,
-        owed or already deferred, will have when it is applied."""
-        for site, share in shares.items():
+    def committed(self, round_: int, shares: dict[str, float], counted: dict[str, frozenset[int]]) -> None:
+        """Round `round_` committed without these sites' deltas, owed or already deferred: each will
+        have `shares` of it when applied (late_policy zero-outside), and `counted` chunks of it
+        counted already (train.partial_deltas)."""
+        for site in shares.keys() | counted.keys():
             for up in (self.late.get(site), self.stale.get(site)):
                 if up is not None and up.round == round_:
-                    up.share = share
+                    up.share = shares.get(site, 0.0)
+                    up.counted = counted.get(site, frozenset())
 
     def take_stale(self, current: int) -> dict[str, Upload]:
         """Late deltas still young enough to apply, keyed "site@round" (a site may have a fresh one too)."""
-        stale = {late_key(s, up.round): up for s, up in sorted(self.stale.items()) if current - up.round <= MAX_STALENESS}
-        self.stale = {}
+        # (A delta of the current round deferred while it commits waits for the next.)
+        stale = {late_key(s, up.round): up for s, up in sorted(self.stale.items())
+                 if 0 < current - up.round <= MAX_STALENESS}
+        self.stale = {s: up for s, up in self.stale.items() if up.round == current}
         return stale
 
     def finish(self) -> None:

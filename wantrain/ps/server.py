@@ -401,7 +401,7 @@ class ParameterServer:
 
     def _announce(self, c: Committed) -> None:
         """Tell every site of the committed round; start the next, or end the run."""
-        self.rounds.set_shares(c.round, c.late_shares)
+        self.rounds.committed(c.round, c.late_shares, c.counted_chunks)
         for site, outcome in c.outcomes.items():     # screened deltas: why, before the update
             if site in self.links:
                 self.links[site].outbox.put_nowait(outcome)

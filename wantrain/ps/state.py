@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from ..aggregate import Contribution
 from ..checkpoint import save_checkpoint
@@ -69,15 +69,23 @@ def substitute_of(late_policy: str) -> str:
 
 def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, Contribution],
                   side: dict[str, Contribution], verdicts: dict[str, Verdict], upload_rounds: dict[str, int],
-                  late_policy: str) -> dict:
+                  late_policy: str, chunks: dict[str, frozenset[int]] | None = None,
+                  partial: Collection[str] = ()) -> dict:
     """Round `round_`'s commit record, once the PS has applied it: the deltas that counted (keys
     "site" or "site@round" for a late one), each with its weight and clip factor, whether it went
-    outside the outer momentum (`side`) or was missing (counted as zeros), and the state after."""
+    outside the outer momentum (`side`) or was missing (counted as zeros), which of its chunks
+    counted where not all did (`chunks`; `partial`: read from the journal's partial delta), and
+    the state after."""
+    chunks = chunks or {}
+
     def entry(key: str, c: Contribution, side: bool) -> dict:
         if key not in verdicts:                         # a member whose delta missed the round
             return {"key": key, "site": key, "missing": True, "weight": c.weight}
-        return {"key": key, "site": parse_key(key)[0], "upload_round": upload_rounds[key], "weight": c.weight,
-                "factor": None if verdicts[key].action == "accept" else verdicts[key].factor, "side": side}
+        out = {"key": key, "site": parse_key(key)[0], "upload_round": upload_rounds[key], "weight": c.weight,
+               "factor": None if verdicts[key].action == "accept" else verdicts[key].factor, "side": side}
+        if key in chunks:
+            out.update(chunks=sorted(chunks[key]), partial=key in partial)
+        return out
 
     counted = [entry(k, c, False) for k, c in sorted(parts.items())] + [entry(k, c, True) for k, c in sorted(side.items())]
     return {**_small_state(ledger, screen), "round": round_, "hash": ledger.hash, "contributions": counted,
@@ -99,7 +107,10 @@ def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen,
             if c.get("missing"):
                 parts[c["key"]] = Contribution([None] * len(model.plan), c["weight"])
                 continue
-            delta = journal.read_delta(c["upload_round"], c["site"])
+            delta = journal.read_delta(c["upload_round"], c["site"], partial=c.get("partial", False))
+            if "chunks" in c:                   # only these chunks counted here
+                taken = set(c["chunks"])
+                delta = [x if i in taken else None for i, x in enumerate(delta)]
             into = side if c.get("side") else parts
             into[c["key"]] = Contribution(delta if c["factor"] is None else clipped(delta, c["factor"]), c["weight"])
         msgs, _, model_hash = model.apply(rec["round"], parts, side or None, rec.get("substitute", "peer"))

@@ -6,7 +6,8 @@ delta chunk (does it belong to this run's chunk plan, is it sized like one, is i
 manifest described); a chunk that passes is decoded at once on the process's CPU pool (`extract_chunk`),
 so a delta is decoded while it arrives and its wire bytes are dropped as soon as they are; `assemble`
 runs once the site's metrics say the delta is complete (every chunk decodable and finite, the whole
-not out of all proportion to the model). They raise ProtocolError or a quarantine error for the
+not out of all proportion to the model); `assemble_part` checks the same of the chunks in at a
+deadline, for a round that counts them (train.partial_deltas). They raise ProtocolError or a quarantine error for the
 one site and change nothing else.
 """
 
@@ -28,7 +29,7 @@ from ..messages import DELTA, Manifest, RoundMetrics, TensorChunk
 from ..recovery.manifest import checksum
 from ..screening import check_weight, max_delta_scale, sum_of_squares
 
-__all__ = ["Upload", "check_manifest", "check_chunk", "extract_chunk", "assemble"]
+__all__ = ["Upload", "check_manifest", "check_chunk", "extract_chunk", "assemble", "assemble_part"]
 
 Checked = tuple[Extracted, float]           # a decoded chunk and its squared L2 norm
 
@@ -50,6 +51,7 @@ class Upload:
     last_chunk_at: float = 0.0     # and its latest: once the last is in, the PS holds it all
     share: float = 0.0             # late_policy zero-outside: its share of the round that committed without it
     manifest: Manifest | None = None   # what the site said the delta holds, before its chunks
+    counted: frozenset[int] = frozenset()   # chunks its round counted before the rest came (partial_deltas)
 
     @property
     def checked(self) -> list[Extracted]:
@@ -152,11 +154,32 @@ def assemble(cfg: RunConfig, site: str, up: Upload, steps: int, param_norm: floa
     checked = [up.decoding[i].result() for i in range(up.count)]      # raises the first chunk's error
     parts = [x for x, _ in checked]
     norm = math.sqrt(math.fsum(sq for _, sq in checked))
+    _check_norm(cfg, site, norm, steps, param_norm, num_params, up.round)
+    return parts, norm
+
+
+def assemble_part(cfg: RunConfig, site: str, up: Upload, chunks: frozenset[int], param_norm: float,
+                  num_params: int) -> tuple[list[Extracted | None], float]:
+    """The chunks `chunks` of a delta still coming (it has a manifest), checked as `assemble` checks a
+    whole one: each decodable and finite, their norm within the bound for the steps the manifest
+    claims; None where a chunk is not taken. Blocks until they are decoded; runs off the event loop."""
+    assert up.manifest is not None
+    parts: list[Extracted | None] = [None] * len(up.manifest.chunks)
+    squares = []
+    for i in sorted(chunks):
+        parts[i], sq = up.decoding[i].result()      # raises the chunk's error
+        squares.append(sq)
+    norm = math.sqrt(math.fsum(squares))
+    _check_norm(cfg, site, norm, up.manifest.steps, param_norm, num_params, up.round)
+    return parts, norm
+
+
+def _check_norm(cfg: RunConfig, site: str, norm: float, steps: int, param_norm: float, num_params: int,
+                round_: int) -> None:
     scale = max_delta_scale(cfg, param_norm, steps, num_params)
     bound = cfg.robust.max_delta_ratio * scale
     if bound and not norm <= bound:
         raise DeltaRejectedError(f"delta from {site} has norm {norm:.4g}, more than robust.max_delta_ratio "
                                  f"({cfg.robust.max_delta_ratio:g}) x {scale:.4g} (the larger of the global "
                                  f"model's norm and how far {steps} inner steps can move it); the site is "
-                                 f"quarantined for round {up.round}")
-    return parts, norm
+                                 f"quarantined for round {round_}")

@@ -194,7 +194,7 @@ class ShardedStream:
         self.out.append(RoundResult(
             rs[0].round, combine_hashes([x.model_hash for x in rs]), sites,
             next((x.val_loss for x in rs if not math.isnan(x.val_loss)), math.nan), late,
-            partial_sites, partial_late))
+            partial_sites=partial_sites, partial_late=partial_late))
         self.updates, self.results = [[] for _ in range(self.n)], {}
         if rs[0].round >= self.mem.pushed_round:
             self.mem.pushed, self.mem.complete = [], False

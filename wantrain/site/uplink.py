@@ -13,8 +13,9 @@ not be sent into the error feedback (its round committed without it, under a lat
 never applies a late delta); `settle` reads each RoundResult: a pushed delta that was counted is
 done, one that never will be (late past what the policy allows, rejected) goes into the error
 feedback. Under late_policy "rescale" neither carries anything: the round's mean over the others
-stood in for the delta. Under a sharded PS each shard decides alone, so only the tensors no shard
-counted are carried (docs/protocol.md 3a).
+stood in for the delta. A round may count the chunks of a delta that were in at its deadline
+(`RoundResult.partial_chunks`): only the rest is then pending. Under a sharded PS each shard
+decides alone, so only the tensors no shard counted are carried (docs/protocol.md 3a).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 
 import numpy as np
 
-from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays
+from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, plan_chunks
 from ..config import RunConfig
 from ..faults import Stalls
 from ..messages import DELTA, MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult, TensorChunk
@@ -97,6 +98,14 @@ class Uplink:
         the missed rounds' results settle it)."""
         self.pending = {}
 
+    def _without_chunks(self, values: dict[str, np.ndarray], chunks: frozenset[int]) -> dict[str, np.ndarray]:
+        """`values` (a whole delta as sent) with the chunks `chunks` of its plan zeroed."""
+        out = {k: v.copy() for k, v in values.items()}
+        for i, spec in enumerate(plan_chunks({k: v.size for k, v in values.items()}, self.codec.cfg.chunk_elements())):
+            if i in chunks:
+                out[spec.tensor][spec.offset: spec.offset + spec.length] = 0
+        return out
+
     def heard(self, o: DeltaOutcome) -> None:
         self.outcomes[o.round] = o
         log.warning("site %s: the PS %s the delta of round %d: %s", self.site, o.outcome, o.round, o.reason)
@@ -115,6 +124,8 @@ class Uplink:
             counted = dict(result.partial_sites if r == result.round else
                            result.partial_late if r < result.round else ()).get(me, frozenset())
             self.pending[r] = {k: v for k, v in self.pending[r].items() if k not in counted}
+            if r == result.round and (chunks := dict(result.partial_chunks).get(me)):
+                self.pending[r] = self._without_chunks(self.pending[r], chunks)   # counted; the rest may follow
             if not self.pending[r]:
                 del self.pending[r]
             elif r <= result.round and not (stale and result.round - r < MAX_STALENESS):

@@ -194,18 +194,28 @@ class RoundMetrics(_message.Message):
     def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ..., steps_ahead: _Optional[int] = ...) -> None: ...
 
 class RoundResult(_message.Message):
-    __slots__ = ("round", "model_hash", "sites", "val_loss", "late_sites")
+    __slots__ = ("round", "model_hash", "sites", "val_loss", "late_sites", "partial")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
     SITES_FIELD_NUMBER: _ClassVar[int]
     VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     LATE_SITES_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
     round: int
     model_hash: str
     sites: _containers.RepeatedScalarFieldContainer[str]
     val_loss: float
     late_sites: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., val_loss: _Optional[float] = ..., late_sites: _Optional[_Iterable[str]] = ...) -> None: ...
+    partial: _containers.RepeatedCompositeFieldContainer[CountedChunks]
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., val_loss: _Optional[float] = ..., late_sites: _Optional[_Iterable[str]] = ..., partial: _Optional[_Iterable[_Union[CountedChunks, _Mapping]]] = ...) -> None: ...
+
+class CountedChunks(_message.Message):
+    __slots__ = ("site", "chunks")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    chunks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, site: _Optional[str] = ..., chunks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Ready(_message.Message):
     __slots__ = ("round", "model_hash")
