@@ -50,6 +50,7 @@ def plan_of(sc: Scenario, handles: dict | None = None) -> RunPlan:
                  loss=s.loss, spikes_per_min=s.spikes_per_min, spike_min_ms=s.spike_min_ms,
                  outages=tuple(Outage(o.start_s, o.duration_s) for o in s.outages), resets=tuple(s.resets),
                  speed_factor=s.speed_factor, trace=trace_path(s), backend=s.backend, interface=s.interface,
+                 chunk_loss=s.chunk_loss, chunk_burst=s.chunk_burst, chunk_late_s=s.chunk_late_s,
                  **where(s.name)) for s in sc.sites),
         time_scale=sc.time_scale, seed=sc.seed, backend=sc.backend)
 

@@ -11,7 +11,9 @@ A scenario is a TOML file (see scenarios/ for the built-in ones):
              still happen on top of it), backend = "tcconfig" with interface = "eth0" (this site's
              link is shaped on its own host by tcconfig, not by the run's backend; root there) or
              backend = "kernel" (where the host has no netem: htb there does the uplink rate, its
-             proxy link here the delay, loss and outages)
+             proxy link here the delay, loss and outages), chunk_loss, chunk_burst, chunk_late_s
+             (the site's own delta chunks lost at that rate, in runs of that mean length, each sent
+             that many seconds after the others: wantrain.recovery.ChunkLoss)
 
 A bad file gets a message that names the file, the line (where the TOML says it) and the field.
 """
@@ -60,6 +62,9 @@ class SiteLink:
     resets: tuple[float, ...] = ()     # trace seconds at which every connection of the link is reset
     backend: str | None = None         # "tcconfig" or "kernel": shaped on the site's host (wantrain.plan.SitePlan)
     interface: str | None = None       # the host's interface to shape
+    chunk_loss: float = 0.0            # application-level delta chunk loss (wantrain.plan.SitePlan)
+    chunk_burst: float = 1.0
+    chunk_late_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def _err(path: Path, text: str, key: str, message: str, occurrence: int = 0) -> 
 
 
 _SITE_FIELDS = {"name", "region", "bandwidth_mbps", "jitter_ms", "loss", "spikes_per_min", "spike_min_ms", "outages",
-                "speed_factor", "trace", "resets", "backend", "interface"}
+                "speed_factor", "trace", "resets", "backend", "interface", "chunk_loss", "chunk_burst", "chunk_late_s"}
 
 
 def _build(d: dict, path: Path, text: str) -> Scenario:
@@ -166,7 +171,8 @@ def _build(d: dict, path: Path, text: str) -> Scenario:
             raise err("region", f"must be one of the known regions, got {s.get('region')!r}")
         kw = {}
         for key, lo, hi in (("bandwidth_mbps", 0, math.inf), ("jitter_ms", 0, 10_000), ("loss", 0, 0.5),
-                            ("spikes_per_min", 0, 600), ("spike_min_ms", 0, 100_000), ("speed_factor", 1, 100)):
+                            ("spikes_per_min", 0, 600), ("spike_min_ms", 0, 100_000), ("speed_factor", 1, 100),
+                            ("chunk_loss", 0, 0.9), ("chunk_burst", 1, 1000), ("chunk_late_s", 0, 3600)):
             if key in s:
                 v = s[key]
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi or (key == "bandwidth_mbps" and v == 0):

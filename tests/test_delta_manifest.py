@@ -158,6 +158,13 @@ def test_the_chunks_in_at_the_deadline_count_and_the_rest_once_later(tmp_path, p
     cfg, ps, sent, heard = _partial_run(tmp_path / "late", policy, late_b=True)
     results = [m for m in heard if isinstance(m, RoundResult)]
     assert [(r.round, r.sites, r.partial_chunks) for r in results][0] == (0, ("a",), (("b", sent),))
+    n = len(ps.plan)
+    ends = rows_of(ps, "round_end")
+    assert (ends[0]["close"], ends[0]["partial"], ends[0]["substituted"]) == ("deadline", {"b": len(sent)},
+                                                                              {"b": n - len(sent)})
+    assert ends[0]["substitute"] == ("zero" if policy == "zero-outside" else "peer")
+    assert ends[1]["close"] == "complete"
+    assert ends[1]["reconciled"] == ({"b@0": n - len(sent)} if policy == "zero-outside" else {})
     late = rows_of(ps, "late_delta")[-1]
     assert (late["site"], late["action"]) == ("b", "deferred" if policy == "zero-outside" else "dropped")
     first = json.loads((tmp_path / "late" / JOURNAL_DIR / "commit-000000.json").read_text())

@@ -44,7 +44,8 @@ def test_the_plan_wantrain_writes_is_the_plan_testbed_runs(tmp_path):
     emulator, which writes back exactly that plan plus where each site dials; that entry becomes
     the site's command line."""
     plan = describe_scenario("three-sites")
-    plan = plan.with_site("eu-west", bandwidth_mbps=12.5, speed_factor=3.0, outages=(Outage(30.0, 5.0),))
+    plan = plan.with_site("eu-west", bandwidth_mbps=12.5, speed_factor=3.0, outages=(Outage(30.0, 5.0),),
+                          chunk_loss=0.05, chunk_burst=4.0, chunk_late_s=2.5)
     plan = plan.with_site("ap-southeast", bandwidth_mbps=None)
     ps_port = free_port()
     listening = tmp_path / "links.json"
@@ -83,3 +84,4 @@ def test_the_plan_wantrain_writes_is_the_plan_testbed_runs(tmp_path):
     flags = dict(zip(args[1::2], args[2::2]))
     assert (float(flags["--speed-factor"]), float(flags["--link-mbps"]), float(flags["--link-rtt-ms"])) == \
         (3.0, 12.5, eu.rtt_ms)
+    assert (float(flags["--chunk-loss"]), float(flags["--chunk-burst"]), float(flags["--chunk-late-s"])) == (0.05, 4.0, 2.5)

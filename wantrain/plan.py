@@ -51,6 +51,11 @@ class SitePlan:
     outages: tuple[Outage, ...] = ()
     resets: tuple[float, ...] = ()        # trace seconds at which every connection of the link is reset
     speed_factor: float = 1.0             # > 1: the site computes that many times slower
+    # Application-level loss of the site's delta chunks (recovery.ChunkLoss, seeded by the site's
+    # name): a lost chunk is sent chunk_late_s after the others, as a retransmission would be.
+    chunk_loss: float = 0.0
+    chunk_burst: float = 1.0              # mean run of lost chunks (1: i.i.d.; more: Gilbert-Elliott)
+    chunk_late_s: float = 30.0
     trace: str | None = None              # an absolute path to a CSV trace (replaces the synthetic link)
     # Shaped on the site's own host, on `interface`, by `python -m testbed shape` (ON_HOST_BACKENDS):
     # "tcconfig" (netem: everything; the site dials the PS directly) or "kernel" (htb: the uplink rate;

@@ -45,6 +45,7 @@ speed_factor = 2
                                                                  r"\"tcconfig\" or \"kernel\""),
     (lambda t: t + 'backend = "tcconfig"\n', r"field site\[1\]\.interface and a site's backend go together"),
     (lambda t: t + 'interface = "eth0"\n', r"field site\[1\]\.backend and a site's backend go together"),
+    (lambda t: t + 'chunk_loss = 0.95\n', r":14: field site\[1\]\.chunk_loss must be a number in \[0, 0.9\]"),
 ])
 def test_malformed_scenarios_name_file_line_and_field(tmp_path, edit, match):
     p = tmp_path / "s.toml"
@@ -58,6 +59,9 @@ def test_good_file_and_unknown_name(tmp_path):
     p.write_text(GOOD)
     sc = load_scenario(p)
     assert [s.name for s in sc.sites] == ["a", "b"] and sc.sites[1].speed_factor == 2.0
+    p.write_text(GOOD + 'chunk_loss = 0.05\nchunk_burst = 3\n')
+    b = load_scenario(p).sites[1]
+    assert (b.chunk_loss, b.chunk_burst, b.chunk_late_s) == (0.05, 3.0, 30.0)
     p.write_text(GOOD + 'backend = "tcconfig"\ninterface = "eth1"\n')
     b = load_scenario(p).sites[1]
     assert (b.backend, b.interface) == ("tcconfig", "eth1")

@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
                             stalls=tuple(parse_stalls(args.stall).items()), ps=args.ps, name=args.site, device=device,
                             threads=args.threads, connect_timeout_s=args.connect_timeout,
                             speed_factor=args.speed_factor, probe_interval_s=args.probe_interval,
-                            link_rtt_ms=args.link_rtt_ms, link_mbps=args.link_mbps))
+                            link_rtt_ms=args.link_rtt_ms, link_mbps=args.link_mbps,
+                            chunk_loss=(args.chunk_loss, args.chunk_burst, args.chunk_late_s)))
     asyncio.run(site.run())
     logging.getLogger("wantrain.site").info("site %s finished after %d rounds", args.site, site.round)
     if world > 1:     # (on an error rank 0 just exits: torchrun then stops the other ranks)
@@ -77,6 +78,11 @@ def add_parser(sub) -> None:
     w.add_argument("--probe-interval", type=float, default=1.0, help="seconds between RTT probes (0: none)")
     w.add_argument("--link-rtt-ms", type=float, default=0.0, help="known RTT of the link (sizes gRPC timeouts)")
     w.add_argument("--link-mbps", type=float, default=0.0, help="known bandwidth of the link (sizes gRPC timeouts)")
+    w.add_argument("--chunk-loss", type=float, default=0.0,
+                   help="lose this fraction of the delta's chunks on purpose (seeded by the site's name): each is "
+                        "sent --chunk-late-s after the others")
+    w.add_argument("--chunk-burst", type=float, default=1.0, help="mean run of lost chunks (1: i.i.d.)")
+    w.add_argument("--chunk-late-s", type=float, default=30.0, help="seconds a lost chunk comes after the others")
     w.add_argument("--token-file", default=None, help="file holding this site's token (or the run's shared secret)")
     w.add_argument("--tls-ca", default=None, help="PEM CA that signed the PS's certificate: connect with TLS")
     w.add_argument("--tls-cert", default=None, help="PEM client certificate (when the PS requires one)")

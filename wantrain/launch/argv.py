@@ -51,6 +51,9 @@ def site_args(ps: str, name: str, *, threads: int = 1, device: str = "auto", tok
     if link is not None:
         args += ("--speed-factor", repr(link.speed_factor), "--link-rtt-ms", repr(link.rtt_ms),
                  "--link-mbps", repr(link.bandwidth_mbps or 0.0))
+        if link.chunk_loss > 0:
+            args += ("--chunk-loss", repr(link.chunk_loss), "--chunk-burst", repr(link.chunk_burst),
+                     "--chunk-late-s", repr(link.chunk_late_s))
     if tls_ca is not None:
         args += ("--tls-ca", str(tls_ca)) + (("--tls-server-name", tls_server_name) if tls_server_name else ())
     return args + tuple(extra)

@@ -38,7 +38,7 @@ from .rounds import stale_weight
 from .state import CheckpointWriter, commit_record, substitute_of
 from .uploads import Upload, assemble_part
 
-__all__ = ["Committer", "Committed", "weights", "judge", "outcomes", "round_end", "zero_outside"]
+__all__ = ["Committer", "Committed", "weights", "judge", "outcomes", "recovery", "round_end", "zero_outside"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -105,9 +105,21 @@ def outcomes(round_: int, verdicts: dict[str, Verdict]) -> dict[str, DeltaOutcom
     return out
 
 
+def recovery(policy: str, deadline_passed: bool, missing: list[str], chunks: int,
+             counted_chunks: dict[str, frozenset[int]], side: dict[str, Contribution]) -> dict:
+    """What a round did about the deltas, or chunks, that were not in when it closed: the recovery
+    fields of its `round_end` event (docs/telemetry.md)."""
+    return {"close": "deadline" if deadline_passed else "complete", "substitute": substitute_of(policy),
+            "partial": {s: len(c) for s, c in sorted(counted_chunks.items())},
+            "substituted": {s: chunks - len(counted_chunks.get(s, ())) for s in missing},
+            "reconciled": {k: sum(p is not None for p in c.parts) for k, c in sorted(side.items())}}
+
+
 def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: dict[str, Verdict],
-              accepted: dict[str, Upload], missed: list[str], round_s: float, aggregate_s: float) -> dict:
-    """The fields of a `round_end` event: who counted, what the update cost, where the time went."""
+              accepted: dict[str, Upload], missed: list[str], round_s: float, aggregate_s: float,
+              recovered: dict) -> dict:
+    """The fields of a `round_end` event: who counted, what the update cost, where the time went,
+    what stood in for what was missing (`recovered`: `recovery`)."""
     per_site = {s: {"steps": m.steps, "tokens": m.tokens, "compute_s": m.compute_s,
                     "idle_s": max(0.0, round_s - m.compute_s)}
                 for s, m in ((s, up.metrics) for s, up in accepted.items()) if m is not None}
@@ -116,7 +128,8 @@ def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: di
                 rejected=sorted(k for k, v in verdicts.items() if v.action == "reject"), per_site=per_site,
                 raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, ratio=stats.ratio,
                 huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
-                aggregate_s=aggregate_s, round_s=round_s)
+                aggregate_s=aggregate_s, round_s=round_s, close=recovered["close"], substitute=recovered["substitute"],
+                partial=recovered["partial"], substituted=recovered["substituted"], reconciled=recovered["reconciled"])
 
 
 @dataclass
@@ -142,7 +155,7 @@ class Committer:
         self.journal, self.checkpoints, self.recorder, self.stalls = journal, checkpoints, recorder, stalls
 
     async def commit(self, uploads: dict[str, Upload], stale: dict[str, Upload], late: dict[str, Upload],
-                     started_at: float) -> Committed:
+                     started_at: float, deadline_passed: bool = False) -> Committed:
         """Screen and aggregate the closed round (`uploads` of its members, `stale` late deltas kept
         for it, `late` the sites owing a delta, as it stands when the round ends), apply it and make it durable."""
         round_ = self.ledger.round
@@ -200,8 +213,10 @@ class Committer:
         finished = self.ledger.round >= self.cfg.train.rounds
         if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
             self.checkpoints.start()
+        recovered = recovery(self.cfg.train.late_policy, deadline_passed, missing, len(self.model.plan),
+                             counted_chunks, side)
         self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
-                                                    time.time() - started_at, aggregate_s))
+                                                    time.time() - started_at, aggregate_s, recovered))
         return Committed(round_, result, update, outcomes(round_, verdicts), finished, shares, counted_chunks)
 
     def _takes_part(self, up: Upload) -> bool:

@@ -390,7 +390,7 @@ class ParameterServer:
         try:
             committed = await self.committer.commit({s: self.uploads[s] for s in sorted(self.in_round)},
                                                     self.rounds.take_stale(self.round), self.late,
-                                                    self.rounds.started_at)
+                                                    self.rounds.started_at, self.rounds.past_deadline)
         except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
             log.exception("round %d failed to commit", self.round)
             self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")

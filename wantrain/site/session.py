@@ -41,7 +41,7 @@ from ..config import RunConfig
 from ..errors import ConfigError, ProtocolError, Reject, RejectedError, ReplicaMismatchError
 from ..faults import Stalls
 from ..memory import trim_heap
-from ..recovery import roles_of
+from ..recovery import ChunkLoss, roles_of
 from ..replica import named_params
 from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundResult,
                         RoundStart, TensorChunk, Welcome)
@@ -80,6 +80,8 @@ class SiteOptions:
     stalls: tuple[tuple[str, float], ...] = ()    # fault injection for tests: (phase, seconds)
     tls: TLSClient | None = None   # None: plaintext (only where the PS allows it)
     tls_server_name: str = ""      # check the PS's certificate for this name instead of the address's
+    # Delta chunks lost on purpose (tests, benchmarks): (rate, mean burst, seconds a lost one comes late).
+    chunk_loss: tuple[float, float, float] = (0.0, 1.0, 30.0)
 
 
 @dataclass(eq=False)
@@ -296,8 +298,10 @@ class Site:
             t = w.config.train
             self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s)
             self.replica.build(self.model, w.shards, w.config.codec.chunk_elements())
+            rate, burst, late_s = self.opts.chunk_loss
             self.uplink = Uplink(self.opts.name, w.config,
-                                 roles_of({k: tuple(p.shape) for k, p in named_params(self.model).items()}), self.stalls)
+                                 roles_of({k: tuple(p.shape) for k, p in named_params(self.model).items()}), self.stalls,
+                                 ChunkLoss(rate, burst, link=self.opts.name) if rate > 0 else None, late_s)
             log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
                      w.site_index, w.config.model.preset, self.device, w.data_position)
         self._held().expect(w.round, w.model_hash)

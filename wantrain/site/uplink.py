@@ -30,7 +30,7 @@ from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, plan_chunk
 from ..config import RunConfig
 from ..faults import Stalls
 from ..messages import DELTA, MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult, TensorChunk
-from ..recovery import build_manifest
+from ..recovery import ChunkLoss, build_manifest
 
 __all__ = ["Uplink"]
 
@@ -40,8 +40,10 @@ log = logging.getLogger("wantrain.site")
 class Uplink:
     """One site's deltas: encoded with error feedback, pushed, and settled by the PS's results."""
 
-    def __init__(self, site: str, cfg: RunConfig, roles: dict[str, str], stalls: Stalls | None = None) -> None:
+    def __init__(self, site: str, cfg: RunConfig, roles: dict[str, str], stalls: Stalls | None = None,
+                 loss: ChunkLoss | None = None, late_s: float = 30.0) -> None:
         self.site, self.cfg, self.roles = site, cfg, roles
+        self.loss, self.late_s = loss, late_s        # chunks lost on purpose, sent late_s after the others
         self.codec = Codec(cfg.codec)
         self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
         self.stalls = stalls or Stalls((), log)
@@ -66,9 +68,20 @@ class Uplink:
         order = sorted(range(len(chunks)), key=lambda i: (manifest.chunks[i].role != "critical",
                                                          -manifest.chunks[i].importance, i))
         first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
+        order = [first, *(i for i in order if i != first)]
+        held: list[int] = []             # lost on purpose: they go last, late_s after the others
+        if self.loss is not None:
+            lost = self.loss.mask(len(order))
+            held = [i for i, x in zip(order, lost) if x]
+            order = [i for i, x in zip(order, lost) if not x] + held
+            if held:
+                log.warning("site %s: %d of the %d chunks of round %d lost on purpose (chunk loss): sent %.1f s after "
+                            "the others", self.site, len(held), len(order), round_, self.late_s)
         await stream.send(manifest)
         t0 = time.perf_counter()
-        for n, i in enumerate([first, *(i for i in order if i != first)]):
+        for n, i in enumerate(order):
+            if held and i == held[0]:
+                await asyncio.sleep(self.late_s)
             spec, enc = chunks[i]
             await stream.send(TensorChunk(DELTA, round_, i, len(chunks), spec, enc))
             if n == 0:

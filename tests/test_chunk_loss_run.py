@@ -1,0 +1,46 @@
+"""Chunks of a delta late over real gRPC, in real processes: a site of the run plan loses a share of
+its chunks on purpose (`chunk_loss`: each comes `chunk_late_s` after the others), and under
+late_policy "zero-outside" with `train.partial_deltas` each round counts the chunks that were in at
+its deadline and the next applies the rest outside the outer momentum. Every replica stays
+bit-identical at every hash check. (The PS's arithmetic of it is test_delta_manifest.py's.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from wantrain.run import Run, describe_scenario
+from wantrain.telemetry import read_events, rows
+
+from .cluster import check_run
+from .helpers import small_config
+
+
+@pytest.mark.timeout(300)
+def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
+    rounds = 8
+    plan = describe_scenario("loopback").replace(time_scale=1.0)
+    for name in plan.names:
+        plan = plan.with_site(name, speed_factor=4.0)       # mostly waiting: leaves the CPU to others
+    lossy = plan.names[1]
+    plan = plan.with_site(lossy, chunk_loss=0.3, chunk_late_s=3.0)
+    cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,
+                          "train.deadline_s": 2.5, "train.late_policy": "zero-outside", "train.partial_deltas": True,
+                          "train.quorum_wait_s": 1.0})
+    with Run(cfg, run_dir=tmp_path / "run", plan=plan) as run:
+        for _ in run.follow(timeout_s=200):
+            pass
+        codes = run.wait_exit(60)
+    assert all(c == 0 for name, c in codes.items() if name != "link emulator"), codes
+    events = read_events(tmp_path / "run")
+    check_run(events, rounds)                         # every round once, every replica check equal
+    ends = rows(events, "round_end")
+    partial = [e for e in ends if lossy in e["partial"]]
+    assert partial, [(e["round"], e["close"], e["missed"]) for e in ends]
+    for e in partial:                                 # its head counted, its tail stood in for by zeros
+        assert e["close"] == "deadline" and e["substitute"] == "zero" and e["substituted"][lossy] > 0
+        assert lossy not in e["sites"]
+    # The tail of some partially counted delta came, and a later round applied it outside the momentum.
+    reconciled = {k for e in ends for k in e["reconciled"]}
+    assert any(f"{lossy}@{e['round']}" in reconciled for e in partial), (reconciled, [e["round"] for e in partial])
+    others = [n for n in plan.names if n != lossy]
+    assert all(set(others) <= set(e["sites"]) for e in ends)           # the others were never held back
