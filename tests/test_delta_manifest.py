@@ -87,17 +87,24 @@ def test_a_chunk_or_metrics_unlike_the_manifest_are_refused():
     assert "its manifest 1 and" in _refused(edit_metrics=lambda m: replace(m, tokens=m.tokens - 1))
 
 
+async def a_done_b_to_come(cfg):
+    """A PS for sites a and b in round 0: a's delta complete (metrics and all), b's delta, its manifest
+    and metrics made but nothing of it sent. Returns the PS, b's link and what b will send."""
+    ps = ParameterServer(cfg, run_dir=None)
+    _, a_msgs, a_metrics = delta_with_manifest(ps, 0, seed=1)
+    b_manifest, b_msgs, _ = delta_with_manifest(ps, 0, seed=2)
+    a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+    drain(a), drain(b)
+    for c in a_msgs:
+        ps.on_chunk(a, c)
+    await ps.on_metrics(a, a_metrics)
+    return ps, b, b_manifest, b_msgs
+
+
 def test_the_deadline_says_how_much_of_a_late_delta_s_importance_is_missing():
     async def scenario():
-        cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 3.0})
-        ps = ParameterServer(cfg, run_dir=None)
-        a_manifest, a_msgs, a_metrics = delta_with_manifest(ps, 0, seed=1)
-        b_manifest, b_msgs, _ = delta_with_manifest(ps, 0, seed=2)
-        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
-        drain(a), drain(b)
-        for c in a_msgs:
-            ps.on_chunk(a, c)
-        await ps.on_metrics(a, a_metrics)
+        ps, b, b_manifest, b_msgs = await a_done_b_to_come(small_config(num_sites=2, **{"train.rounds": 2,
+                                                                                        "train.deadline_s": 3.0}))
         ps.on_manifest(b, b_manifest)
         sent = sorted(range(len(b_msgs)), key=lambda i: -b_manifest.chunks[i].importance)[:len(b_msgs) // 2]
         for i in sent:
@@ -119,7 +126,7 @@ def _partial_run(tmp_path, policy, late_b):
     its chunks by importance before the deadline, the rest after; else it is on time. Returns the PS,
     the chunks b had in at the deadline and what a heard."""
     cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 3.0, "train.late_policy": policy,
-                                       "train.partial_deltas": True, "train.checkpoint_every": 10,
+                                       "train.partial_deltas": True, "train.checkpoint_every": 10, "train.reliable_rounds": 0,
                                        "train.outer_lr": 1.0, "train.outer_momentum": 0.0, "codec.mode": "fp32"})
 
     async def scenario():
@@ -184,3 +191,44 @@ def test_the_chunks_in_at_the_deadline_count_and_the_rest_once_later(tmp_path, p
         assert not rest and results[1].late_sites == ()
     from .test_journal import assert_same_state, state_of    # and a restart replays it bit for bit
     assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path / "late")), state_of(ps))
+
+
+def _early(missing_critical=False, no_manifest=False, budget=0.2, reliable_rounds=0):
+    """Two sites, a deadline of 5 s: a's delta complete, then b's manifest and its chunks in order
+    of importance until what is missing of b is under `budget` (all its critical chunks, unless
+    `missing_critical`; no manifest at all with `no_manifest`). Returns the PS and whether round 0 closed."""
+    cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 5.0, "train.late_policy": "zero-outside",
+                                       "train.partial_deltas": True, "train.loss_budget": budget,
+                                       "train.reliable_rounds": reliable_rounds})
+
+    async def scenario():
+        ps, b, b_manifest, b_msgs = await a_done_b_to_come(cfg)
+        if not no_manifest:
+            ps.on_manifest(b, b_manifest)
+        order = sorted(range(len(b_msgs)), key=lambda i: (b_manifest.chunks[i].role != "critical",
+                                                          -b_manifest.chunks[i].importance))
+        if missing_critical:
+            order = order[1:]
+        held = 1.0
+        for i in order:
+            if held <= budget / 2:      # b weighs half the round: its missing share is half the round's
+                break
+            ps.on_chunk(b, b_msgs[i])
+            held -= b_manifest.chunks[i].importance
+        await asyncio.sleep(1.0)                 # the grace: a tenth of the deadline
+        if ps.round_task is not None:
+            await ps.round_task
+        return ps
+    ps = asyncio.run(scenario())
+    return ps, ps.round == 1
+
+
+def test_a_round_closes_early_once_what_is_missing_is_within_the_budget():
+    ps, closed = _early()
+    assert closed
+    end = rows_of(ps, "round_end")[-1]
+    assert end["close"] == "early" and end["sites"] == ["a"] and 0 < end["partial"]["b"] < len(ps.plan)
+    assert not _early(missing_critical=True)[1]          # a critical chunk of b is not in
+    assert not _early(no_manifest=True)[1]               # b sent no manifest: it is a straggler, as today
+    assert not _early(reliable_rounds=1)[1]              # warm-up: no round closes early
+    assert not _early(budget=0.0)[1]                     # no budget: never early

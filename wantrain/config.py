@@ -116,6 +116,11 @@ class TrainConfig:
     # is what late_policy says: zeros and outside the momentum later, or the others' mean). Needs
     # late_policy "rescale" or "zero-outside"; an unsharded PS (a shard counts whole deltas).
     partial_deltas: bool = False
+    # With partial_deltas: close a round before its deadline once every member's manifest and critical
+    # chunks are in and what is still missing holds at most this share of the round's importance
+    # (each delta weighted by its tokens; 0: never early).
+    loss_budget: float = 0.0
+    reliable_rounds: int = 5         # the first rounds (warm-up) count no partial delta and never close early
     staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
     quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
                                      # when some sites are missing (they join it when they return)
@@ -149,6 +154,10 @@ class TrainConfig:
         _check(not self.partial_deltas or self.late_policy in ("rescale", "zero-outside"), f"{prefix}.partial_deltas",
                f"needs late_policy 'rescale' or 'zero-outside' (it is {self.late_policy!r}): under the others, a late "
                f"delta is counted whole or not at all", self.partial_deltas)
+        _check(0 <= self.loss_budget < 1, f"{prefix}.loss_budget", "must be in [0, 1)", self.loss_budget)
+        _check(not self.loss_budget or self.partial_deltas, f"{prefix}.loss_budget",
+               "needs partial_deltas: a round that closes early counts the chunks that are in", self.loss_budget)
+        _check(self.reliable_rounds >= 0, f"{prefix}.reliable_rounds", "must be >= 0", self.reliable_rounds)
         _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
         _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",
                self.staleness_discount)

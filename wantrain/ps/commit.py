@@ -105,11 +105,11 @@ def outcomes(round_: int, verdicts: dict[str, Verdict]) -> dict[str, DeltaOutcom
     return out
 
 
-def recovery(policy: str, deadline_passed: bool, missing: list[str], chunks: int,
+def recovery(policy: str, close: str, missing: list[str], chunks: int,
              counted_chunks: dict[str, frozenset[int]], side: dict[str, Contribution]) -> dict:
-    """What a round did about the deltas, or chunks, that were not in when it closed: the recovery
-    fields of its `round_end` event (docs/telemetry.md)."""
-    return {"close": "deadline" if deadline_passed else "complete", "substitute": substitute_of(policy),
+    """What a round did about the deltas, or chunks, that were not in when it closed (`close`: why it
+    closed): the recovery fields of its `round_end` event (docs/telemetry.md)."""
+    return {"close": close, "substitute": substitute_of(policy),
             "partial": {s: len(c) for s, c in sorted(counted_chunks.items())},
             "substituted": {s: chunks - len(counted_chunks.get(s, ())) for s in missing},
             "reconciled": {k: sum(p is not None for p in c.parts) for k, c in sorted(side.items())}}
@@ -155,31 +155,34 @@ class Committer:
         self.journal, self.checkpoints, self.recorder, self.stalls = journal, checkpoints, recorder, stalls
 
     async def commit(self, uploads: dict[str, Upload], stale: dict[str, Upload], late: dict[str, Upload],
-                     started_at: float, deadline_passed: bool = False) -> Committed:
+                     started_at: float, close: str = "complete", partial: bool = False) -> Committed:
         """Screen and aggregate the closed round (`uploads` of its members, `stale` late deltas kept
-        for it, `late` the sites owing a delta, as it stands when the round ends), apply it and make it durable."""
+        for it, `late` the sites owing a delta, as it stands when the round ends; `close`: why it
+        closed; `partial`: it counts the chunks in of a delta with a manifest), apply it and make it
+        durable."""
         round_ = self.ledger.round
         outside = self.cfg.train.late_policy == "zero-outside"
         # Now, before any await: a late delta arriving meanwhile leaves `late` for the next round's
         # side, and a chunk arriving meanwhile joins the rest of its partial delta.
         missing = sorted(s for s, up in late.items() if up.round == round_)
         missed = sorted(late)
-        taking = {s: frozenset(late[s].decoding) for s in missing if self._takes_part(late[s])}
-        partial = {s: late[s] for s in taking}
-        views, refused = await asyncio.to_thread(self._views, uploads, stale, partial, taking)
+        taking = {s: frozenset(late[s].decoding) for s in missing
+                  if partial and late[s].manifest is not None and late[s].decoding}
+        parts_of = {s: late[s] for s in taking}
+        views, refused = await asyncio.to_thread(self._views, uploads, stale, parts_of, taking)
         for site, why in refused.items():
-            del partial[site]
+            del parts_of[site]
             self.recorder.emit("quarantine", round=round_, site=site, message=why, action="rejected")
             log.warning("round %d: the chunks of %s in at the deadline are not counted: %s", round_, site, why)
         if self.screen.trusted or len(views) < 2:       # only the norms are used: no pass over the deltas
             g = np.diag([norm ** 2 for _, norm in views.values()])
         else:
             g = await asyncio.to_thread(gram, [p for p, _ in views.values()], [norm for _, norm in views.values()])
-        claimed = weights(uploads, stale, partial, round_, 1.0 if outside else self.cfg.train.staleness_discount)
+        claimed = weights(uploads, stale, parts_of, round_, 1.0 if outside else self.cfg.train.staleness_discount)
         verdicts = judge(self.screen, round_, list(views), claimed, g, self.recorder)
         accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
         accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
-        counted_chunks = {s: taking[s] for s in partial if verdicts[s].action != "reject"}
+        counted_chunks = {s: taking[s] for s in parts_of if verdicts[s].action != "reject"}
         await self.downloads.freeze(round_)
         t0 = time.time()
         parts = counted({k: p for k, (p, _) in views.items()}, verdicts)
@@ -213,16 +216,11 @@ class Committer:
         finished = self.ledger.round >= self.cfg.train.rounds
         if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
             self.checkpoints.start()
-        recovered = recovery(self.cfg.train.late_policy, deadline_passed, missing, len(self.model.plan),
+        recovered = recovery(self.cfg.train.late_policy, close, missing, len(self.model.plan),
                              counted_chunks, side)
         self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
                                                     time.time() - started_at, aggregate_s, recovered))
         return Committed(round_, result, update, outcomes(round_, verdicts), finished, shares, counted_chunks)
-
-    def _takes_part(self, up: Upload) -> bool:
-        """Does this round count the chunks of `up` (a member's delta still coming) that are in?"""
-        return (self.cfg.train.partial_deltas and up.manifest is not None and bool(up.decoding)
-                and self.model.shard[1] == 1)
 
     def _views(self, uploads: dict[str, Upload], stale: dict[str, Upload], partial: dict[str, Upload],
                taking: dict[str, frozenset[int]]) -> tuple[dict[str, tuple[Sequence[Extracted | None], float]],

@@ -32,6 +32,7 @@ outage missed every deadline, owed every round and was never counted again).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 
@@ -139,6 +140,8 @@ class RoundState:
         self.untimed = False                  # started before any arrival was timed (the first round)
         self.arrived_s: list[float] = []      # when the round's deltas arrived, after started_at
         self.past_deadline = False
+        self.early_from = math.inf            # when the round may close early (train.loss_budget)
+        self.close_reason = ""                # "complete", "deadline" or "early", once closed
         self.last_members: set[str] = set()   # sites the last (or current) round started with
         self.aggregating = False
 
@@ -148,6 +151,7 @@ class RoundState:
         self.uploads = {name: Upload(round_, budget_s) for name in sites}
         self.started_at, self.deadline_s, self.untimed, self.arrived_s = now, deadline_s, untimed, []
         self.past_deadline = False
+        self.early_from = math.inf            # when the round may close early (train.loss_budget)
 
     def quorum_wait(self, ready: set[str], known: set[str], num_sites: int, committed: int,
                     quorum_left_s: float) -> float | None:
@@ -181,7 +185,9 @@ class RoundState:
         self.uploads[site] = Upload(round_, train_s)
 
     def owing(self) -> set[str]:
-        """Sites that missed a deadline and have not been heard from since: not counted on."""
+        """Sites that missed a deadline and have not been heard from since: not counted on. (So is a
+        site whose round counted the chunks it had in: it owes the rest, and `late` holds one owed
+        delta per site.)"""
         return set(self.late)
 
     def heard_from(self, site: str, applied_round: int) -> Upload | None:
@@ -206,6 +212,21 @@ class RoundState:
     def missing(self) -> list[str]:
         return sorted(s for s in self.members if self.uploads[s].metrics is None)
 
+    def missing_share(self) -> float:
+        """The share of the round's importance not in yet, each member's delta weighted by the tokens it
+        claims; inf while a member's manifest, or one of its critical chunks, is not in."""
+        total = missing = 0.0
+        for s in self.members:
+            up = self.uploads[s]
+            if up.metrics is not None:
+                total += up.metrics.tokens
+                continue
+            if up.manifest is None or up.critical_missing or up.missing_importance is None:
+                return math.inf
+            total += up.manifest.tokens
+            missing += up.manifest.tokens * up.missing_importance
+        return missing / total if total else math.inf
+
     def missing_importance(self) -> dict[str, float]:
         """Of the members whose delta is not complete and who sent its manifest: the share of its
         importance still to come (recovery/manifest.py)."""
@@ -216,14 +237,19 @@ class RoundState:
                 out[s] = round(share, 6)
         return out
 
-    def close(self) -> bool:
-        """Close the round if every member's delta is in, or the deadline passed and some are: the
-        missing ones become late. True when it closed (the caller aggregates `uploads`)."""
+    def close(self, partial: bool = False, early: bool = False) -> bool:
+        """Close the round if every member's delta is in, or the deadline passed (or `early`: the
+        round may close early) and some are, or (`partial`: the round counts partial deltas) some
+        of a delta's chunks and its manifest: the missing ones become late. True when it closed (the
+        caller aggregates `uploads`)."""
         if self.aggregating or not self.members:
             return False
         arrived = {s for s in self.members if self.uploads[s].metrics is not None}
-        if arrived != self.members and not (self.past_deadline and arrived):
+        countable = arrived or (partial and any(self.uploads[s].manifest is not None and self.uploads[s].decoding
+                                                for s in self.members))
+        if arrived != self.members and not ((self.past_deadline or early) and countable):
             return False
+        self.close_reason = ("complete" if arrived == self.members else "deadline" if self.past_deadline else "early")
         for s in sorted(self.members - arrived):
             self.late[s] = self.uploads.pop(s)
         self.members = arrived

@@ -270,13 +270,14 @@ class ParameterServer:
         """Take a delta's manifest, before its chunks; raises ProtocolError if it does not belong."""
         up = self.rounds.upload_for(link.name, m.round, self.round)
         check_manifest(self.cfg, up, m, self.plan)
-        up.manifest = m
+        up.take_manifest(m)
 
     def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         up = self.rounds.upload_for(link.name, c.round, self.round)
         check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.mode)
         up.add(link.name, c)
+        self._maybe_close_early()
 
     async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
         up = self.rounds.upload_for(link.name, m.round, self.round)
@@ -322,6 +323,7 @@ class ParameterServer:
         self.rounds.arrived_s.append(after_s)
         self._bound_first_round()
         self._maybe_finish_round()
+        self._maybe_close_early()
 
     def _bound_first_round(self) -> None:
         """A round that started untimed: bring its deadline forward to what its first half's
@@ -349,11 +351,37 @@ class ParameterServer:
                            action="kept", policy=self.cfg.train.late_policy, reason=kept_reason(owed.round))
         log.info("site %s is back: %s", link.name, kept_reason(owed.round))
 
+    def _counts_partial(self) -> bool:
+        """Does this round count the chunks of a delta that are in without the rest (train.partial_deltas,
+        past the warm-up, on an unsharded PS)?"""
+        t = self.cfg.train
+        return t.partial_deltas and self.round >= t.reliable_rounds and self.global_model.shard[1] == 1
+
+    def _may_close_early(self) -> bool:
+        """Is what is missing within train.loss_budget (every manifest and critical chunk in)?"""
+        return (bool(self.cfg.train.loss_budget) and self._counts_partial() and bool(self.in_round)
+                and not self.aggregating and self.rounds.missing_share() <= self.cfg.train.loss_budget)
+
+    def _maybe_close_early(self) -> None:
+        """Once what is missing is within the budget, the round closes a grace of a tenth of its
+        deadline later (what was about to come still counts), unless it completes first."""
+        if self.rounds.early_from == float("inf") and self._may_close_early():
+            grace_s = 0.1 * self.rounds.deadline_s
+            self.rounds.early_from = time.time() + grace_s
+            self._later(grace_s + 0.001, self._close_early, self.round)
+
+    def _close_early(self, round_: int) -> None:
+        if round_ == self.round:
+            self._maybe_finish_round()
+
     def _maybe_finish_round(self) -> None:
-        """Aggregate once every site in the round has sent its delta, or at the deadline those that did,
-        in a task of its own: not one of the stream of the site whose delta completed the round (if that
-        site's connection drops, its stream's tasks are cancelled, and the round with them)."""
-        if self.rounds.close():
+        """Aggregate once every site in the round has sent its delta, or at the deadline those that did
+        (or, with train.loss_budget, early: once what is missing is within it), in a task of its own:
+        not one of the stream of the site whose delta completed the round (if that site's connection
+        drops, its stream's tasks are cancelled, and the round with them)."""
+        partial = self._counts_partial()
+        early = time.time() >= self.rounds.early_from and self._may_close_early()
+        if self.rounds.close(partial, early):
             self.round_task = asyncio.create_task(self._finish_round())
 
     def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
@@ -390,7 +418,8 @@ class ParameterServer:
         try:
             committed = await self.committer.commit({s: self.uploads[s] for s in sorted(self.in_round)},
                                                     self.rounds.take_stale(self.round), self.late,
-                                                    self.rounds.started_at, self.rounds.past_deadline)
+                                                    self.rounds.started_at, self.rounds.close_reason,
+                                                    self._counts_partial())
         except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
             log.exception("round %d failed to commit", self.round)
             self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")

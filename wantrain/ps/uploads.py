@@ -52,6 +52,8 @@ class Upload:
     share: float = 0.0             # late_policy zero-outside: its share of the round that committed without it
     manifest: Manifest | None = None   # what the site said the delta holds, before its chunks
     counted: frozenset[int] = frozenset()   # chunks its round counted before the rest came (partial_deltas)
+    importance_in: float = 0.0     # of the manifest's importance, what the chunks in so far hold
+    critical_missing: int = 0      # the manifest's critical chunks not in yet
 
     @property
     def checked(self) -> list[Extracted]:
@@ -66,12 +68,20 @@ class Upload:
             self.first_chunk_at = self.last_chunk_at
         self.count = c.count
         self.decoding[c.index] = cpu_pool.submit(extract_chunk, site, c)
+        if self.manifest is not None:
+            entry = self.manifest.chunks[c.index]
+            self.importance_in += entry.importance
+            self.critical_missing -= entry.role == "critical"
         self.wire_bytes += c.data.wire_bytes
 
     @property
     def missing_importance(self) -> float | None:
         """The share of the delta's importance in chunks not yet in (None without a manifest)."""
-        return None if self.manifest is None else self.manifest.missing(self.decoding)
+        return None if self.manifest is None else max(0.0, 1.0 - self.importance_in)
+
+    def take_manifest(self, m: Manifest) -> None:
+        """The delta's manifest (checked: check_manifest), before any chunk."""
+        self.manifest, self.critical_missing = m, len(m.critical())
 
     @property
     def upload_s(self) -> float:

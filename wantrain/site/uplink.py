@@ -70,8 +70,8 @@ class Uplink:
         first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
         order = [first, *(i for i in order if i != first)]
         held: list[int] = []             # lost on purpose: they go last, late_s after the others
-        if self.loss is not None:
-            lost = self.loss.mask(len(order))
+        if self.loss is not None:   # critical chunks go on the reliable path (sent twice in the design): spared
+            lost = self.loss.mask(len(order)) & np.array([manifest.chunks[i].role != "critical" for i in order])
             held = [i for i, x in zip(order, lost) if x]
             order = [i for i, x in zip(order, lost) if not x] + held
             if held:
