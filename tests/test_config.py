@@ -21,7 +21,7 @@ def test_json_round_trip():
     ({"num_sites": 0}, "num_sites"),
     ({"train.inner_lr": float("nan")}, "train.inner_lr"),
     ({"train.late_policy": "wait"}, "train.late_policy"),
-    ({"train.partial_deltas": True}, "train.partial_deltas"),        # under the default late_policy, drop
+    ({"train.partial_deltas": True, "train.late_policy": "drop"}, "train.partial_deltas"),
 ])
 def test_bad_values_name_the_field(change, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

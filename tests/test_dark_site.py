@@ -3,7 +3,7 @@ no model download, its delta handled by `late_policy`, its log saying what becam
 
 Real processes: the PS, three sites and the link emulator, the dark site's link taken down with
 `Run.outage` for 2.5, 5 and 10 times the deadline in force (one run, "drop"), and 2.5 times
-under "stale" (a second run). The PS's side of it (who is counted on, what a late delta
+under "zero-outside", the default (a second run). The PS's side of it (who is counted on, what a late delta
 becomes) is unit-tested without a network in test_rounds.py and test_round_state.py.
 """
 
@@ -85,7 +85,11 @@ def test_a_site_dark_for_2_5_5_and_10_deadlines_comes_back_on_its_stream(tmp_pat
 
 @pytest.mark.timeout(400)
 @pytest.mark.xdist_group("heavy")     # never beside another heavy test (Makefile)
-def test_under_the_stale_policy_a_dark_site_pushes_what_it_has(tmp_path):
+def test_under_the_default_policy_a_dark_site_pushes_what_it_has(tmp_path):
     rounds = 16
-    events, dark, log = dark_run(tmp_path, "stale", [2.5], rounds)
+    events, dark, log = dark_run(tmp_path, "zero-outside", [2.5], rounds)
     check_dark_site(events, dark, log, rounds, {"deferred", "dropped", "kept"})
+    # What it pushed late went outside the outer momentum of the next commit, once.
+    deferred = [e for e in rows(events, "late_delta") if e["site"] == dark and e["action"] == "deferred"]
+    reconciled = [k for e in rows(events, "round_end") for k in e["reconciled"]]
+    assert all(reconciled.count(f"{dark}@{e['round']}") == 1 for e in deferred), (deferred, reconciled)

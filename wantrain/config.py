@@ -111,7 +111,9 @@ class TrainConfig:
     # "rescale": that mean stands in for it, and the late delta is never applied nor carried;
     # "zero-outside": it counts as zeros in its round's mean, and is applied when it comes, at the
     #   next commit, outside the outer momentum (one never sent goes into the site's next delta).
-    late_policy: str = "drop"
+    # The default: on the transformer (tiny, 4 sites, 20 rounds, 3 seeds) with 10 % / 30 % of sites
+    # late a round, final loss +0.20 % / +0.58 % over nothing late; "drop" +0.86 % / +3.14 %.
+    late_policy: str = "zero-outside"
     # Count the chunks of a late delta that arrived by the deadline, when its manifest did (the rest
     # is what late_policy says: zeros and outside the momentum later, or the others' mean). Needs
     # late_policy "rescale" or "zero-outside"; an unsharded PS (a shard counts whole deltas).
