@@ -140,7 +140,7 @@ class RoundState:
         self.untimed = False                  # started before any arrival was timed (the first round)
         self.arrived_s: list[float] = []      # when the round's deltas arrived, after started_at
         self.past_deadline = False
-        self.early_from = math.inf            # when the round may close early (train.loss_budget)
+        self.early_from = math.inf            # when the round may close early (ps/closing.py)
         self.close_reason = ""                # "complete", "deadline" or "early", once closed
         self.last_members: set[str] = set()   # sites the last (or current) round started with
         self.aggregating = False
@@ -151,7 +151,7 @@ class RoundState:
         self.uploads = {name: Upload(round_, budget_s) for name in sites}
         self.started_at, self.deadline_s, self.untimed, self.arrived_s = now, deadline_s, untimed, []
         self.past_deadline = False
-        self.early_from = math.inf            # when the round may close early (train.loss_budget)
+        self.early_from = math.inf            # when the round may close early (ps/closing.py)
 
     def quorum_wait(self, ready: set[str], known: set[str], num_sites: int, committed: int,
                     quorum_left_s: float) -> float | None:
@@ -211,6 +211,14 @@ class RoundState:
 
     def missing(self) -> list[str]:
         return sorted(s for s in self.members if self.uploads[s].metrics is None)
+
+    @property
+    def early_armed(self) -> bool:
+        return self.early_from < math.inf
+
+    def arm_early(self, at: float) -> None:
+        """The round may close early from `at` (ps/closing.py)."""
+        self.early_from = at
 
     def missing_share(self) -> float:
         """The share of the round's importance not in yet, each member's delta weighted by the tokens it

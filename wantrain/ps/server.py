@@ -36,19 +36,20 @@ from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError, Rej
 from ..faults import Stalls
 from ..limits import Limits, safe_text
 from ..memory import trim_heap
-from ..messages import (DeltaOutcome, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk,
+from ..messages import (HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk,
                         Welcome)
 from ..screening import Screen, check_claims
 from ..telemetry import Recorder
 from .commit import Committed, Committer
 from .downloads import Downloads
 from .model import GlobalModel
-from .rounds import RoundClock, RoundState, kept_reason, late_outcome
+from .closing import ClosePolicy
+from .rounds import RoundClock, RoundState
 from .sites import SiteLink, check_join
 from .journal import JOURNAL_DIR, Journal
 from .ledger import Ledger
 from .state import CheckpointWriter, come_up, snapshot
-from .uploads import Upload, assemble, check_chunk, check_manifest
+from .uploads import assemble, check_chunk, check_manifest
 
 __all__ = ["ParameterServer", "SiteLink"]
 
@@ -88,6 +89,7 @@ class ParameterServer:
 
         self.links: dict[str, SiteLink] = {}  # connected now
         self.rounds = RoundState()
+        self.close_policy = ClosePolicy(cfg.train, self.rounds, self.recorder, sharded=shard[1] > 1)
         self.last_commit_at = time.time()
         self._timers: list[asyncio.TimerHandle] = []
         self.round_task: asyncio.Task | None = None
@@ -315,7 +317,7 @@ class ParameterServer:
             if up.round == self.round:     # its round is closed but not committed: its timing is known
                 self.clock.arrived(link.name, time.time() - self.rounds.started_at)
             del self.late[link.name]        # heard from: counted on again from the next round
-            self._on_late_delta(link, up)
+            link.outbox.put_nowait(self.close_policy.late_delta(link.name, up, self.round, self.aggregating))
             self.maybe_start_round()         # (every site was dark: none runs)
             return
         after_s = time.time() - self.rounds.started_at
@@ -335,39 +337,9 @@ class ParameterServer:
             self.rounds.deadline_s = bound
             self._later(max(0.0, bound - (time.time() - self.rounds.started_at)), self._on_deadline, self.round)
 
-    def _on_late_delta(self, link: SiteLink, up: Upload) -> None:
-        """A delta that arrived after its round closed: dropped or kept for the next commit, as
-        `train.late_policy` says (rounds.late_outcome); the site hears which and why."""
-        action, reason = late_outcome(self.cfg.train, up.round, self.round, self.aggregating)
-        self.recorder.emit("late_delta", round=up.round, site=link.name, rounds_late=self.round - up.round,
-                           action=action, policy=self.cfg.train.late_policy, reason=reason)
-        link.outbox.put_nowait(DeltaOutcome(up.round, action, reason))
-        if action == "deferred":
-            self.rounds.defer(link.name, up)
-
-    def _on_kept_delta(self, link: SiteLink, owed: Upload) -> None:
-        """A site that owed a delta reported a later model without sending it: it kept the delta."""
-        self.recorder.emit("late_delta", round=owed.round, site=link.name, rounds_late=self.round - owed.round,
-                           action="kept", policy=self.cfg.train.late_policy, reason=kept_reason(owed.round))
-        log.info("site %s is back: %s", link.name, kept_reason(owed.round))
-
-    def _counts_partial(self) -> bool:
-        """Does this round count the chunks of a delta that are in without the rest (train.partial_deltas,
-        past the warm-up, on an unsharded PS)?"""
-        t = self.cfg.train
-        return t.partial_deltas and self.round >= t.reliable_rounds and self.global_model.shard[1] == 1
-
-    def _may_close_early(self) -> bool:
-        """Is what is missing within train.loss_budget (every manifest and critical chunk in)?"""
-        return (bool(self.cfg.train.loss_budget) and self._counts_partial() and bool(self.in_round)
-                and not self.aggregating and self.rounds.missing_share() <= self.cfg.train.loss_budget)
-
     def _maybe_close_early(self) -> None:
-        """Once what is missing is within the budget, the round closes a grace of a tenth of its
-        deadline later (what was about to come still counts), unless it completes first."""
-        if self.rounds.early_from == float("inf") and self._may_close_early():
-            grace_s = 0.1 * self.rounds.deadline_s
-            self.rounds.early_from = time.time() + grace_s
+        grace_s = self.close_policy.arm_early_close(self.round, time.time())
+        if grace_s is not None:
             self._later(grace_s + 0.001, self._close_early, self.round)
 
     def _close_early(self, round_: int) -> None:
@@ -379,9 +351,7 @@ class ParameterServer:
         (or, with train.loss_budget, early: once what is missing is within it), in a task of its own:
         not one of the stream of the site whose delta completed the round (if that site's connection
         drops, its stream's tasks are cancelled, and the round with them)."""
-        partial = self._counts_partial()
-        early = time.time() >= self.rounds.early_from and self._may_close_early()
-        if self.rounds.close(partial, early):
+        if self.rounds.close(self.close_policy.counts_partial(self.round), self.close_policy.closes_early(self.round, time.time())):
             self.round_task = asyncio.create_task(self._finish_round())
 
     def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
@@ -396,7 +366,7 @@ class ParameterServer:
             return
         owed = self.rounds.heard_from(link.name, h.round)
         if owed is not None:        # it kept that delta (its round closed before it went): recorded
-            self._on_kept_delta(link, owed)
+            self.close_policy.kept_delta(link.name, owed, self.round)
         expected = self.hashes.get(h.round + 1)
         ok = expected == h.model_hash
         self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
@@ -419,7 +389,7 @@ class ParameterServer:
             committed = await self.committer.commit({s: self.uploads[s] for s in sorted(self.in_round)},
                                                     self.rounds.take_stale(self.round), self.late,
                                                     self.rounds.started_at, self.rounds.close_reason,
-                                                    self._counts_partial())
+                                                    self.close_policy.counts_partial(self.round))
         except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
             log.exception("round %d failed to commit", self.round)
             self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")

@@ -1,0 +1,154 @@
+"""Loss recovery on real processes: what each way of handling late chunks costs in time and in loss.
+
+Each run is a real PS and the scenario's site processes, their links emulated by the embedded
+testbed, every site losing a share of its delta's chunks on purpose (the scenario's `chunk_loss`:
+recovery.ChunkLoss in the site's uplink, i.i.d. or in bursts; a lost chunk comes `--late-s` after
+the others, as a retransmission would; critical chunks are spared, as the design sends them twice).
+Arms (issue 28's names in brackets):
+
+    reliable       [B0] every chunk waited for: the deadline is far off
+    drop           [B6] the old default: a fixed deadline; a late delta is the others' mean, and its
+                   site sends it again inside its next delta
+    zero           [B1/B4] a fixed deadline; a late delta counts as zeros and is applied when it
+                   comes, outside the outer momentum (late_policy zero-outside, the default)
+    salr           zero, counting the chunks in at the deadline (train.partial_deltas), closing
+                   early once what is missing is within 5 % of the round's importance
+    salr-no-early  salr without the early close (an ablation)
+
+Figures per arm and condition: final validation loss, time to a target loss, p50 and p99 round
+time, megabytes both ways, and what the PS substituted and reconciled (round_end's recovery fields).
+
+    python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
+
+Not here yet: several connections per site, parity and hedging on the wire, downlink loss, outages
+(testbed scenarios have them: `--scenario`), B2/B3/B5/B7 (the in-process study, bench/late_policy.py,
+measures the loss side of stale, rescale and the chunk-level arms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save_to
+
+from wantrain.config import RunConfig
+from wantrain.run import Run, describe_scenario
+from wantrain.run_compare import time_to_target
+from wantrain.telemetry import rows
+
+DEADLINE_S = 4.0
+ARMS: dict[str, dict] = {
+    "reliable": {"train.late_policy": "zero-outside", "train.deadline_s": 120.0},
+    "drop": {"train.late_policy": "drop", "train.deadline_s": DEADLINE_S},
+    "zero": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S},
+    "salr": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S, "train.partial_deltas": True,
+             "train.loss_budget": 0.05},
+    "salr-no-early": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S,
+                      "train.partial_deltas": True},
+}
+SIZES = {
+    "quick": dict(rounds=5, inner_steps=10, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6),
+    "full": dict(rounds=16, inner_steps=20, reliable_rounds=3, losses=(0.01, 0.05, 0.1), seeds=1, target=2.9),
+}
+
+
+def run_arm(arm: str, size: dict, loss: float, burst: float, late_s: float, seed: int, scenario: str,
+            folder: Path) -> dict:
+    """One arm's run under one condition; its figures."""
+    plan = describe_scenario(scenario).replace(time_scale=1.0)
+    for name in plan.names:
+        plan = plan.with_site(name, speed_factor=2.0, chunk_loss=loss, chunk_burst=burst, chunk_late_s=late_s)
+    cfg = RunConfig().replace(num_sites=len(plan.names), sites=plan.names, **{
+        "model.preset": "tiny", "model.block_size": 64, "train.rounds": size["rounds"],
+        "train.inner_steps": size["inner_steps"], "train.seed": seed, "model.seed": seed,
+        "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0, **ARMS[arm]})
+    t0 = time.time()
+    with Run(cfg, run_dir=folder / f"{arm}-{loss}-{seed}", site_threads=1, plan=plan) as run:
+        for _ in run.follow(timeout_s=900):
+            pass
+        events = list(run.events)
+    ends = rows(events, "round_end")
+    if not ends:
+        raise SystemExit(f"{arm}, chunk loss {loss}, seed {seed}: no round committed")
+    outcome = time_to_target(events, size["target"])
+    assert outcome is not None
+    round_s = [e["round_s"] for e in ends]
+    return {"arm": arm, "chunk_loss": loss, "burst": burst, "seed": seed, "rounds": len(ends),
+            "final_val_loss": float(np.mean([e["val_loss"] for e in ends[-3:]])),
+            "reached": outcome.reached, "time_to_target_s": outcome.time_s if outcome.reached else None,
+            "wall_s": round(time.time() - t0, 1), "p50_round_s": float(np.percentile(round_s, 50)),
+            "p99_round_s": float(np.percentile(round_s, 99)),
+            "uplink_mb": sum(e["wire_bytes"] for e in rows(events, "site_round")) / 1e6,
+            "downlink_mb": len(plan.names) * sum(e["wire_bytes"] for e in ends) / 1e6,
+            "closes": {c: sum(e["close"] == c for e in ends) for c in ("complete", "early", "deadline")},
+            "substituted": sum(sum(e["substituted"].values()) for e in ends),
+            "partial": sum(sum(e["partial"].values()) for e in ends),
+            "reconciled": sum(sum(e["reconciled"].values()) for e in ends),
+            "late_deltas": {a: sum(e["action"] == a for e in rows(events, "late_delta"))
+                            for a in ("deferred", "dropped", "kept")}}
+
+
+def table(results: list[dict], target: float) -> str:
+    lines = [f"{'loss':>5} {'arm':<14} {'final':>7} {'to ' + str(target):>8} {'p50 s':>6} {'p99 s':>6} {'MB up':>6} "
+             f"{'MB dn':>6} {'closes c/e/d':>12} {'subst':>6} {'partial':>7} {'recon':>6}"]
+    for r in results:
+        t = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "-"
+        c = r["closes"]
+        lines.append(f"{r['chunk_loss']:>5.0%} {r['arm']:<14} {r['final_val_loss']:>7.4f} {t:>8} "
+                     f"{r['p50_round_s']:>6.2f} {r['p99_round_s']:>6.2f} {r['uplink_mb']:>6.2f} {r['downlink_mb']:>6.2f} "
+                     f"{c['complete']:>4}/{c['early']}/{c['deadline']:<4} {r['substituted']:>6} {r['partial']:>7} "
+                     f"{r['reconciled']:>6}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="one condition, short runs")
+    p.add_argument("--loss", help="comma-separated chunk loss rates (full: 0.01,0.05,0.1)")
+    p.add_argument("--burst", type=float, default=1.0, help="mean run of lost chunks (1: i.i.d.)")
+    p.add_argument("--late-s", type=float, default=6.0, help="seconds a lost chunk comes after the others")
+    p.add_argument("--seeds", type=int, help="seeds per arm")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--scenario", default="loopback")
+    p.add_argument("--out", default="loss_recovery", help="result name under bench/results, or a path ending in .json")
+    args = p.parse_args()
+    size = dict(SIZES["quick" if args.quick else "full"])
+    arms = args.arms.split(",")
+    if unknown := set(arms) - set(ARMS):
+        p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    losses = [float(x) for x in args.loss.split(",")] if args.loss else list(size["losses"])
+    results = []
+    with tempfile.TemporaryDirectory(prefix="wantrain-lr-") as tmp:
+        for loss in losses:
+            for seed in range(args.seeds or size["seeds"]):
+                for arm in arms:
+                    r = run_arm(arm, size, loss, args.burst, args.late_s, seed, args.scenario, Path(tmp))
+                    results.append(r)
+                    print(f"chunk loss {loss:.0%}, {arm}, seed {seed}: final {r['final_val_loss']:.4f}, p50/p99 round "
+                          f"{r['p50_round_s']:.2f}/{r['p99_round_s']:.2f} s, wall {r['wall_s']} s, closes {r['closes']}",
+                          flush=True)
+    print()
+    print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {DEADLINE_S} s "
+          f"(reliable: none), lost chunks {args.late_s} s late, bursts of {args.burst:g}")
+    print(table(results, size["target"]))
+    seeds = {(r["arm"], r["chunk_loss"]) for r in results}
+    if len(seeds) < len(results):
+        for arm in arms:
+            for loss in losses:
+                finals = [r["final_val_loss"] for r in results if (r["arm"], r["chunk_loss"]) == (arm, loss)]
+                print(f"{arm} at {loss:.0%}: final {statistics.mean(finals):.4f} over {len(finals)} seeds")
+    save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "losses": losses,
+                       "burst": args.burst, "late_s": args.late_s, "deadline_s": DEADLINE_S, "arms": arms,
+                       "target": size["target"], "rows": results})
+
+
+if __name__ == "__main__":
+    main()

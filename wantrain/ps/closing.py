@@ -1,0 +1,74 @@
+"""What a round does about the deltas, or the chunks of them, that are not in when it closes.
+
+The round-close policy, from the run config's `train`:
+
+    late_policy       what becomes of a delta that comes after its round closed (rounds.late_outcome):
+                      the site hears it in a DeltaOutcome, the telemetry in a `late_delta` event
+    partial_deltas    whether a round counts the chunks of a delta that are in without the rest
+                      (not in the first `reliable_rounds`, nor on a sharded PS)
+    loss_budget       whether a round closes before its deadline: once every member's manifest and
+                      critical chunks are in and what is missing is within the budget, a grace of a
+                      tenth of the deadline later
+
+`ClosePolicy` decides; the server acts on its decisions (its timers, the sites' outboxes, the commit).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import TrainConfig
+from ..messages import DeltaOutcome
+from ..telemetry import Recorder
+from .rounds import RoundState, kept_reason, late_outcome
+from .uploads import Upload
+
+__all__ = ["ClosePolicy"]
+
+log = logging.getLogger("wantrain.ps")
+
+
+class ClosePolicy:
+    """The round-close decisions of one PS (see the module's docstring)."""
+
+    def __init__(self, train: TrainConfig, rounds: RoundState, recorder: Recorder, sharded: bool) -> None:
+        self.train, self.rounds, self.recorder, self.sharded = train, rounds, recorder, sharded
+
+    def counts_partial(self, round_: int) -> bool:
+        """Does round `round_` count the chunks of a delta that are in without the rest?"""
+        return self.train.partial_deltas and round_ >= self.train.reliable_rounds and not self.sharded
+
+    def within_budget(self, round_: int) -> bool:
+        """Is what the running round still misses within train.loss_budget (every manifest and
+        critical chunk in)?"""
+        r = self.rounds
+        return (bool(self.train.loss_budget) and self.counts_partial(round_) and bool(r.members)
+                and not r.aggregating and r.missing_share() <= self.train.loss_budget)
+
+    def arm_early_close(self, round_: int, now: float) -> float | None:
+        """The first time what is missing is within the budget: the grace after which the round may
+        close early (the caller asks again then), else None."""
+        if not self.rounds.early_armed and self.within_budget(round_):
+            grace_s = 0.1 * self.rounds.deadline_s
+            self.rounds.arm_early(now + grace_s)
+            return grace_s
+        return None
+
+    def closes_early(self, round_: int, now: float) -> bool:
+        return now >= self.rounds.early_from and self.within_budget(round_)
+
+    def late_delta(self, site: str, up: Upload, current: int, aggregating: bool) -> DeltaOutcome:
+        """A delta that arrived after its round closed: dropped, or deferred to the next commit (rounds
+        then keeps it), as train.late_policy says; what the site hears, and why."""
+        action, reason = late_outcome(self.train, up.round, current, aggregating)
+        self.recorder.emit("late_delta", round=up.round, site=site, rounds_late=current - up.round,
+                           action=action, policy=self.train.late_policy, reason=reason)
+        if action == "deferred":
+            self.rounds.defer(site, up)
+        return DeltaOutcome(up.round, action, reason)
+
+    def kept_delta(self, site: str, owed: Upload, current: int) -> None:
+        """A site that owed a delta reported a later model without sending it: it kept the delta."""
+        self.recorder.emit("late_delta", round=owed.round, site=site, rounds_late=current - owed.round,
+                           action="kept", policy=self.train.late_policy, reason=kept_reason(owed.round))
+        log.info("site %s is back: %s", site, kept_reason(owed.round))
