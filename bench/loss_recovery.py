@@ -15,8 +15,9 @@ Arms (issue 28's names in brackets):
                    early once what is missing is within 5 % of the round's importance
     salr-no-early  salr without the early close (an ablation)
 
-Figures per arm and condition: final validation loss, time to a target loss, p50 and p99 round
-time, megabytes both ways, and what the PS substituted and reconciled (round_end's recovery fields).
+Figures per arm and condition: final validation loss, time to a target loss (and the whole curve,
+seconds against validation loss, in the results), p50 and p99 round time, megabytes both ways, and
+what the PS substituted and reconciled (round_end's recovery fields).
 
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
@@ -56,7 +57,7 @@ ARMS: dict[str, dict] = {
 }
 SIZES = {
     "quick": dict(rounds=5, inner_steps=10, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6),
-    "full": dict(rounds=16, inner_steps=20, reliable_rounds=3, losses=(0.01, 0.05, 0.1), seeds=1, target=2.9),
+    "full": dict(rounds=16, inner_steps=20, reliable_rounds=3, losses=(0.01, 0.05, 0.1), seeds=1, target=2.6),
 }
 
 
@@ -93,7 +94,8 @@ def run_arm(arm: str, size: dict, loss: float, burst: float, late_s: float, seed
             "partial": sum(sum(e["partial"].values()) for e in ends),
             "reconciled": sum(sum(e["reconciled"].values()) for e in ends),
             "late_deltas": {a: sum(e["action"] == a for e in rows(events, "late_delta"))
-                            for a in ("deferred", "dropped", "kept")}}
+                            for a in ("deferred", "dropped", "kept")},
+            "curve": outcome.curve}
 
 
 def table(results: list[dict], target: float) -> str:
@@ -116,11 +118,14 @@ def main() -> None:
     p.add_argument("--burst", type=float, default=1.0, help="mean run of lost chunks (1: i.i.d.)")
     p.add_argument("--late-s", type=float, default=6.0, help="seconds a lost chunk comes after the others")
     p.add_argument("--seeds", type=int, help="seeds per arm")
+    p.add_argument("--target", type=float, help="target validation loss (full: 2.6)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     p.add_argument("--scenario", default="loopback")
     p.add_argument("--out", default="loss_recovery", help="result name under bench/results, or a path ending in .json")
     args = p.parse_args()
     size = dict(SIZES["quick" if args.quick else "full"])
+    if args.target is not None:
+        size["target"] = args.target
     arms = args.arms.split(",")
     if unknown := set(arms) - set(ARMS):
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
