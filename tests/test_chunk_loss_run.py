@@ -2,8 +2,9 @@
 its chunks on purpose (`chunk_loss`: each comes `chunk_late_s` after the others), and under
 late_policy "zero-outside" with `train.partial_deltas` and a `loss_budget` each round after the
 warm-up closes as soon as what is missing is within the budget, counting the chunks that are in,
-and the next applies the rest outside the outer momentum. Every replica stays bit-identical at
-every hash check. (The PS's arithmetic of it is test_delta_manifest.py's.)"""
+and the next applies the rest outside the outer momentum; the site sends that rest while it trains
+the next round, which counts on it. Every replica stays bit-identical at every hash check. (The PS's
+arithmetic of it is test_delta_manifest.py's.)"""
 
 from __future__ import annotations
 
@@ -51,5 +52,9 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
         r = e["round"]
         if r <= rounds - 3:                           # its tail had time to come before the run ended
             assert (r, "deferred") in lates and f"{lossy}@{r}" in reconciled or (r, "dropped") in lates, (r, lates)
+    # Its tail flows beside the next round, which counts on it: it is never left out as a dark site.
+    starts = {e["round"]: e for e in rows(events, "round_start")}
+    assert all(lossy in starts[e["round"] + 1]["sites"] for e in partial if e["round"] + 1 < rounds), \
+        [(r, e["sites"], e["dark"]) for r, e in starts.items()]
     others = [n for n in plan.names if n != lossy]
     assert all(set(others) <= set(e["sites"]) for e in ends)           # the others were never held back

@@ -8,6 +8,7 @@ from wantrain.errors import ProtocolError
 from wantrain.messages import RoundMetrics
 from wantrain.config import TrainConfig
 from wantrain.ps.rounds import RoundClock, RoundState
+from wantrain.ps.uploads import Upload
 
 
 def arrived(state: RoundState, site: str) -> None:
@@ -81,9 +82,9 @@ def test_quorum_waits_at_the_start_then_only_for_a_site_of_the_last_round():
 def test_stale_deltas_older_than_the_limit_are_dropped():
     s = RoundState()
     s.start(0, {"a"}, 0.0, now=0.0)
-    s.stale = {"a": s.uploads["a"]}
+    s.stale = {("a", 0): s.uploads["a"]}
     assert list(s.take_stale(current=2)) == ["a@0"] and s.stale == {}
-    s.stale = {"a": s.uploads["a"]}
+    s.stale = {("a", 0): s.uploads["a"]}
     assert s.take_stale(current=3) == {}                 # MAX_STALENESS is 2
 
 
@@ -102,6 +103,26 @@ def test_a_site_that_owes_a_delta_is_not_counted_on_until_heard_from():
     with pytest.raises(ProtocolError):
         s.upload_for("b", 3, current=4)                   # it said it moved on: round 3's delta is over
     assert s.admission("b", 10.0, now=21.0) == 9.0
+
+
+def test_a_site_whose_round_counted_its_chunks_in_owes_only_a_tail_and_is_counted_on():
+    s = RoundState()
+    for r in (3, 4):                                      # b's chunks are in part at both deadlines
+        s.start(r, {"a", "b"}, budget_s=10.0, now=20.0 * r)
+        arrived(s, "a")
+        s.past_deadline = True
+        assert s.close() and s.owing() == {"b"}
+        s.committed(r, {"b": 0.5}, {"b": frozenset({0})})  # its round counted chunk 0 of it
+        assert s.owing() == set() and s.owed("b", r).counted == {0}
+        s.finish()
+    assert s.heard_from("b", applied_round=4) is None     # b applied round 4: its tails still come
+    assert s.upload_for("b", 3, current=5) is s.tails["b", 3] and s.admission("b", 10.0, now=100.0) is None
+    assert s.came("b", s.tails["b", 3]) and not s.came("b", Upload(9))   # its metrics came: done
+    assert list(s.tails) == [("b", 4)]
+    s.drop("b")                                           # b left: its tail of round 4 will not come
+    assert s.tails == {}
+    with pytest.raises(ProtocolError):
+        s.upload_for("b", 4, current=5)
 
 
 def test_what_becomes_of_a_late_delta():

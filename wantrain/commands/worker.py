@@ -79,7 +79,7 @@ def add_parser(sub) -> None:
     w.add_argument("--link-rtt-ms", type=float, default=0.0, help="known RTT of the link (sizes gRPC timeouts)")
     w.add_argument("--link-mbps", type=float, default=0.0, help="known bandwidth of the link (sizes gRPC timeouts)")
     w.add_argument("--chunk-loss", type=float, default=0.0,
-                   help="lose this fraction of the delta's chunks on purpose (seeded by the site's name): each is "
+                   help="lose this fraction of the delta's chunks on purpose (seeded by the run's seed and the site's name): each is "
                         "sent --chunk-late-s after the others")
     w.add_argument("--chunk-burst", type=float, default=1.0, help="mean run of lost chunks (1: i.i.d.)")
     w.add_argument("--chunk-late-s", type=float, default=30.0, help="seconds a lost chunk comes after the others")

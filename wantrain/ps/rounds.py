@@ -28,6 +28,11 @@ order, so that delta can no longer come); from then on it takes part again, in t
 round if it is current and enough of the budget is left (with fixed inner steps: if at least its
 usual time to deliver is left before the deadline; admitted with less, a slow site back from an
 outage missed every deadline, owed every round and was never counted again).
+
+A site whose round counted the chunks it had in (train.partial_deltas) is not dark: it owes only
+the rest, its tail, which it sends while it trains the next round. Its tail is kept apart
+(`tails`, per site and round) and the site is counted on; a hash report does not end a tail (the
+site sends it beside its later rounds), its metrics or the site's leaving do.
 """
 
 from __future__ import annotations
@@ -134,7 +139,8 @@ class RoundState:
         self.members: set[str] = set()        # sites expected to deliver for the current round
         self.uploads: dict[str, Upload] = {}
         self.late: dict[str, Upload] = {}     # sites that missed a deadline, owing that round's delta
-        self.stale: dict[str, Upload] = {}    # complete late deltas for the next aggregation
+        self.tails: dict[tuple[str, int], Upload] = {}   # (site, round): the rest of a delta counted in part
+        self.stale: dict[tuple[str, int], Upload] = {}   # (site, round): complete late deltas for the next aggregation
         self.started_at = 0.0
         self.deadline_s = 0.0                 # after started_at
         self.untimed = False                  # started before any arrival was timed (the first round)
@@ -185,9 +191,8 @@ class RoundState:
         self.uploads[site] = Upload(round_, train_s)
 
     def owing(self) -> set[str]:
-        """Sites that missed a deadline and have not been heard from since: not counted on. (So is a
-        site whose round counted the chunks it had in: it owes the rest, and `late` holds one owed
-        delta per site.)"""
+        """Sites that missed a deadline and have not been heard from since: not counted on. (A site
+        that owes only the tail of a delta counted in part is counted on.)"""
         return set(self.late)
 
     def heard_from(self, site: str, applied_round: int) -> Upload | None:
@@ -203,11 +208,23 @@ class RoundState:
         up = self.uploads.get(site)
         if up is not None and round_ == current and site in self.members and not self.aggregating:
             return up
-        late = self.late.get(site)
-        if late is not None and late.round == round_:
+        late = self.owed(site, round_)
+        if late is not None:
             return late
         raise ProtocolError(f"delta for round {round_} from {site!r}, which is not in that round "
                             f"(the current round is {current})")
+
+    def owed(self, site: str, round_: int) -> Upload | None:
+        """The late delta (or tail) of `site` for `round_` still coming, if any."""
+        late = self.late.get(site)
+        return late if late is not None and late.round == round_ else self.tails.get((site, round_))
+
+    def came(self, site: str, up: Upload) -> bool:
+        """The late delta or tail `up` of `site` is complete: no longer owed. False if it was not."""
+        if self.late.get(site) is up:
+            del self.late[site]          # heard from: counted on again from the next round
+            return True
+        return self.tails.pop((site, up.round), None) is not None
 
     def missing(self) -> list[str]:
         return sorted(s for s in self.members if self.uploads[s].metrics is None)
@@ -268,28 +285,31 @@ class RoundState:
         """The site left: what it was sending will not come."""
         self.uploads.pop(site, None)
         self.late.pop(site, None)
+        self.tails = {k: up for k, up in self.tails.items() if k[0] != site}
         self.members.discard(site)
 
     def defer(self, site: str, up: Upload) -> None:
         """A late delta the policy applies at the next commit (late_outcome: "deferred")."""
-        self.stale[site] = up
+        self.stale[site, up.round] = up
 
     def committed(self, round_: int, shares: dict[str, float], counted: dict[str, frozenset[int]]) -> None:
         """Round `round_` committed without these sites' deltas, owed or already deferred: each will
         have `shares` of it when applied (late_policy zero-outside), and `counted` chunks of it
-        counted already (train.partial_deltas)."""
+        counted already (train.partial_deltas): such a site owes only its tail."""
         for site in shares.keys() | counted.keys():
-            for up in (self.late.get(site), self.stale.get(site)):
+            for up in (self.late.get(site), self.stale.get((site, round_))):
                 if up is not None and up.round == round_:
                     up.share = shares.get(site, 0.0)
                     up.counted = counted.get(site, frozenset())
+            if counted.get(site) and (up := self.late.get(site)) is not None and up.round == round_:
+                self.tails[site, round_] = self.late.pop(site)
 
     def take_stale(self, current: int) -> dict[str, Upload]:
         """Late deltas still young enough to apply, keyed "site@round" (a site may have a fresh one too)."""
         # (A delta of the current round deferred while it commits waits for the next.)
-        stale = {late_key(s, up.round): up for s, up in sorted(self.stale.items())
-                 if 0 < current - up.round <= MAX_STALENESS}
-        self.stale = {s: up for s, up in self.stale.items() if up.round == current}
+        stale = {late_key(s, r): up for (s, r), up in sorted(self.stale.items())
+                 if 0 < current - r <= MAX_STALENESS}
+        self.stale = {k: up for k, up in self.stale.items() if k[1] == current}
         return stale
 
     def finish(self) -> None:

@@ -299,7 +299,7 @@ class ParameterServer:
         except (NonFiniteDeltaError, DeltaRejectedError) as e:
             self.recorder.emit("quarantine", round=m.round, site=link.name, message=str(e), action="rejected")
             raise
-        if self.uploads.get(link.name) is not up and self.late.get(link.name) is not up:
+        if self.uploads.get(link.name) is not up and self.rounds.owed(link.name, m.round) is not up:
             return                  # the site left (or its upload was dropped) while its delta was checked
         self.ledger.drew(link.name, m.data_position)
         up.delta, up.metrics, up.norm = delta, m, norm
@@ -308,7 +308,7 @@ class ParameterServer:
             up.journaled = asyncio.ensure_future(asyncio.to_thread(self.journal.write_delta, m.round, link.name,
                                                                    delta))
         fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
-        late = self.late.get(link.name) is up
+        late = self.rounds.owed(link.name, m.round) is up
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
                            received_wire_bytes=up.wire_bytes, upload_s=up.upload_s, delta_norm=norm,
@@ -316,7 +316,7 @@ class ParameterServer:
         if late:
             if up.round == self.round:     # its round is closed but not committed: its timing is known
                 self.clock.arrived(link.name, time.time() - self.rounds.started_at)
-            del self.late[link.name]        # heard from: counted on again from the next round
+            self.rounds.came(link.name, up)    # heard from: counted on again from the next round
             link.outbox.put_nowait(self.close_policy.late_delta(link.name, up, self.round, self.aggregating))
             self.maybe_start_round()         # (every site was dark: none runs)
             return

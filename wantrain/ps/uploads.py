@@ -108,9 +108,9 @@ def check_manifest(cfg: RunConfig, up: Upload, m: Manifest, plan: list[ChunkSpec
 
 
 def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str) -> None:
-    """Does chunk `c` belong in `up`? Caps it so that one site holds at most one model's worth of
+    """Does chunk `c` belong in `up`? Caps it so that one upload holds at most one model's worth of
     delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
-    each index once."""
+    each index once. (A site has one upload per round it still owes: at most a few.)"""
     if c.kind != DELTA:
         raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
     if up.metrics is not None:

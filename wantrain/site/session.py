@@ -20,7 +20,9 @@ inner step under way: under `late_policy` "drop" the PS would drop the delta, so
 into the next delta instead of onto the wire (under "rescale" it is let go: the others' mean stood
 in for it); under "stale" and "zero-outside" it is pushed at once, a late delta.
 Either way the site follows the results of the rounds it missed and takes part in the current
-one as soon as the PS hears from it (it is not counted on until then: ps/rounds.py).
+one as soon as the PS hears from it (it is not counted on until then: ps/rounds.py). If its round
+counted the chunks that were in (train.partial_deltas), the rest of its push, the delta's tail,
+goes on in the background beside the next rounds, which count on the site.
 
 If the PS is not there (yet) or the stream breaks, the site retries with exponential backoff
 and says so; when it reconnects it joins again under the same name.
@@ -122,6 +124,7 @@ class Site:
         self.pushed_at: float | None = None           # when the last push ended (idle accounting)
         self.stalls = Stalls(opts.stalls, log)
         self.in_hand: RoundInHand | None = None       # the round training or pushing now
+        self.tails: set[asyncio.Future] = set()       # pushes of rounds that counted in part, finishing
 
     @property
     def round(self) -> int:
@@ -182,7 +185,7 @@ class Site:
                 if isinstance(msg, TensorChunk) and msg.kind == UPDATE:
                     update_parts.append(msg)
                     continue
-                await self._end_round(msg.round if isinstance(msg, RoundResult) else None)
+                await self._end_round(msg if isinstance(msg, RoundResult) else None)
                 if isinstance(msg, Welcome):
                     if self.schedule is not None:
                         await self.schedule.discard()      # a new global model: steps ahead belong to no round
@@ -235,20 +238,35 @@ class Site:
         hand.task = asyncio.ensure_future(self._train_and_push(stream, start, hand))
         self.in_hand = hand
 
-    async def _end_round(self, result_round: int | None) -> None:
+    async def _end_round(self, result: RoundResult | None) -> None:
         """Be done with the round in hand before the next message is taken: wait for its push. With
-        its own result (`result_round`), the round committed without this site: it stops first."""
+        its own `result`, the round committed without this site: it stops first. If that round
+        counted the chunks it had in, the rest (its tail) goes on in the background, beside the
+        next rounds: the PS counts on this site meanwhile (ps/rounds.py)."""
         hand, self.in_hand = self.in_hand, None
         if hand is None or hand.task is None:
             return
-        if result_round == hand.round:
+        if result is not None and result.round == hand.round:
             hand.closed = True
             hand.stop.set()
+            if self.opts.name in dict(result.partial_chunks):
+                self.tails.add(hand.task)
+                hand.task.add_done_callback(self._tail_done)
+                return
         await hand.task
+
+    def _tail_done(self, task: asyncio.Future) -> None:
+        self.tails.discard(task)
+        if not task.cancelled() and (e := task.exception()) is not None:   # taken, not logged at GC
+            log.debug("site %s: a delta's tail ended with its session: %r", self.opts.name, e)
 
     async def _abandon_round(self) -> None:
         """The session ends (the stream broke, the PS refused): the round in hand stops and pushes
-        nothing more; no training thread outlives the session."""
+        nothing more, nor does a tail; no training thread outlives the session."""
+        for tail in list(self.tails):     # the rest of a delta counted in part: it will not come now
+            tail.cancel()
+        if self.tails:
+            await asyncio.wait(self.tails)
         hand, self.in_hand = self.in_hand, None
         if hand is None or hand.task is None:
             return
@@ -301,7 +319,7 @@ class Site:
             rate, burst, late_s = self.opts.chunk_loss
             self.uplink = Uplink(self.opts.name, w.config,
                                  roles_of({k: tuple(p.shape) for k, p in named_params(self.model).items()}), self.stalls,
-                                 ChunkLoss(rate, burst, link=self.opts.name) if rate > 0 else None, late_s)
+                                 ChunkLoss(rate, burst, seed=t.seed, link=self.opts.name) if rate > 0 else None, late_s)
             log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
                      w.site_index, w.config.model.preset, self.device, w.data_position)
         self._held().expect(w.round, w.model_hash)

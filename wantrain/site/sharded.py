@@ -67,6 +67,7 @@ class ShardedStream:
 
     def __init__(self, calls: list, site: str, replica: Replica, memory: ShardMemory) -> None:
         self.calls, self.site, self.replica, self.mem, self.n = calls, site, replica, memory, len(calls)
+        self.sending = [asyncio.Lock() for _ in calls]    # one write at a time on each call
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.out: deque = deque()
         self.readers = [asyncio.create_task(self._read(i, c)) for i, c in enumerate(calls)]
@@ -284,4 +285,5 @@ class ShardedStream:
         return self._counts
 
     async def _write(self, i: int, msg) -> None:
-        await self.calls[i].write(wire.site_message(msg))
+        async with self.sending[i]:
+            await self.calls[i].write(wire.site_message(msg))

@@ -40,9 +40,11 @@ class SingleStream:
 
     def __init__(self, call) -> None:
         self.call = call
+        self.sending = asyncio.Lock()    # one write at a time: a delta's tail goes beside the next round
 
     async def send(self, msg) -> None:
-        await self.call.write(wire.site_message(msg))
+        async with self.sending:
+            await self.call.write(wire.site_message(msg))
 
     async def receive(self):
         raw = await self.call.read()
