@@ -11,8 +11,11 @@ Arms (issue 28's names in brackets):
                    site sends it again inside its next delta
     zero           [B1/B4] a fixed deadline; a late delta counts as zeros and is applied when it
                    comes, outside the outer momentum (late_policy zero-outside, the default)
+    stale          [B2] a fixed deadline; a late delta counts in a later round, its weight discounted
+    rescale        [B3] a fixed deadline; the others' mean stands in for a late delta, never sent again
     salr           zero, counting the chunks in at the deadline (train.partial_deltas), closing
-                   early once what is missing is within 5 % of the round's importance
+                   early once what is missing is within 5 % of the round's importance; the rest of
+                   a delta (its tail) flows while its site trains the next round
     salr-no-early  salr without the early close (an ablation)
 
 Figures per arm and condition: final validation loss, time to a target loss (and the whole curve,
@@ -22,8 +25,8 @@ what the PS substituted and reconciled (round_end's recovery fields).
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
 Not here yet: several connections per site, parity and hedging on the wire, downlink loss, outages
-(testbed scenarios have them: `--scenario`), B2/B3/B5/B7 (the in-process study, bench/late_policy.py,
-measures the loss side of stale, rescale and the chunk-level arms).
+(testbed scenarios have them: `--scenario`), B5/B7 (the in-process study, bench/late_policy.py,
+measures the loss side of the chunk-level arms).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ ARMS: dict[str, dict] = {
     "reliable": {"train.late_policy": "zero-outside", "train.deadline_s": 120.0},
     "drop": {"train.late_policy": "drop", "train.deadline_s": DEADLINE_S},
     "zero": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S},
+    "stale": {"train.late_policy": "stale", "train.deadline_s": DEADLINE_S},
+    "rescale": {"train.late_policy": "rescale", "train.deadline_s": DEADLINE_S},
     "salr": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S, "train.partial_deltas": True,
              "train.loss_budget": 0.05},
     "salr-no-early": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S,
