@@ -78,6 +78,35 @@ def test_two_shards_train_and_agree(tmp_path, schedule):
 
 
 @pytest.mark.timeout(120)
+def test_a_late_delta_is_reconciled_on_both_shards_and_every_replica_agrees(tmp_path):
+    """Under the default late_policy (zero-outside) site b's delta of round 1 misses the deadline on
+    both shards (its push stalls): each counts it as zeros, applies it once, at a later commit,
+    outside the outer momentum, and every replica matches both shards' hashes at every check.
+    Rounds are 1 s compute budgets, so the rounds b is not counted in do not outrun its delta."""
+    rounds = 5
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.deadline_s": 2.0,
+                          "train.round_budget_s": 1.0, "train.quorum_wait_s": 1.0})
+    assert cfg.train.late_policy == "zero-outside"
+
+    async def go() -> InProcessCluster:
+        async with InProcessCluster(cfg, tmp_path / "run", shards=2) as c:
+            c.start_site("a")
+            c.start_site("b", stalls=(("push@1", 2.0),))       # its round-1 chunks stop after the first
+            await c.finish(60)
+            return c
+    c = asyncio.run(go())
+    shards = [c.events(i) for i in range(2)]
+    for ev in shards:
+        check_run(ev, rounds)
+        ends = {e["round"]: e for e in rows(ev, "round_end")}
+        assert ends[1]["sites"] == ["a"] and ends[1]["substitute"] == "zero" and "b" in ends[1]["substituted"]
+        reconciled = [r for r, e in ends.items() for k in e["reconciled"] if k == "b@1"]
+        assert len(reconciled) == 1 and reconciled[0] in (2, 3), [(r, e["reconciled"]) for r, e in ends.items()]
+    _same_rounds(shards, rounds)
+    assert {s.hash for s in c.sites.values()} == {combine_hashes([ps.hash for ps in c.shards])}
+
+
+@pytest.mark.timeout(120)
 def test_a_site_given_the_shards_out_of_order_says_so(tmp_path):
     cfg = small_config(**{"sites": ["a"], "num_sites": 1, "train.rounds": 1})
 

@@ -197,7 +197,9 @@ class ShardedStream:
             next((x.val_loss for x in rs if not math.isnan(x.val_loss)), math.nan), late,
             partial_sites=partial_sites, partial_late=partial_late))
         self.updates, self.results = [[] for _ in range(self.n)], {}
-        if rs[0].round >= self.mem.pushed_round:
+        # The round is committed: no shard will ask for its delta again. (A push of it still going
+        # on, late, keeps writing to the memory: the next push's start clears it.)
+        if rs[0].round >= self.mem.pushed_round and not self.sent_index:
             self.mem.pushed, self.mem.complete = [], False
 
     def _counted(self, per_shard: list[tuple[str, ...]]) -> tuple[tuple[str, ...], tuple[tuple[str, frozenset[str]], ...]]:
