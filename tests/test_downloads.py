@@ -110,7 +110,13 @@ def test_a_site_rejoining_over_a_stalled_download_catches_up(tmp_path):
     during = [e["round"] for e in rows(events, "round_end")
               if join["t"] < e["t"] < ready["t"] and e["round"] >= ready["round"]]
     assert len(during) >= 2, f"the download spanned only rounds {during}"       # the case of the finding
-    assert any(join["t"] < e["t"] < ready["t"] for e in rows(events, "downloads_frozen"))
+    # A commit that began while the PS was still reading the download out froze it (so b got the
+    # model its Welcome announced). How much of the 44 MB the socket buffers took before b's stall
+    # varies: once the last chunk is handed over there is nothing left to freeze.
+    done = next(e for e in rows(events, "download") if e["site"] == "b" and e["t"] > join["t"] and e["chunks"] == e["of"])
+    began = [e["t"] - e["aggregate_s"] for e in rows(events, "round_end")]   # just after each commit's freeze
+    if any(join["t"] + 1.0 < t < done["t"] - 1.0 for t in began):
+        assert any(join["t"] < e["t"] <= done["t"] for e in rows(events, "downloads_frozen")), (join, done, began)
     b_checks = [e for e in rows(events, "hash_check") if e["site"] == "b" and e["t"] > ready["t"]]
     assert {e["round"] for e in b_checks} >= set(during) and all(e["ok"] for e in b_checks)
     assert any(e["site"] == "b" for e in rows(events, "site_round") if e["t"] > ready["t"])   # and trains again
