@@ -93,6 +93,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/binder_memory.py
 	$(BIN)/python bench/dark_site.py
 	$(BIN)/python bench/robustness.py
+	$(BIN)/python bench/late_policy.py
+	$(BIN)/python bench/loss_recovery.py --arms reliable,drop,zero,salr
 	if [ "$(LARGE)" = 1 ]; then $(BIN)/python bench/large_model.py --preset llama3-1b --push; fi
 	$(BIN)/python bench/table.py
 

@@ -48,21 +48,21 @@ from wantrain.run import Run, describe_scenario
 from wantrain.run_compare import time_to_target
 from wantrain.telemetry import rows
 
-DEADLINE_S = 4.0
-ARMS: dict[str, dict] = {
-    "reliable": {"train.late_policy": "zero-outside", "train.deadline_s": 120.0},
-    "drop": {"train.late_policy": "drop", "train.deadline_s": DEADLINE_S},
-    "zero": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S},
-    "stale": {"train.late_policy": "stale", "train.deadline_s": DEADLINE_S},
-    "rescale": {"train.late_policy": "rescale", "train.deadline_s": DEADLINE_S},
-    "salr": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S, "train.partial_deltas": True,
-             "train.loss_budget": 0.05},
-    "salr-no-early": {"train.late_policy": "zero-outside", "train.deadline_s": DEADLINE_S,
-                      "train.partial_deltas": True},
+RELIABLE_DEADLINE_S = 120.0      # the reliable arm's: far off, every chunk is waited for
+ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at the size's deadline
+    "reliable": {"train.late_policy": "zero-outside"},
+    "drop": {"train.late_policy": "drop"},
+    "zero": {"train.late_policy": "zero-outside"},
+    "stale": {"train.late_policy": "stale"},
+    "rescale": {"train.late_policy": "rescale"},
+    "salr": {"train.late_policy": "zero-outside", "train.partial_deltas": True, "train.loss_budget": 0.05},
+    "salr-no-early": {"train.late_policy": "zero-outside", "train.partial_deltas": True},
 }
 SIZES = {
-    "quick": dict(rounds=5, inner_steps=10, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6),
-    "full": dict(rounds=16, inner_steps=20, reliable_rounds=3, losses=(0.01, 0.05, 0.1), seeds=1, target=2.6),
+    "quick": dict(rounds=5, inner_steps=8, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6, deadline_s=2.0,
+                  late_s=3.0, arms=("reliable", "salr")),
+    "full": dict(rounds=16, inner_steps=20, reliable_rounds=3, losses=(0.01, 0.05, 0.1), seeds=1, target=2.6,
+                 deadline_s=4.0, late_s=6.0, arms=tuple(ARMS)),
 }
 
 
@@ -75,7 +75,8 @@ def run_arm(arm: str, size: dict, loss: float, burst: float, late_s: float, seed
     cfg = RunConfig().replace(num_sites=len(plan.names), sites=plan.names, **{
         "model.preset": "tiny", "model.block_size": 64, "train.rounds": size["rounds"],
         "train.inner_steps": size["inner_steps"], "train.seed": seed, "model.seed": seed,
-        "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0, **ARMS[arm]})
+        "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0,
+        "train.deadline_s": RELIABLE_DEADLINE_S if arm == "reliable" else size["deadline_s"], **ARMS[arm]})
     t0 = time.time()
     with Run(cfg, run_dir=folder / f"{arm}-{loss}-{seed}", site_threads=1, plan=plan) as run:
         for _ in run.follow(timeout_s=900):
@@ -121,17 +122,18 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="one condition, short runs")
     p.add_argument("--loss", help="comma-separated chunk loss rates (full: 0.01,0.05,0.1)")
     p.add_argument("--burst", type=float, default=1.0, help="mean run of lost chunks (1: i.i.d.)")
-    p.add_argument("--late-s", type=float, default=6.0, help="seconds a lost chunk comes after the others")
+    p.add_argument("--late-s", type=float, help="seconds a lost chunk comes after the others (full: 6, quick: 3)")
     p.add_argument("--seeds", type=int, help="seeds per arm")
     p.add_argument("--target", type=float, help="target validation loss (full: 2.6)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (full: all, quick: reliable,salr)")
     p.add_argument("--scenario", default="loopback")
     p.add_argument("--out", default="loss_recovery", help="result name under bench/results, or a path ending in .json")
     args = p.parse_args()
     size = dict(SIZES["quick" if args.quick else "full"])
     if args.target is not None:
         size["target"] = args.target
-    arms = args.arms.split(",")
+    arms = args.arms.split(",") if args.arms else list(size["arms"])
+    late_s = args.late_s if args.late_s is not None else size["late_s"]
     if unknown := set(arms) - set(ARMS):
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     losses = [float(x) for x in args.loss.split(",")] if args.loss else list(size["losses"])
@@ -140,14 +142,14 @@ def main() -> None:
         for loss in losses:
             for seed in range(args.seeds or size["seeds"]):
                 for arm in arms:
-                    r = run_arm(arm, size, loss, args.burst, args.late_s, seed, args.scenario, Path(tmp))
+                    r = run_arm(arm, size, loss, args.burst, late_s, seed, args.scenario, Path(tmp))
                     results.append(r)
                     print(f"chunk loss {loss:.0%}, {arm}, seed {seed}: final {r['final_val_loss']:.4f}, p50/p99 round "
                           f"{r['p50_round_s']:.2f}/{r['p99_round_s']:.2f} s, wall {r['wall_s']} s, closes {r['closes']}",
                           flush=True)
     print()
-    print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {DEADLINE_S} s "
-          f"(reliable: none), lost chunks {args.late_s} s late, bursts of {args.burst:g}")
+    print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {size['deadline_s']} s "
+          f"(reliable: none), lost chunks {late_s} s late, bursts of {args.burst:g}")
     print(table(results, size["target"]))
     seeds = {(r["arm"], r["chunk_loss"]) for r in results}
     if len(seeds) < len(results):
@@ -156,7 +158,7 @@ def main() -> None:
                 finals = [r["final_val_loss"] for r in results if (r["arm"], r["chunk_loss"]) == (arm, loss)]
                 print(f"{arm} at {loss:.0%}: final {statistics.mean(finals):.4f} over {len(finals)} seeds")
     save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "losses": losses,
-                       "burst": args.burst, "late_s": args.late_s, "deadline_s": DEADLINE_S, "arms": arms,
+                       "burst": args.burst, "late_s": late_s, "deadline_s": size["deadline_s"], "arms": arms,
                        "target": size["target"], "rows": results})
 
 
