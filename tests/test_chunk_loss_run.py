@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from wantrain.report import timeline_figure
 from wantrain.run import Run, describe_scenario
 from wantrain.telemetry import read_events, rows
 
@@ -56,5 +57,12 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
     starts = {e["round"]: e for e in rows(events, "round_start")}
     assert all(lossy in starts[e["round"] + 1]["sites"] for e in partial if e["round"] + 1 < rounds), \
         [(r, e["sites"], e["dark"]) for r, e in starts.items()]
+    # The dashboard's and the report's timeline mark those decisions on the lossy site's row.
+    marks = {tr.name: tr for tr in timeline_figure(events).data}
+    assert set(marks["delta counted in part"].y) == {lossy} and len(marks["delta counted in part"].x) == len(partial)
+    assert set(marks["late chunks reconciled"].y) <= {lossy} and len(marks["late chunks reconciled"].x) == len(
+        [k for e in ends for k in e["reconciled"]])
+    assert len(marks["round closed early"].x) == sum(e["close"] == "early" for e in ends)
+    assert set(marks["round closed early"].y) == {"PS"}
     others = [n for n in plan.names if n != lossy]
     assert all(set(others) <= set(e["sites"]) for e in ends)           # the others were never held back

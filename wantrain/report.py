@@ -250,26 +250,56 @@ _MARKERS = {
 }
 
 
+# The loss-recovery decisions in round_end (docs/telemetry.md), marked where the round committed.
+_RECOVERY_MARKERS = {
+    "closed_early": ("round closed early", "goldenrod", "triangle-right"),
+    "counted_in_part": ("delta counted in part", "teal", "circle"),
+    "reconciled": ("late chunks reconciled", "teal", "diamond-open"),
+}
+
+
+def recovery_marks(events: list[dict]) -> list[dict]:
+    """The recovery decisions of each round_end as timeline marks: a round closed early (the PS's
+    row), the deltas it counted in part and the late ones it reconciled (their sites' rows)."""
+    marks = []
+    for e in rows(events, "round_end"):
+        r, t = e["round"], e["t"]
+        if e.get("close") == "early":
+            marks.append({"kind": "closed_early", "t": t, "text": f"round {r} closed early: what was missing was "
+                                                                  f"within the loss budget"})
+        for site, n in e.get("partial", {}).items():
+            marks.append({"kind": "counted_in_part", "t": t, "site": site,
+                          "text": f"round {r}: {n} chunk(s) of {site}'s delta counted; zeros for the rest, to come"})
+        for key, n in e.get("reconciled", {}).items():
+            site, _, of = key.rpartition("@")
+            marks.append({"kind": "reconciled", "t": t, "site": site,
+                          "text": f"round {r}: {n} chunk(s) of {site}'s delta of round {of} applied outside the "
+                                  f"outer momentum"})
+    return marks
+
+
 def timeline_figure(events: list[dict], max_points: int | None = None, frame: _Frame | None = None) -> go.Figure:
-    """Joins, leaves, deadlines missed, late deltas, restarts, outages and injected faults as
-    markers, one row per site."""
+    """Joins, leaves, deadlines missed, late deltas, restarts, outages, injected faults and the
+    loss-recovery decisions as markers, one row per site."""
     frame = frame or _Frame.of(events)
     t0 = frame.t0
-    marks = [e for e in events if e["kind"] in _MARKERS]
+    marks = [e for e in events if e["kind"] in _MARKERS] + recovery_marks(events)
     fig = go.Figure()
-    for kind, (label, colour, symbol) in _MARKERS.items():
+    for kind, (label, colour, symbol) in {**_MARKERS, **_RECOVERY_MARKERS}.items():
         mine = [e for e in marks if e["kind"] == kind]
         mine = [mine[i] for i in thin([e["t"] for e in mine], max_points)]
         fig.add_trace(go.Scatter(
             x=[e["t"] - t0 for e in mine], y=[e.get("site") or "PS" for e in mine], mode="markers", name=label,
             marker=dict(color=colour, symbol=symbol, size=12, line=dict(width=2, color=colour)),
             text=[_describe(e) for e in mine], hoverinfo="text+x"))
-    fig.update_layout(title="Timeline: joins, leaves, deadlines, restarts, outages, faults", height=300,
+    fig.update_layout(title="Timeline: joins, leaves, deadlines, recovery, restarts, outages, faults", height=300,
                       xaxis_title="seconds since start", yaxis_type="category", xaxis_range=frame.span)
     return fig
 
 
 def _describe(e: dict) -> str:
+    if e["kind"] in _RECOVERY_MARKERS:
+        return e["text"]
     if e["kind"] == "deadline":
         return f"round {e['round']}: deadline passed without {', '.join(e['missing'])}"
     if e["kind"] == "late_delta":
