@@ -17,6 +17,8 @@ Arms (issue 28's names in brackets):
                    early once what is missing is within 5 % of the round's importance; the rest of
                    a delta (its tail) flows while its site trains the next round
     salr-no-early  salr without the early close (an ablation)
+    salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
+                   the rest of the delta is then never applied, nor carried)
 
 Figures per arm and condition: final validation loss, time to a target loss (and the whole curve,
 seconds against validation loss, in the results), p50 and p99 round time, megabytes both ways, and
@@ -57,6 +59,7 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "rescale": {"train.late_policy": "rescale"},
     "salr": {"train.late_policy": "zero-outside", "train.partial_deltas": True, "train.loss_budget": 0.05},
     "salr-no-early": {"train.late_policy": "zero-outside", "train.partial_deltas": True},
+    "salr-peer": {"train.late_policy": "rescale", "train.partial_deltas": True, "train.loss_budget": 0.05},
 }
 SIZES = {
     "quick": dict(rounds=5, inner_steps=8, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6, deadline_s=2.0,
@@ -124,6 +127,7 @@ def main() -> None:
     p.add_argument("--burst", type=float, default=1.0, help="mean run of lost chunks (1: i.i.d.)")
     p.add_argument("--late-s", type=float, help="seconds a lost chunk comes after the others (full: 6, quick: 3)")
     p.add_argument("--seeds", type=int, help="seeds per arm")
+    p.add_argument("--first-seed", type=int, default=0, help="the seeds are this one and the next (to add seeds)")
     p.add_argument("--target", type=float, help="target validation loss (full: 2.6)")
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (full: all, quick: reliable,salr)")
     p.add_argument("--scenario", default="loopback")
@@ -140,7 +144,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="wantrain-lr-") as tmp:
         for loss in losses:
-            for seed in range(args.seeds or size["seeds"]):
+            for seed in range(args.first_seed, args.first_seed + (args.seeds or size["seeds"])):
                 for arm in arms:
                     r = run_arm(arm, size, loss, args.burst, late_s, seed, args.scenario, Path(tmp))
                     results.append(r)

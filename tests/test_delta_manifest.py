@@ -193,10 +193,11 @@ def test_the_chunks_in_at_the_deadline_count_and_the_rest_once_later(tmp_path, p
     assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path / "late")), state_of(ps))
 
 
-def _early(missing_critical=False, no_manifest=False, budget=0.2, reliable_rounds=0):
+def _early(missing_critical=False, no_manifest=False, budget=0.2, reliable_rounds=0, trickle=0):
     """Two sites, a deadline of 5 s: a's delta complete, then b's manifest and its chunks in order
     of importance until what is missing of b is under `budget` (all its critical chunks, unless
-    `missing_critical`; no manifest at all with `no_manifest`). Returns the PS and whether round 0 closed."""
+    `missing_critical`; no manifest at all with `no_manifest`), then `trickle` more, 0.3 s apart.
+    Returns the PS and whether round 0 closed."""
     cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 5.0, "train.late_policy": "zero-outside",
                                        "train.partial_deltas": True, "train.loss_budget": budget,
                                        "train.reliable_rounds": reliable_rounds})
@@ -209,12 +210,15 @@ def _early(missing_critical=False, no_manifest=False, budget=0.2, reliable_round
                                                           -b_manifest.chunks[i].importance))
         if missing_critical:
             order = order[1:]
-        held = 1.0
+        held, sent = 1.0, 0
         for i in order:
             if held <= budget / 2:      # b weighs half the round: its missing share is half the round's
                 break
             ps.on_chunk(b, b_msgs[i])
-            held -= b_manifest.chunks[i].importance
+            held, sent = held - b_manifest.chunks[i].importance, sent + 1
+        for i in order[sent: sent + trickle]:    # still flowing: each within the grace of the last
+            await asyncio.sleep(0.3)
+            ps.on_chunk(b, b_msgs[i])
         await asyncio.sleep(1.0)                 # the grace: a tenth of the deadline
         if ps.round_task is not None:
             await ps.round_task
@@ -227,8 +231,13 @@ def test_a_round_closes_early_once_what_is_missing_is_within_the_budget():
     ps, closed = _early()
     assert closed
     end = rows_of(ps, "round_end")[-1]
-    assert end["close"] == "early" and end["sites"] == ["a"] and 0 < end["partial"]["b"] < len(ps.plan)
+    assert end["close"] == "early" and end["sites"] == ["a"] and 0 < end["partial"]["b"] < len(ps.plan) - 3
+    partial_b = end["partial"]["b"]
     assert not _early(missing_critical=True)[1]          # a critical chunk of b is not in
     assert not _early(no_manifest=True)[1]               # b sent no manifest: it is a straggler, as today
     assert not _early(reliable_rounds=1)[1]              # warm-up: no round closes early
     assert not _early(budget=0.0)[1]                     # no budget: never early
+    # Chunks still flowing are in flight, not lost: the round waits until they stop for the grace.
+    ps, closed = _early(trickle=3)
+    end = rows_of(ps, "round_end")[-1]
+    assert closed and end["close"] == "early" and end["partial"]["b"] == partial_b + 3

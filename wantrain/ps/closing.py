@@ -7,8 +7,9 @@ The round-close policy, from the run config's `train`:
     partial_deltas    whether a round counts the chunks of a delta that are in without the rest
                       (not in the first `reliable_rounds`, nor on a sharded PS)
     loss_budget       whether a round closes before its deadline: once every member's manifest and
-                      critical chunks are in and what is missing is within the budget, a grace of a
-                      tenth of the deadline later
+                      critical chunks are in, what is missing is within the budget, and nothing has
+                      come from the members still missing chunks for a grace of a tenth of the
+                      deadline (what is missing is late, not in flight)
 
 `ClosePolicy` decides; the server acts on its decisions (its timers, the sites' outboxes, the commit).
 """
@@ -45,17 +46,27 @@ class ClosePolicy:
         return (bool(self.train.loss_budget) and self.counts_partial(round_) and bool(r.members)
                 and not r.aggregating and r.missing_share() <= self.train.loss_budget)
 
+    @property
+    def grace_s(self) -> float:
+        return 0.1 * self.rounds.deadline_s
+
     def arm_early_close(self, round_: int, now: float) -> float | None:
         """The first time what is missing is within the budget: the grace after which the round may
-        close early (the caller asks again then), else None."""
+        close early (the caller asks again then: `early_wait_s`), else None."""
         if not self.rounds.early_armed and self.within_budget(round_):
-            grace_s = 0.1 * self.rounds.deadline_s
-            self.rounds.arm_early(now + grace_s)
-            return grace_s
+            self.rounds.arm_early(now + self.grace_s)
+            return self.grace_s
         return None
 
-    def closes_early(self, round_: int, now: float) -> bool:
-        return now >= self.rounds.early_from and self.within_budget(round_)
+    def early_wait_s(self, round_: int, now: float, clock: float) -> float | None:
+        """May the round close early now (0.0), later (ask again in that many seconds), or not
+        (None: what is missing is over the budget)? `now` is time.time(), `clock` perf_counter()."""
+        if not self.rounds.early_armed or not self.within_budget(round_):
+            return None
+        return max(0.0, self.rounds.early_from - now, self.grace_s - self.rounds.quiet_for(clock))
+
+    def closes_early(self, round_: int, now: float, clock: float) -> bool:
+        return self.early_wait_s(round_, now, clock) == 0.0
 
     def late_delta(self, site: str, up: Upload, current: int, aggregating: bool) -> DeltaOutcome:
         """A delta that arrived after its round closed: dropped, or deferred to the next commit (rounds

@@ -252,6 +252,12 @@ class RoundState:
             missing += up.manifest.tokens * up.missing_importance
         return missing / total if total else math.inf
 
+    def quiet_for(self, now: float) -> float:
+        """How long (perf_counter seconds before `now`) no chunk has come from any member whose delta
+        is not complete: what is missing then is not merely in flight."""
+        last = [self.uploads[s].last_chunk_at for s in self.missing()]
+        return now - max(last) if last else math.inf
+
     def missing_importance(self) -> dict[str, float]:
         """Of the members whose delta is not complete and who sent its manifest: the share of its
         importance still to come (recovery/manifest.py)."""

@@ -343,15 +343,21 @@ class ParameterServer:
             self._later(grace_s + 0.001, self._close_early, self.round)
 
     def _close_early(self, round_: int) -> None:
-        if round_ == self.round:
+        if round_ != self.round or self.aggregating:
+            return
+        wait_s = self.close_policy.early_wait_s(round_, time.time(), time.perf_counter())
+        if wait_s == 0.0:
             self._maybe_finish_round()
+        elif wait_s is not None:        # chunks still flowing: ask again once they may have stopped
+            self._later(wait_s + 0.001, self._close_early, round_)
 
     def _maybe_finish_round(self) -> None:
         """Aggregate once every site in the round has sent its delta, or at the deadline those that did
         (or, with train.loss_budget, early: once what is missing is within it), in a task of its own:
         not one of the stream of the site whose delta completed the round (if that site's connection
         drops, its stream's tasks are cancelled, and the round with them)."""
-        if self.rounds.close(self.close_policy.counts_partial(self.round), self.close_policy.closes_early(self.round, time.time())):
+        early = self.close_policy.closes_early(self.round, time.time(), time.perf_counter())
+        if self.rounds.close(self.close_policy.counts_partial(self.round), early):
             self.round_task = asyncio.create_task(self._finish_round())
 
     def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
