@@ -313,3 +313,25 @@ def test_a_delta_whose_round_counted_some_chunks_carries_only_the_rest():
     carried = site.feedback.residuals["w"]
     assert carried[:e].tolist() == [1.0] * e and not carried[e:2 * e].any() and carried[2 * e:].tolist() == [1.0] * 5
     assert site.pending == {}
+
+
+def test_two_tails_on_the_way_are_settled_one_by_one():
+    """A site may have the tails of two rounds on the way (each follows its round beside the next):
+    a commit that applies one of them names the site once, and only that one is settled; the other
+    is carried forward once it can no longer be applied. The one the PS said it deferred is the one
+    applied, whatever its age."""
+    from wantrain.messages import DeltaOutcome
+    from wantrain.site.uplink import Uplink
+
+    cfg = small_config(**{"train.late_policy": "zero-outside", "train.partial_deltas": True})
+    for deferred in (0, 1):
+        site = Uplink("b", cfg, {})
+        site.feedback.residuals = {"w": np.zeros(4, np.float32)}
+        site.pending = {0: {"w": np.full(4, 1.0, np.float32)}, 1: {"w": np.full(4, 2.0, np.float32)}}
+        site.heard(DeltaOutcome(deferred, "deferred", "the rest came; it counts at the next commit"))
+        site.settle(RoundResult(2, "h", sites=("a", "b"), late_sites=("b",)))
+        # The other: round 1's is still awaited; round 0's, two rounds old, can no longer be applied.
+        assert list(site.pending) == ([1] if deferred == 0 else [])
+        for r in (3, 4):
+            site.settle(RoundResult(r, "h", sites=("a", "b")))          # never applied: carried forward
+        assert site.pending == {} and site.feedback.residuals["w"].tolist() == [2.0 - deferred] * 4

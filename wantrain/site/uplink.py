@@ -125,12 +125,23 @@ class Uplink:
         for r in [r for r in self.outcomes if r < o.round - 2 * MAX_STALENESS]:
             del self.outcomes[r]
 
+    def _late_applied(self, result: RoundResult) -> set[int]:
+        """The rounds of this site's late deltas (or tails) that `result`'s commit applied. It names
+        the site once per delta: those the PS said it deferred first (DeltaOutcome), then the oldest
+        (a site sends its deltas in round order). A site may have two on the way: each tail follows
+        its round beside the next ones."""
+        n = sum(s == self.site for s in result.late_sites)
+        waiting = [r for r in sorted(self.pending) if r < result.round]
+        deferred = [r for r in waiting if (o := self.outcomes.get(r)) is not None and o.outcome == "deferred"]
+        return set((deferred + [r for r in waiting if r not in deferred])[:n])
+
     def settle(self, result: RoundResult) -> None:
         """After a round's result: were the pushed deltas applied? One that never will be is carried forward."""
         stale = self.pushes_late
         me = self.site
+        applied = self._late_applied(result)
         for r in sorted(self.pending):
-            if (r == result.round and me in result.sites) or (r < result.round and me in result.late_sites):
+            if (r == result.round and me in result.sites) or r in applied:
                 del self.pending[r]
                 continue
             # A sharded PS may have counted some tensors' parts: only the others are still pending.
