@@ -241,3 +241,51 @@ def test_a_round_closes_early_once_what_is_missing_is_within_the_budget():
     ps, closed = _early(trickle=3)
     end = rows_of(ps, "round_end")[-1]
     assert closed and end["close"] == "early" and end["partial"]["b"] == partial_b + 3
+
+
+def test_a_partial_delta_the_screen_rejects_counts_as_zeros_and_the_round_commits(tmp_path):
+    """Three sites; at the deadline b's manifest and half its chunks are in, and they point against
+    a's and c's: the screen rejects them, zeros stand in for b, and the round commits and is told
+    (its commit record names b missing; a restart replays it)."""
+    cfg = small_config(num_sites=3, **{"train.rounds": 2, "train.deadline_s": 2.0, "train.late_policy": "zero-outside",
+                                       "train.partial_deltas": True, "train.reliable_rounds": 0,
+                                       "train.checkpoint_every": 10})
+
+    async def scenario():
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        links = {s: enter(ps, Join(s)) for s in "abc"}
+        for link in links.values():
+            drain(link)
+        manifest, msgs, m = delta_with_manifest(ps, 0, seed=1)
+        for s in "ac":                                   # a and c: the same direction
+            ps.on_manifest(links[s], manifest)
+            for c in msgs:
+                ps.on_chunk(links[s], c)
+            await ps.on_metrics(links[s], m)
+        rng = np.random.default_rng(1)                   # b: the same delta as a's, reversed and larger
+        against = {k: (-3 * rng.standard_normal(n) * 1e-3).astype(np.float32) for k, n in ps.shapes.items()}
+        stats = EncodeStats()
+        chunks, decoded = encode_arrays(against, Codec(cfg.codec), None, stats)
+        roles = roles_of({k: tuple(p.shape) for k, p in named_params(ps.global_model.model).items()})
+        b_manifest = build_manifest(0, chunks, decoded, roles, tokens=m.tokens, steps=m.steps)
+        ps.on_manifest(links["b"], b_manifest)
+        for i, (spec, enc) in enumerate(chunks[: len(chunks) // 2]):
+            ps.on_chunk(links["b"], TensorChunk(DELTA, 0, i, len(chunks), spec, enc))
+        await asyncio.sleep(2.3)                          # the deadline
+        await ps.round_task
+        return ps, drain(links["a"])
+    ps, heard = asyncio.run(scenario())
+    assert ps.round == 1 and any(isinstance(x, RoundResult) and x.round == 0 for x in heard)
+    end = rows_of(ps, "round_end")[-1]
+    assert end["round"] == 0 and "b" in end["rejected"] and end["substituted"]["b"] == len(ps.plan)
+    record = json.loads((tmp_path / JOURNAL_DIR / "commit-000000.json").read_text())
+    assert [c for c in record["contributions"] if c["key"] == "b"] == [
+        {"key": "b", "site": "b", "missing": True, "weight": pytest.approx(m_weight(record))}]
+    from .test_journal import assert_same_state, state_of    # a restart replays it bit for bit
+    assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path)), state_of(ps))
+
+
+def m_weight(record: dict) -> float:
+    """The weight zeros stood in with: the mean of the counted deltas' (a's and c's)."""
+    counted = [c["weight"] for c in record["contributions"] if c["key"] in ("a", "c")]
+    return sum(counted) / len(counted)

@@ -79,7 +79,7 @@ def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, 
     chunks = chunks or {}
 
     def entry(key: str, c: Contribution, side: bool) -> dict:
-        if key not in verdicts:                         # a member whose delta missed the round
+        if key not in upload_rounds:    # a member whose delta missed the round, or whose part in was rejected
             return {"key": key, "site": key, "missing": True, "weight": c.weight}
         out = {"key": key, "site": parse_key(key)[0], "upload_round": upload_rounds[key], "weight": c.weight,
                "factor": None if verdicts[key].action == "accept" else verdicts[key].factor, "side": side}
