@@ -131,6 +131,7 @@ def main() -> None:
     p.add_argument("--target", type=float, help="target validation loss (full: 2.6)")
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (full: all, quick: reliable,salr)")
     p.add_argument("--scenario", default="loopback")
+    p.add_argument("--keep-runs", help="keep each run's folder under this one (default: a temporary folder)")
     p.add_argument("--out", default="loss_recovery", help="result name under bench/results, or a path ending in .json")
     args = p.parse_args()
     size = dict(SIZES["quick" if args.quick else "full"])
@@ -143,6 +144,8 @@ def main() -> None:
     losses = [float(x) for x in args.loss.split(",")] if args.loss else list(size["losses"])
     results = []
     with tempfile.TemporaryDirectory(prefix="wantrain-lr-") as tmp:
+        if args.keep_runs:
+            tmp = args.keep_runs
         for loss in losses:
             for seed in range(args.first_seed, args.first_seed + (args.seeds or size["seeds"])):
                 for arm in arms:
