@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from wantrain.aggregate import Contribution, weighted_mean
 from wantrain.codec import Codec, ErrorFeedback, Extracted, encode_arrays
 from wantrain.config import RunConfig
-from wantrain.screening import Screen, clipped, gram
+from wantrain.screening import Screen, clipped, gram, norms_on_supports
 
 DIM = 256
 CFG = RunConfig()
@@ -202,3 +202,26 @@ def test_of_two_sites_neither_claims_more_than_its_bounded_share(log_claim, seed
     share = v["x"].weight / (v["x"].weight + v["honest"].weight)
     ratio = CFG.robust.weight_ratio
     assert 1 / (1 + ratio) * (1 - 1e-9) <= share <= ratio / (1 + ratio) * (1 + 1e-9)
+
+
+def test_a_part_of_a_delta_is_judged_on_the_chunks_it_has():
+    """A partial delta (chunks missing at its round's close) and the rest of one (applied late) are
+    small beside whole deltas and at a wide angle to them: judged against whole deltas they look
+    hostile. Judged over the chunks they have, an honest part passes and a reversed one does not."""
+    a, b, c, d = honest_deltas(4, seed=5, spread=0.1)
+    chunks = lambda v: [Extracted(x, None, 0) for x in np.split(v, 128)]    # 128 chunks of 2
+    part = lambda v, keep: [x if i in keep else None for i, x in enumerate(chunks(v))]
+    # d's rest: one small chunk, where a and b agree (and c has nothing: no evidence either way)
+    agree = [i for i, (x, y) in enumerate(zip(np.split(a, 128), np.split(b, 128))) if i >= 96 and x @ y > 0.9 *
+             np.linalg.norm(x) * np.linalg.norm(y)]
+    small = min(agree, key=lambda i: np.linalg.norm(np.split(a, 128)[i]))
+    deltas = {"a": chunks(a), "b": chunks(b), "c": part(c, set(range(96))), "d@3": part((a + b) / 2, {small}),
+              "x@2": part(-a, {101})}                                     # x's rest: reversed
+    keys = list(deltas)
+    g = gram([deltas[k] for k in keys])
+    whole = Screen(CFG).judge(keys, g, [1.0] * len(keys))
+    assert whole["d@3"].action == "reject"              # beside whole deltas an honest rest is "smaller": refused
+    fair = Screen(CFG).judge(keys, g, [1.0] * len(keys), norms_on_supports([deltas[k] for k in keys]))
+    assert {k: v.action for k, v in fair.items()} == {"a": "accept", "b": "accept", "c": "accept", "d@3": "accept",
+                                                      "x@2": "reject"}
+    assert norms_on_supports([deltas["a"], deltas["b"]]) is None           # whole deltas: nothing to restrict

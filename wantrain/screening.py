@@ -40,7 +40,8 @@ from .errors import ProtocolError
 from .messages import RoundMetrics
 
 __all__ = ["late_key", "parse_key",
-           "check_claims", "check_weight", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram", "Verdict",
+           "check_claims", "check_weight", "max_delta_scale", "sum_of_squares", "l2_norm", "clipped", "gram",
+           "norms_on_supports", "Verdict",
            "Screen", "counted", "max_steps"]
 
 
@@ -130,6 +131,19 @@ def clipped(parts: Sequence[Extracted | None], factor: float) -> list[Extracted 
             else Extracted(x.data, x.scales * f, x.block) for x in parts]
 
 
+def norms_on_supports(deltas: Sequence[Sequence[Extracted | None]]) -> np.ndarray | None:
+    """For deltas some of whose chunks are missing (None: a partial delta, or the rest of one): (n, n)
+    float64, entry [i, j] the norm of delta j over the chunks delta i has (NaN if j has none of
+    them), so that a part is judged against the same part of the others (not against whole deltas,
+    beside which it is always small and at a wide angle). None when every delta is whole."""
+    have = np.array([[x is not None for x in d] for d in deltas], dtype=bool)        # (n, chunks)
+    if have.all():
+        return None
+    squares = np.array([[0.0 if x is None else sum_of_squares(x) for x in d] for d in deltas])   # (n, chunks)
+    shared = have.astype(np.int64) @ have.T.astype(np.int64)                          # (n, n) chunks both have
+    return np.where(shared > 0, np.sqrt(have.astype(np.float64) @ squares.T), np.nan)
+
+
 def gram(deltas: Sequence[Sequence[Extracted | None]], norms: list[float] | None = None) -> np.ndarray:
     """Every pair's dot product of whole deltas, (n, n) float64: the norms on the diagonal (squared;
     given, or computed), the angles off it. Chunk by chunk on every core, from the int8 symbols and
@@ -208,17 +222,25 @@ class Screen:
                 f"claims)" + ("; the two weights are kept within robust.weight_ratio of each other, and an alert "
                               "is raised if the two sites' deltas keep disagreeing" if num_sites == 2 else ""))
 
-    def judge(self, keys: list[str], g: np.ndarray, weights: list[float]) -> dict[str, Verdict]:
+    def judge(self, keys: list[str], g: np.ndarray, weights: list[float],
+              on_support: np.ndarray | None = None) -> dict[str, Verdict]:
         """A verdict per delta: keys "site" or "site@round" (a late delta), `g` their Gram matrix
-        (gram()), `weights` their tokens (discounted when late)."""
+        (gram()), `weights` their tokens (discounted when late); `on_support` (norms_on_supports())
+        where some are partial: each pair is then compared over the chunks both have."""
         r = self.robust
         norms = np.sqrt(np.maximum(np.diag(g), 0.0))
         site = [parse_key(k)[0] for k in keys]
         voters = [i for i, k in enumerate(keys) if parse_key(k)[1] is None]
         judged = not self.trusted and len({site[i] for i in voters}) >= self.MIN_SITES
 
+        def norm_of(j: int, on: int) -> float:
+            """Delta j's norm over the chunks delta `on` has."""
+            return float(norms[j] if on_support is None else on_support[on, j])
+
         def disagreement(i: int, j: int) -> str:
-            a, b = norms[i], norms[j]
+            a, b = norm_of(i, j), norm_of(j, i)
+            if math.isnan(a) or math.isnan(b):        # two parts with no chunk in common: no evidence
+                return ""
             if r.norm_factor and a > r.norm_factor * b:
                 return "larger"
             if r.norm_factor and b > r.norm_factor * a:
@@ -232,7 +254,8 @@ class Screen:
             others = [j for j in voters if site[j] != site[i]]
             kinds = {site[j]: disagreement(i, j) for j in others}
             against = tuple(sorted(s for s, kind in kinds.items() if kind))
-            reference = float(np.median([norms[j] for j in others])) if others else 0.0
+            known = [n for n in (norm_of(j, i) for j in others) if not math.isnan(n)]
+            reference = float(np.median(known)) if known else 0.0
             verdict = Verdict("accept", float(norms[i]), weights[i], reference=reference, disagrees=against)
             if judged and 2 * len(against) > len(others):
                 reason = _reason(norms[i], reference, kinds)

@@ -28,7 +28,7 @@ from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError
 from ..config import RunConfig
 from ..faults import Stalls
 from ..messages import DeltaOutcome, RoundResult, TensorChunk
-from ..screening import Screen, Verdict, counted, gram, parse_key, sum_of_squares
+from ..screening import Screen, Verdict, counted, gram, norms_on_supports, parse_key, sum_of_squares
 from ..telemetry import Recorder
 from .downloads import Downloads
 from .journal import Journal
@@ -78,10 +78,11 @@ def zero_outside(parts: dict[str, Contribution], late: dict[str, Upload], missin
 
 
 def judge(screen: Screen, round_: int, keys: list[str], claimed: dict[str, float], g: np.ndarray,
-          recorder: Recorder) -> dict[str, Verdict]:
-    """A verdict per delta (keys "site" or "site@round" for a late one; `g` their Gram matrix),
-    each rejection or clip written as a `quarantine` event and a log line."""
-    verdicts = screen.judge(keys, g, [claimed[k] for k in keys])
+          recorder: Recorder, on_support: np.ndarray | None = None) -> dict[str, Verdict]:
+    """A verdict per delta (keys "site" or "site@round" for a late one; `g` their Gram matrix;
+    `on_support` for partial ones: screening.norms_on_supports), each rejection or clip written as
+    a `quarantine` event and a log line."""
+    verdicts = screen.judge(keys, g, [claimed[k] for k in keys], on_support)
     for key, v in verdicts.items():
         if not v.reason:
             continue
@@ -174,12 +175,14 @@ class Committer:
             del parts_of[site]
             self.recorder.emit("quarantine", round=round_, site=site, message=why, action="rejected")
             log.warning("round %d: the chunks of %s in at the deadline are not counted: %s", round_, site, why)
+        on_support = None
         if self.screen.trusted or len(views) < 2:       # only the norms are used: no pass over the deltas
             g = np.diag([norm ** 2 for _, norm in views.values()])
         else:
             g = await asyncio.to_thread(gram, [p for p, _ in views.values()], [norm for _, norm in views.values()])
+            on_support = await asyncio.to_thread(norms_on_supports, [p for p, _ in views.values()])
         claimed = weights(uploads, stale, parts_of, round_, 1.0 if outside else self.cfg.train.staleness_discount)
-        verdicts = judge(self.screen, round_, list(views), claimed, g, self.recorder)
+        verdicts = judge(self.screen, round_, list(views), claimed, g, self.recorder, on_support)
         accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
         accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
         counted_chunks = {s: taking[s] for s in parts_of if verdicts[s].action != "reject"}
