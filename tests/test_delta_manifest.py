@@ -289,3 +289,32 @@ def m_weight(record: dict) -> float:
     """The weight zeros stood in with: the mean of the counted deltas' (a's and c's)."""
     counted = [c["weight"] for c in record["contributions"] if c["key"] in ("a", "c")]
     return sum(counted) / len(counted)
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+def test_a_warm_up_round_puts_its_deadline_off_for_a_member_still_sending(manifest):
+    """train.reliable_rounds: a warm-up round tolerates no loss. At its deadline (1 s) b's manifest
+    and half its chunks are in: the round waits a deadline more, and b's whole delta counts. A member
+    that sent nothing is a straggler as ever: the round closes without it at the deadline."""
+    cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 1.0, "train.late_policy": "zero-outside",
+                                       "train.partial_deltas": True, "train.reliable_rounds": 1})
+
+    async def scenario():
+        ps, b, b_manifest, b_msgs = await a_done_b_to_come(cfg)
+        if manifest:
+            ps.on_manifest(b, b_manifest)
+            for c in b_msgs[: len(b_msgs) // 2]:
+                ps.on_chunk(b, c)
+        await asyncio.sleep(1.4)                         # past the deadline
+        open_at_deadline = ps.round_task is None
+        if manifest:
+            for c in b_msgs[len(b_msgs) // 2:]:
+                ps.on_chunk(b, c)
+            await ps.on_metrics(b, delta_with_manifest(ps, 0, seed=2)[2])
+        if ps.round_task is not None:
+            await ps.round_task
+        return ps, open_at_deadline
+    ps, open_at_deadline = asyncio.run(scenario())
+    end = rows_of(ps, "round_end")[-1]
+    assert open_at_deadline == manifest
+    assert (end["sites"], end["close"]) == ((["a", "b"], "complete") if manifest else (["a"], "deadline"))

@@ -147,6 +147,7 @@ class RoundState:
         self.arrived_s: list[float] = []      # when the round's deltas arrived, after started_at
         self.past_deadline = False
         self.early_from = math.inf            # when the round may close early (ps/closing.py)
+        self.extensions = 0                   # deadlines put off for a warm-up round (ps/closing.py)
         self.close_reason = ""                # "complete", "deadline" or "early", once closed
         self.last_members: set[str] = set()   # sites the last (or current) round started with
         self.aggregating = False
@@ -158,6 +159,7 @@ class RoundState:
         self.started_at, self.deadline_s, self.untimed, self.arrived_s = now, deadline_s, untimed, []
         self.past_deadline = False
         self.early_from = math.inf            # when the round may close early (ps/closing.py)
+        self.extensions = 0
 
     def quorum_wait(self, ready: set[str], known: set[str], num_sites: int, committed: int,
                     quorum_left_s: float) -> float | None:
@@ -257,6 +259,10 @@ class RoundState:
         is not complete: what is missing then is not merely in flight."""
         last = [self.uploads[s].last_chunk_at for s in self.missing()]
         return now - max(last) if last else math.inf
+
+    def all_sending(self) -> bool:
+        """Has every member whose delta is not in sent its manifest (it is alive and sending)?"""
+        return all(self.uploads[s].manifest is not None for s in self.missing())
 
     def missing_importance(self) -> dict[str, float]:
         """Of the members whose delta is not complete and who sent its manifest: the share of its
