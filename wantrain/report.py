@@ -291,15 +291,14 @@ def timeline_figure(events: list[dict], max_points: int | None = None, frame: _F
         fig.add_trace(go.Scatter(
             x=[e["t"] - t0 for e in mine], y=[e.get("site") or "PS" for e in mine], mode="markers", name=label,
             marker=dict(color=colour, symbol=symbol, size=12, line=dict(width=2, color=colour)),
-            text=[_describe(e) for e in mine], hoverinfo="text+x"))
+            text=[mark["text"] if kind in _RECOVERY_MARKERS else _describe(mark) for mark in mine],
+            hoverinfo="text+x"))
     fig.update_layout(title="Timeline: joins, leaves, deadlines, recovery, restarts, outages, faults", height=300,
                       xaxis_title="seconds since start", yaxis_type="category", xaxis_range=frame.span)
     return fig
 
 
 def _describe(e: dict) -> str:
-    if e["kind"] in _RECOVERY_MARKERS:
-        return e["text"]
     if e["kind"] == "deadline":
         return f"round {e['round']}: deadline passed without {', '.join(e['missing'])}"
     if e["kind"] == "late_delta":

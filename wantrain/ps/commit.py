@@ -175,12 +175,16 @@ class Committer:
             del parts_of[site]
             self.recorder.emit("quarantine", round=round_, site=site, message=why, action="rejected")
             log.warning("round %d: the chunks of %s in at the deadline are not counted: %s", round_, site, why)
+        # The rest of a delta whose round counted its head is judged as the whole delta it completes
+        # (a few chunks are too little evidence of an angle); what is applied is the rest only.
+        judged = {k: (stale[k].checked, stale[k].norm) if k in stale and stale[k].counted else v
+                  for k, v in views.items()}
         on_support = None
         if self.screen.trusted or len(views) < 2:       # only the norms are used: no pass over the deltas
-            g = np.diag([norm ** 2 for _, norm in views.values()])
+            g = np.diag([norm ** 2 for _, norm in judged.values()])
         else:
-            g = await asyncio.to_thread(gram, [p for p, _ in views.values()], [norm for _, norm in views.values()])
-            on_support = await asyncio.to_thread(norms_on_supports, [p for p, _ in views.values()])
+            g = await asyncio.to_thread(gram, [p for p, _ in judged.values()], [norm for _, norm in judged.values()])
+            on_support = await asyncio.to_thread(norms_on_supports, [p for p, _ in judged.values()])
         claimed = weights(uploads, stale, parts_of, round_, 1.0 if outside else self.cfg.train.staleness_discount)
         verdicts = judge(self.screen, round_, list(views), claimed, g, self.recorder, on_support)
         accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
