@@ -48,7 +48,7 @@ class ClosePolicy:
         r = self.rounds
         if (self.train.partial_deltas and not self.sharded and round_ < self.train.reliable_rounds
                 and r.extensions < self.WARMUP_EXTENSIONS and r.missing() and r.all_sending()):
-            r.extensions += 1
+            r.put_off_deadline()
             return True
         return False
 

@@ -260,6 +260,10 @@ class RoundState:
         last = [self.uploads[s].last_chunk_at for s in self.missing()]
         return now - max(last) if last else math.inf
 
+    def put_off_deadline(self) -> None:
+        """The deadline passes once more before the round closes (ps/closing.py: a warm-up round)."""
+        self.extensions += 1
+
     def all_sending(self) -> bool:
         """Has every member whose delta is not in sent its manifest (it is alive and sending)?"""
         return all(self.uploads[s].manifest is not None for s in self.missing())
