@@ -3,8 +3,9 @@ its chunks on purpose (`chunk_loss`: each comes `chunk_late_s` after the others)
 late_policy "zero-outside" with `train.partial_deltas` and a `loss_budget` each round after the
 warm-up closes as soon as what is missing is within the budget, counting the chunks that are in,
 and the next applies the rest outside the outer momentum; the site sends that rest while it trains
-the next round, which counts on it. Every replica stays bit-identical at every hash check. (The PS's
-arithmetic of it is test_delta_manifest.py's.)"""
+the next round, which counts on it. Its critical chunks go twice and its most important ones with
+XOR parity, which rebuilds a lost one at the PS. Every replica stays bit-identical at every hash
+check. (The PS's arithmetic of it is test_delta_manifest.py's and test_parity.py's.)"""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
     plan = plan.with_site(lossy, chunk_loss=0.15, chunk_late_s=2.0)
     cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,
                           "train.deadline_s": 4.0, "train.late_policy": "zero-outside", "train.partial_deltas": True,
-                          "train.loss_budget": 0.2, "train.reliable_rounds": 2, "train.quorum_wait_s": 1.0})
+                          "train.loss_budget": 0.2, "train.reliable_rounds": 2, "train.quorum_wait_s": 1.0,
+                          "train.critical_copies": True, "train.parity_share": 0.5})
     with Run(cfg, run_dir=tmp_path / "run", plan=plan) as run:
         for _ in run.follow(timeout_s=240):
             pass
@@ -64,5 +66,9 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
         [k for e in ends for k in e["reconciled"]])
     assert len(marks["round closed early"].x) == sum(e["close"] == "early" for e in ends)
     assert set(marks["round closed early"].y) == {"PS"}
+    # Its critical chunks went twice and its most important ones with parity; what parity covered of
+    # its losses the PS rebuilt (DeltaParity over real gRPC), and the site never sent again.
+    mine = [e for e in rows(events, "site_round") if e["site"] == lossy]
+    assert all(e["protection_bytes"] > 0 for e in mine) and sum(e["rebuilt"] for e in mine) > 0
     others = [n for n in plan.names if n != lossy]
     assert all(set(others) <= set(e["sites"]) for e in ends)           # the others were never held back

@@ -1,5 +1,7 @@
 """Loss recovery's parts, one function at a time: roles by name, XOR parity, the chunk-loss injector."""
 
+from dataclasses import replace
+
 import numpy as np
 
 import pytest
@@ -150,6 +152,10 @@ def test_the_send_order_is_critical_twice_then_groups_with_parity_then_the_rest_
     assert order == [("chunk", 0), ("copy", 0), ("chunk", 1), ("chunk", 3), ("chunk", 2), ("chunk", 4), ("parity", 0),
                      ("chunk", 5), ("chunk", 6)]
     assert overhead_bytes(_hand_manifest()) == 100 + 120       # a critical copy, a parity as long as its longest
+    assert [(t.kind, t.index) for t in transmissions(_hand_manifest(), copies=False)][:2] == [("chunk", 0), ("chunk", 1)]
+    two = _hand_manifest()
+    two = replace(two, chunks=(two.chunks[0], replace(two.chunks[1], role="critical", group=-1), *two.chunks[2:]))
+    assert [(t.kind, t.index) for t in transmissions(two)][:4] == [("chunk", 0), ("chunk", 1), ("copy", 0), ("copy", 1)]
 
 
 def test_what_lost_transmissions_leave_missing():
@@ -166,3 +172,6 @@ def test_what_lost_transmissions_leave_missing():
     assert still_missing(m, order, [2, 4]) == {1, 2}                   # two members
     assert still_missing(m, order, [7, 8]) == {5, 6}                   # unprotected chunks
     assert still_missing(m, order, range(len(order))) == set(range(7))
+    bare = transmissions(m, copies=False)
+    assert still_missing(m, bare, [0]) == {0}                          # one copy only: lost
+    assert still_missing(m, bare, [1]) == frozenset()                  # a member: rebuilt as before

@@ -15,9 +15,9 @@ from wantrain.codec import ChunkSpec, Codec, Encoded, huffman
 from wantrain.config import RunConfig
 from wantrain.errors import Reject
 from wantrain.limits import Limits
-from wantrain.messages import DELTA, PROTOCOL_VERSION, Join, TensorChunk
+from wantrain.messages import DELTA, PROTOCOL_VERSION, DeltaParity, Join, TensorChunk
 from wantrain.ps import STATUS
-from wantrain.recovery import build_manifest
+from wantrain.recovery import build_manifest, xor_parity
 from wantrain.replica import param_hash
 from wantrain.telemetry import EVENT_KINDS
 
@@ -41,6 +41,9 @@ def test_examples_are_what_wantrain_sends():
     decoded = {"w": Codec.decode_many([enc])[0]}
     manifest = build_manifest(0, [(chunk.spec, enc)], decoded, {"w": "mlp"}, tokens=64, steps=1)
     assert golden("manifest") == wire.site_message(manifest).SerializeToString().hex()
+    second = bytes.fromhex("0000803f00000040") + bytes(range(1, 11))
+    parity = DeltaParity(0, 0, xor_parity([enc.scales + enc.payload, second]))
+    assert golden("parity") == wire.site_message(parity).SerializeToString().hex()
 
 
 def test_the_hash_example_is_param_hash():

@@ -5,7 +5,7 @@ from wantrain import wire
 from wantrain.codec import ChunkSpec, Codec
 from wantrain.config import CodecConfig, RunConfig
 from wantrain.errors import ProtocolError
-from wantrain.messages import (DELTA, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult, RoundStart,
+from wantrain.messages import (DELTA, DeltaParity, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult, RoundStart,
                                TensorChunk, Welcome)
 from wantrain.proto.v1 import ps_pb2 as pb
 
@@ -25,7 +25,7 @@ def metrics():
 
 @pytest.mark.parametrize("make", [lambda: Join("us-east", 1, 2, H, "cpu"), chunk, metrics,
                                   lambda: LinkProbe((1.0, 2.0), (80.5, 90.0)),
-                                  lambda: HashReport(3, H)])
+                                  lambda: HashReport(3, H), lambda: DeltaParity(3, 2, b"\x01\x00\xff")])
 def test_site_messages_round_trip(make):
     msg = make()
     raw = wire.site_message(msg).SerializeToString()
@@ -89,6 +89,7 @@ def test_empty_and_bad_messages():
     (pb.SiteMessage(link_probe=pb.LinkProbe(t=[float("nan")], rtt_ms=[1.0])), "Unix times"),
     (pb.SiteMessage(link_probe=pb.LinkProbe(t=[1e9] * 1001, rtt_ms=[1.0] * 1001)), "at most 1000"),
     (pb.SiteMessage(metrics=pb.RoundMetrics(round=0, compute_s=1e300)), "compute_s"),
+    (pb.SiteMessage(parity=pb.DeltaParity(round=0, group=1)), "is empty"),
 ])
 def test_strings_and_numbers_from_the_wire_are_bounded(msg, match):
     """Finding 5: what a peer names or claims is checked before it reaches a log line or an event."""

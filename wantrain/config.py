@@ -122,6 +122,13 @@ class TrainConfig:
     # chunks are in and what is still missing holds at most this share of the round's importance
     # (each delta weighted by its tokens; 0: never early).
     loss_budget: float = 0.0
+    # A delta's chunks protected on the wire (recovery/sending.py; docs/protocol.md 4a): each critical
+    # chunk sent twice, and XOR parity over the most important other chunks that hold parity_share of
+    # the delta's importance, in groups of parity_group_size (the PS rebuilds one lost member of a
+    # group; 0: no parity). An unsharded PS: a sharded site sends each chunk once.
+    critical_copies: bool = False
+    parity_share: float = 0.0
+    parity_group_size: int = 8
     reliable_rounds: int = 5         # the first rounds (warm-up) count no partial delta and never close early
     staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
     quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
@@ -159,6 +166,9 @@ class TrainConfig:
         _check(0 <= self.loss_budget < 1, f"{prefix}.loss_budget", "must be in [0, 1)", self.loss_budget)
         _check(not self.loss_budget or self.partial_deltas, f"{prefix}.loss_budget",
                "needs partial_deltas: a round that closes early counts the chunks that are in", self.loss_budget)
+        _check(0 <= self.parity_share <= 1, f"{prefix}.parity_share", "must be in [0, 1]", self.parity_share)
+        _check(2 <= self.parity_group_size <= 64, f"{prefix}.parity_group_size",
+               "must be 2 to 64 chunks (a parity per group)", self.parity_group_size)
         _check(self.reliable_rounds >= 0, f"{prefix}.reliable_rounds", "must be >= 0", self.reliable_rounds)
         _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
         _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",

@@ -14,7 +14,7 @@ from .recovery.manifest import ChunkEntry, Manifest
 
 __all__ = ["PROTOCOL_VERSION", "HASH_HEX_DIGITS", "MAX_STALENESS", "MODEL", "DELTA", "UPDATE", "Join", "Welcome",
            "TensorChunk", "RoundStart", "RoundMetrics", "RoundResult", "Ready", "HashReport", "LinkProbe", "ErrorMessage",
-           "DeltaOutcome", "DELTA_OUTCOMES", "Manifest", "ChunkEntry"]
+           "DeltaOutcome", "DELTA_OUTCOMES", "Manifest", "ChunkEntry", "DeltaParity"]
 
 # 2: Watch and Ping need a token; delta chunks must use the run's encoding and follow the PS's
 # chunk plan; hashes are 16 lowercase hex digits; limits and status codes as in docs/protocol.md.
@@ -59,6 +59,16 @@ class TensorChunk:
     count: int
     spec: ChunkSpec
     data: Encoded
+
+
+@dataclass(frozen=True)
+class DeltaParity:
+    """The XOR parity of one parity group of a delta (recovery/parity.py): the manifest's entries
+    with `group` are its members; `payload` is as long as the longest of them."""
+
+    round: int
+    group: int
+    payload: bytes
 
 
 @dataclass(frozen=True)

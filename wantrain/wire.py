@@ -22,9 +22,9 @@ from .codec import ChunkSpec, Encoded
 from .config import CODEC_MODES, RunConfig, check_site_name
 from .errors import CodecError, ConfigError, ProtocolError
 from .limits import Limits, safe_text
-from .messages import (DELTA, DELTA_OUTCOMES, HASH_HEX_DIGITS, MODEL, UPDATE, ChunkEntry, DeltaOutcome, ErrorMessage,
-                       HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
-                       Welcome)
+from .messages import (DELTA, DELTA_OUTCOMES, HASH_HEX_DIGITS, MODEL, UPDATE, ChunkEntry, DeltaOutcome, DeltaParity,
+                       ErrorMessage, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundResult,
+                       RoundStart, TensorChunk, Welcome)
 from .proto.v1 import ps_pb2 as pb
 from .recovery.manifest import checksum
 from .recovery.roles import ROLES
@@ -82,12 +82,14 @@ def manifest_to_proto(m: Manifest) -> pb.DeltaManifest:
                          parity_group=c.group + 1) for c in m.chunks])
 
 
-SiteMessage = Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe | Manifest
+SiteMessage = Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe | Manifest | DeltaParity
 
 
 def site_message(obj: SiteMessage) -> pb.SiteMessage:
     if isinstance(obj, Manifest):
         return pb.SiteMessage(manifest=manifest_to_proto(obj))
+    if isinstance(obj, DeltaParity):
+        return pb.SiteMessage(parity=pb.DeltaParity(round=obj.round, group=obj.group, payload=obj.payload))
     if isinstance(obj, Join):
         return pb.SiteMessage(join=pb.Join(**dataclasses.asdict(obj)))
     if isinstance(obj, TensorChunk):
@@ -292,6 +294,10 @@ def site_message_from_proto(m: pb.SiteMessage) -> SiteMessage:
         return Join(j.site, j.protocol_version, j.resume_round, resume_hash, j.device, j.token)
     if which == "chunk":
         return chunk_from_proto(m.chunk)
+    if which == "parity":
+        if not m.parity.payload:
+            raise ProtocolError(f"the parity of group {m.parity.group} of round {m.parity.round} is empty")
+        return DeltaParity(m.parity.round, m.parity.group, m.parity.payload)
     if which == "metrics":
         return _metrics(m.metrics)
     if which == "hash_report":

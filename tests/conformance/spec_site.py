@@ -178,6 +178,15 @@ def manifest(round_: int, chunks: list, tokens: int, steps: int) -> pb.DeltaMani
         for c, e in zip(chunks, energies)])
 
 
+def parity(members: list[bytes]) -> bytes:
+    """A parity group's payload (4a): the members padded with zeros to the longest, XORed."""
+    out = bytearray(max(len(m) for m in members))
+    for m in members:
+        for i, b in enumerate(m):
+            out[i] ^= b
+    return bytes(out)
+
+
 # ------------------------------------------------------------------ 6: the replica
 
 class Replica:

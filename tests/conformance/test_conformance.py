@@ -64,6 +64,16 @@ def test_example_manifest_describes_the_example_chunk():
     assert e.importance == 1.0 and e.nbytes == len(chunk.scales) + len(chunk.payload) and e.crc32 == chunk.crc32
 
 
+def test_example_parity_is_the_xor_of_its_members_padded():
+    p = pb.SiteMessage.FromString(bytes.fromhex(spec.golden("parity"))).parity
+    chunk = pb.SiteMessage.FromString(bytes.fromhex(spec.golden("delta_chunk"))).chunk
+    second = bytes.fromhex("0000803f00000040") + bytes(range(1, 11))
+    assert (p.round, p.group) == (0, 0)
+    assert p.payload == spec.parity([chunk.scales + chunk.payload, second])
+    # and the PS's rebuild: the first member from the parity and the second
+    assert spec.parity([p.payload, second]) == chunk.scales + chunk.payload
+
+
 def test_example_hash():
     tensors = {"a": np.array([1.0, -2.0], np.float32), "b.weight": np.array([0.5], np.float32)}
     assert spec.model_hash(tensors) == spec.golden("model_hash")

@@ -36,7 +36,7 @@ from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError, Rej
 from ..faults import Stalls
 from ..limits import Limits, safe_text
 from ..memory import trim_heap
-from ..messages import (HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk,
+from ..messages import (DeltaParity, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk,
                         Welcome)
 from ..screening import Screen, check_claims
 from ..telemetry import Recorder
@@ -49,7 +49,7 @@ from .sites import SiteLink, check_join
 from .journal import JOURNAL_DIR, Journal
 from .ledger import Ledger
 from .state import CheckpointWriter, come_up, snapshot
-from .uploads import assemble, check_chunk, check_manifest
+from .uploads import assemble, check_chunk, check_manifest, check_parity, rebuild_member
 
 __all__ = ["ParameterServer", "SiteLink"]
 
@@ -171,6 +171,8 @@ class ParameterServer:
             self.on_chunk(link, msg)
         elif isinstance(msg, Manifest):
             self.on_manifest(link, msg)
+        elif isinstance(msg, DeltaParity):
+            self.on_parity(link, msg)
         elif isinstance(msg, RoundMetrics):
             await self.on_metrics(link, msg)
         elif isinstance(msg, HashReport):
@@ -282,8 +284,21 @@ class ParameterServer:
     def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         up = self.rounds.upload_for(link.name, c.round, self.round)
-        check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.mode)
+        if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.mode):
+            up.add_repeat(c)            # a second copy: the first is in
+            return
         up.add(link.name, c)
+        if up.manifest is not None and (group := up.manifest.chunks[c.index].group) in up.groups:
+            rebuild_member(up, link.name, group, self.plan, self.shapes, self.cfg.codec)
+        self._maybe_close_early()
+
+    def on_parity(self, link: SiteLink, p: DeltaParity) -> None:
+        """Take a parity group's XOR parity, and rebuild the one member the group lacks if the others
+        are in; raises ProtocolError if it does not belong or rebuilds no chunk of the delta."""
+        up = self.rounds.upload_for(link.name, p.round, self.round)
+        check_parity(up, p)
+        up.take_parity(p)
+        rebuild_member(up, link.name, p.group, self.plan, self.shapes, self.cfg.codec)
         self._maybe_close_early()
 
     async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
@@ -317,6 +332,7 @@ class ParameterServer:
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
                            received_wire_bytes=up.wire_bytes, upload_s=up.upload_s, delta_norm=norm,
+                           rebuilt=len(up.rebuilt), protection_bytes=up.protection_bytes,
                            delta_to_model=norm / self.global_model.norm if self.global_model.norm else 0.0, **fields)
         if late:
             if up.round == self.round:     # its round is closed but not committed: its timing is known

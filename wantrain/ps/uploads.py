@@ -4,7 +4,9 @@
 describe this run's chunk plan, is the weight it claims allowed); `check_chunk` runs on every
 delta chunk (does it belong to this run's chunk plan, is it sized like one, is it the chunk the
 manifest described); a chunk that passes is decoded at once on the process's CPU pool (`extract_chunk`),
-so a delta is decoded while it arrives and its wire bytes are dropped as soon as they are; `assemble`
+so a delta is decoded while it arrives and its wire bytes are dropped as soon as they are (a member
+of a parity group keeps its bytes until its group is whole); `check_parity` runs on a group's XOR
+parity, and `Upload.rebuilt_chunk` makes the one member a group lacks from it; `assemble`
 runs once the site's metrics say the delta is complete (every chunk decodable and finite, the whole
 not out of all proportion to the model); `assemble_part` checks the same of the chunks in at a
 deadline, for a round that counts them (train.partial_deltas). They raise ProtocolError or a quarantine error for the
@@ -22,14 +24,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import cpu_pool
-from ..codec import ChunkSpec, Codec, Extracted
-from ..config import RunConfig
-from ..errors import CodecError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError
-from ..messages import DELTA, Manifest, RoundMetrics, TensorChunk
+from ..codec import ChunkSpec, Codec, Encoded, Extracted
+from ..codec.quantize import num_blocks
+from ..config import CodecConfig, RunConfig
+from ..errors import CodecError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError, WantrainError
+from ..messages import DELTA, DeltaParity, Manifest, RoundMetrics, TensorChunk
 from ..recovery.manifest import checksum
+from ..recovery.parity import rebuild
 from ..screening import check_weight, max_delta_scale, sum_of_squares
 
-__all__ = ["Upload", "check_manifest", "check_chunk", "extract_chunk", "assemble", "assemble_part"]
+__all__ = ["Upload", "check_manifest", "check_chunk", "check_parity", "rebuild_member", "extract_chunk", "assemble", "assemble_part"]
 
 Checked = tuple[Extracted, float]           # a decoded chunk and its squared L2 norm
 
@@ -54,6 +58,13 @@ class Upload:
     counted: frozenset[int] = frozenset()   # chunks its round counted before the rest came (partial_deltas)
     importance_in: float = 0.0     # of the manifest's importance, what the chunks in so far hold
     critical_missing: int = 0      # the manifest's critical chunks not in yet
+    groups: dict[int, tuple[int, ...]] = field(default_factory=dict)   # parity group -> its members (manifest)
+    parities: dict[int, bytes] = field(default_factory=dict)   # a group's parity, until the group is whole
+    parity_seen: set[int] = field(default_factory=set)         # groups whose parity came
+    member_bytes: dict[int, bytes] = field(default_factory=dict)   # scales + payload of members of such groups
+    rebuilt: set[int] = field(default_factory=set)     # chunks made from their group's parity
+    repeated: set[int] = field(default_factory=set)    # chunks that came twice (a critical copy, a rebuilt one)
+    protection_bytes: int = 0      # copies and parity: bytes beyond the delta's own
 
     @property
     def checked(self) -> list[Extracted]:
@@ -61,7 +72,7 @@ class Upload:
         assert self.delta is not None
         return self.delta
 
-    def add(self, site: str, c: TensorChunk) -> None:
+    def add(self, site: str, c: TensorChunk, rebuilt: bool = False) -> None:
         """Take a checked chunk and start decoding it (the pool's thread holds the wire bytes until then)."""
         self.last_chunk_at = time.perf_counter()
         if not self.decoding:
@@ -72,7 +83,60 @@ class Upload:
             entry = self.manifest.chunks[c.index]
             self.importance_in += entry.importance
             self.critical_missing -= entry.role == "critical"
+            if entry.group in self.groups:
+                self.member_bytes[c.index] = c.data.scales + c.data.payload
+                self._settle_group(entry.group)
+        if rebuilt:
+            self.rebuilt.add(c.index)
         self.wire_bytes += c.data.wire_bytes
+
+    def add_repeat(self, c: TensorChunk) -> None:
+        """A chunk that came a second time (check_chunk allowed it): counted as bytes, nothing else."""
+        self.repeated.add(c.index)
+        self.protection_bytes += c.data.wire_bytes
+
+    def take_parity(self, p: DeltaParity) -> None:
+        """A group's parity (checked: check_parity)."""
+        self.parities[p.group] = p.payload
+        self.parity_seen.add(p.group)
+        self.protection_bytes += len(p.payload)
+        self._settle_group(p.group)
+
+    def lacks(self, group: int) -> list[int]:
+        """The members of `group` not in yet."""
+        return [i for i in self.groups[group] if i not in self.decoding]
+
+    def _settle_group(self, group: int) -> None:
+        """A group whose every member is in needs neither its parity nor its members' bytes."""
+        if not self.lacks(group):
+            self.parities.pop(group, None)
+            for i in self.groups[group]:
+                self.member_bytes.pop(i, None)
+
+    def rebuilt_chunk(self, group: int, plan: list[ChunkSpec], mode: str, quant_block: int) -> TensorChunk | None:
+        """The one member `group` lacks, made from its parity and the others, once they are all in
+        (None before). It is what the site would have sent if the rebuild is right: check_chunk
+        compares it with the manifest's CRC-32 and size."""
+        lacking = self.lacks(group)
+        if len(lacking) != 1 or group not in self.parities:
+            return None
+        i = lacking[0]
+        assert self.manifest is not None
+        entry = self.manifest.chunks[i]
+        present = [self.member_bytes[m] for m in self.groups[group] if m != i]
+        try:
+            raw = rebuild(self.parities[group], present, entry.nbytes)
+        except WantrainError as e:
+            raise ProtocolError(f"the parity of group {group} of round {self.round} cannot rebuild chunk {i}: "
+                                f"{e}") from None
+        n_scales = 0 if mode == "fp32" else 4 * num_blocks(entry.length, quant_block)
+        data = Encoded(mode, entry.length, 0 if mode == "fp32" else quant_block, raw[:n_scales], raw[n_scales:])
+        try:
+            data.check()
+        except CodecError as e:
+            raise ProtocolError(f"the parity of group {group} of round {self.round} rebuilds chunk {i} as no chunk "
+                                f"of this run: {e}") from None
+        return TensorChunk(DELTA, self.round, i, len(plan), plan[i], data)
 
     @property
     def missing_importance(self) -> float | None:
@@ -82,6 +146,11 @@ class Upload:
     def take_manifest(self, m: Manifest) -> None:
         """The delta's manifest (checked: check_manifest), before any chunk."""
         self.manifest, self.critical_missing = m, len(m.critical())
+        groups: dict[int, list[int]] = {}
+        for e in m.chunks:
+            if e.group >= 0:
+                groups.setdefault(e.group, []).append(e.index)
+        self.groups = {g: tuple(members) for g, members in groups.items()}
 
     @property
     def upload_s(self) -> float:
@@ -107,10 +176,12 @@ def check_manifest(cfg: RunConfig, up: Upload, m: Manifest, plan: list[ChunkSpec
     check_weight(cfg, f"the manifest of round {m.round}", m.steps, m.tokens, up.train_s)
 
 
-def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str) -> None:
+def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str) -> bool:
     """Does chunk `c` belong in `up`? Caps it so that one upload holds at most one model's worth of
     delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
-    each index once. (A site has one upload per round it still owes: at most a few.)"""
+    each index once, but for one second copy of a critical chunk or of one rebuilt from parity
+    (docs/protocol.md 4a). (A site has one upload per round it still owes: at most a few.) True for
+    a chunk not in yet; False for such a second copy."""
     if c.kind != DELTA:
         raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
     if up.metrics is not None:
@@ -131,14 +202,49 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
     if c.data.encoding != mode:
         raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas are "
                             f"{mode} (codec.mode)")
-    if c.index in up.decoding:
-        raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice")
+    said = up.manifest.chunks[c.index] if up.manifest is not None else None
+    if c.index in up.decoding and not (said is not None and c.index not in up.repeated
+                                       and (said.role == "critical" or c.index in up.rebuilt)):
+        raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice (only a critical chunk, or "
+                            f"one rebuilt from parity, may come a second time)")
     if c.data.wire_bytes > 4 * c.spec.length + 65536:
         raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
-    said = up.manifest.chunks[c.index] if up.manifest is not None else None
     if said is not None and (said.crc32, said.nbytes) != (checksum(c.data), c.data.wire_bytes):
         raise ProtocolError(f"delta chunk {c.index} of round {c.round} is not the chunk its manifest described "
                             f"(CRC-32 and bytes differ)")
+    return c.index not in up.decoding
+
+
+def check_parity(up: Upload, p: DeltaParity) -> None:
+    """Does parity `p` belong in `up`? Its delta has a manifest with group `p.group`, it comes once,
+    before the metrics, as long as the group's longest member."""
+    what = f"the parity of group {p.group} of round {p.round}"
+    if up.manifest is None:
+        raise ProtocolError(f"{what} came without a manifest: parity groups are the manifest's")
+    if up.metrics is not None:
+        raise ProtocolError(f"{what} came after the round's metrics")
+    if p.group not in up.groups:
+        raise ProtocolError(f"{what} names a group its manifest does not have")
+    if p.group in up.parity_seen:
+        raise ProtocolError(f"{what} arrived twice")
+    longest = max(up.manifest.chunks[i].nbytes for i in up.groups[p.group])
+    if len(p.payload) != longest:
+        raise ProtocolError(f"{what} has {len(p.payload)} bytes; its group's longest member {longest}")
+
+
+def rebuild_member(up: Upload, site: str, group: int, plan: list[ChunkSpec], shapes: dict[str, int],
+                   codec: CodecConfig) -> None:
+    """If `group` lacks one member and has its parity and the others, rebuild that member and take it
+    as if it had come (check_chunk first: a parity that rebuilds a chunk unlike its manifest entry
+    is refused)."""
+    if (c := up.rebuilt_chunk(group, plan, codec.mode, codec.quant_block)) is None:
+        return
+    try:
+        check_chunk(up, c, plan, shapes, codec.mode)
+    except ProtocolError as e:
+        raise ProtocolError(f"the parity of group {group} of round {up.round} rebuilt a chunk that does not "
+                            f"belong: {e}") from None
+    up.add(site, c, rebuilt=True)
 
 
 def extract_chunk(site: str, c: TensorChunk) -> Checked:

@@ -1,12 +1,12 @@
 """The order a delta's chunks go on the wire, with their protection, and what a set of lost
 transmissions leaves missing.
 
-`transmissions(manifest)` lists what a site sends, in order: each critical chunk twice (on two
-connections, so one stalled connection cannot hold it), then the protected chunks group by group,
-each group followed by its XOR parity (parity.py), then the other chunks, most important first.
-`still_missing(manifest, order, lost)` says which chunks the PS cannot have when the transmissions
-at positions `lost` did not arrive: a critical chunk only if both its copies are lost, a protected
-one only if its group lost two or more of its members and its parity, another chunk when it is lost.
+`transmissions(manifest, copies)` lists what a site sends, in order: the critical chunks, then (with
+`copies`) each of them again, so that one loss, or one short burst, cannot take a critical chunk;
+then the protected chunks group by group, each group followed by its XOR parity (parity.py), then
+the other chunks, most important first. `still_missing(manifest, order, lost)` says which chunks the
+PS cannot have when the transmissions at positions `lost` did not arrive: a chunk whose every copy
+is lost, unless it is in a parity group whose other members and parity all arrived.
 """
 
 from __future__ import annotations
@@ -25,15 +25,17 @@ class Transmission:
     index: int       # the chunk's index, or the parity group's number
 
 
-def transmissions(manifest: Manifest) -> list[Transmission]:
+def transmissions(manifest: Manifest, copies: bool = True) -> list[Transmission]:
+    ranked = sorted(manifest.chunks, key=lambda c: (-c.importance, c.index))
     critical = [c.index for c in manifest.chunks if c.role == "critical"]
     groups: dict[int, list[int]] = {}
-    for c in sorted(manifest.chunks, key=lambda c: (-c.importance, c.index)):
+    for c in ranked:
         if c.group >= 0 and c.role != "critical":
             groups.setdefault(c.group, []).append(c.index)
-    rest = [c.index for c in sorted(manifest.chunks, key=lambda c: (-c.importance, c.index))
-            if c.role != "critical" and c.group < 0]
-    out = [t for i in critical for t in (Transmission("chunk", i), Transmission("copy", i))]
+    rest = [c.index for c in ranked if c.role != "critical" and c.group < 0]
+    out = [Transmission("chunk", i) for i in critical]
+    if copies:
+        out += [Transmission("copy", i) for i in critical]
     for g, members in sorted(groups.items()):
         out += [Transmission("chunk", i) for i in members] + [Transmission("parity", g)]
     return out + [Transmission("chunk", i) for i in rest]
@@ -41,29 +43,33 @@ def transmissions(manifest: Manifest) -> list[Transmission]:
 
 def still_missing(manifest: Manifest, order: list[Transmission], lost: Collection[int]) -> frozenset[int]:
     """The chunks the PS cannot have (see the module's docstring); `lost`: positions in `order`."""
-    gone = [order[p] for p in lost if p < len(order)]
-    copies_lost: dict[int, int] = {}
-    for t in gone:
+    sent: dict[int, int] = {}
+    for t in order:
         if t.kind in ("chunk", "copy"):
-            copies_lost[t.index] = copies_lost.get(t.index, 0) + 1
-    parity_lost = {t.index for t in gone if t.kind == "parity"}
-    by_group: dict[int, list[int]] = {}
+            sent[t.index] = sent.get(t.index, 0) + 1
+    gone: dict[int, int] = {}
+    parity_lost = set()
+    for p in lost:
+        if p >= len(order):
+            continue
+        t = order[p]
+        if t.kind == "parity":
+            parity_lost.add(t.index)
+        else:
+            gone[t.index] = gone.get(t.index, 0) + 1
+    lost_chunks = {i for i, n in gone.items() if n >= sent[i]}
+    members: dict[int, list[int]] = {}
     for c in manifest.chunks:
         if c.group >= 0:
-            by_group.setdefault(c.group, []).append(c.index)
+            members.setdefault(c.group, []).append(c.index)
+    has_parity = {t.index for t in order if t.kind == "parity"}
     missing = set()
-    for c in manifest.chunks:
-        if c.index not in copies_lost:
-            continue
-        if c.role == "critical":
-            if copies_lost[c.index] >= 2:
-                missing.add(c.index)
-        elif c.group >= 0:
-            lost_members = sum(1 for i in by_group[c.group] if i in copies_lost)
-            if lost_members + (c.group in parity_lost) >= 2:
-                missing.add(c.index)
-        else:
-            missing.add(c.index)
+    for i in lost_chunks:
+        g = manifest.chunks[i].group
+        if g >= 0 and g in has_parity and g not in parity_lost and \
+                sum(m in lost_chunks for m in members[g]) == 1:
+            continue                    # rebuilt from the group's parity
+        missing.add(i)
     return frozenset(missing)
 
 

@@ -65,6 +65,8 @@ class ShardedStream:
     """The session's stream to N shards. `replica` (replica.py), the site's, gives the layout, the part
     hashes, the tensor sizes and the chunk plan once the first Welcome has built it."""
 
+    protects = False        # each chunk once, no parity: a group would span shards
+
     def __init__(self, calls: list, site: str, replica: Replica, memory: ShardMemory) -> None:
         self.calls, self.site, self.replica, self.mem, self.n = calls, site, replica, memory, len(calls)
         self.sending = [asyncio.Lock() for _ in calls]    # one write at a time on each call

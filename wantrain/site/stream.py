@@ -29,6 +29,8 @@ def addresses(ps: str) -> list[str]:
 
 
 class Stream(Protocol):
+    protects: bool      # may a delta go with critical copies and parity (docs/protocol.md 4a)?
+
     async def send(self, msg) -> None: ...
     async def receive(self): ...
     async def close(self) -> None: ...
@@ -37,6 +39,8 @@ class Stream(Protocol):
 
 class SingleStream:
     """One Session stream to an unsharded PS."""
+
+    protects = True
 
     def __init__(self, call) -> None:
         self.call = call

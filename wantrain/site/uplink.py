@@ -29,8 +29,10 @@ import numpy as np
 from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, plan_chunks
 from ..config import RunConfig
 from ..faults import Stalls
-from ..messages import DELTA, MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult, TensorChunk
-from ..recovery import ChunkLoss, build_manifest
+from ..messages import (DELTA, MAX_STALENESS, DeltaOutcome, DeltaParity, Manifest, RoundMetrics, RoundResult,
+                        TensorChunk)
+from ..recovery import (ChunkLoss, Transmission, build_manifest, protect, still_missing, transmissions,
+                        xor_parity)
 
 __all__ = ["Uplink"]
 
@@ -57,48 +59,69 @@ class Uplink:
 
     async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict) -> EncodeStats:
         """Encode the round's delta (error feedback in) and send its manifest, its chunks, then its
-        RoundMetrics with `figures` (the training's, wait_s, decode_s). The chunks go critical ones
-        first, then by importance (what a deadline cuts short is what matters least), except that
-        the smallest goes first of all: the PS times the upload from the first chunk's arrival to
-        the last's, so the first must take no time itself."""
+        RoundMetrics with `figures` (the training's, wait_s, decode_s). The chunks go in the order
+        recovery.transmissions gives (critical ones first, then by importance, so that what a
+        deadline cuts short is what matters least), with their copies and parity where the run asks
+        (train.critical_copies, train.parity_share) and `stream` can carry them; except that the
+        smallest goes first of all: the PS times the upload from the first chunk's arrival to the
+        last's, so the first must take no time itself."""
         stats = EncodeStats()
-        chunks, sent, manifest = await asyncio.to_thread(self._encode, round_, delta, figures, stats)
+        protects = stream.protects
+        chunks, sent, manifest, parity = await asyncio.to_thread(self._encode, round_, delta, figures, stats, protects)
         if self.feedback is not None:
             self.pending[round_] = sent
-        order = sorted(range(len(chunks)), key=lambda i: (manifest.chunks[i].role != "critical",
-                                                         -manifest.chunks[i].importance, i))
+        order = transmissions(manifest, copies=protects and self.cfg.train.critical_copies)
         first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
-        order = [first, *(i for i in order if i != first)]
-        held: list[int] = []             # lost on purpose: they go last, late_s after the others
-        if self.loss is not None:   # critical chunks go on the reliable path (sent twice in the design): spared
-            lost = self.loss.mask(len(order)) & np.array([manifest.chunks[i].role != "critical" for i in order])
-            held = [i for i, x in zip(order, lost) if x]
-            order = [i for i, x in zip(order, lost) if not x] + held
-            if held:
-                log.warning("site %s: %d of the %d chunks of round %d lost on purpose (chunk loss): sent %.1f s after "
-                            "the others", self.site, len(held), len(order), round_, self.late_s)
+        order.insert(0, order.pop(order.index(Transmission("chunk", first))))
+        late: list[int] = []         # lost on purpose and not rebuilt at the PS: sent late_s after the rest
+        if self.loss is not None:
+            lost = set(np.flatnonzero(self.loss.mask(len(order))).tolist())
+            late = sorted(still_missing(manifest, order, lost))
+            order = [t for n, t in enumerate(order) if n not in lost]
+            if len(lost):
+                log.warning("site %s: %d of the %d transmissions of round %d lost on purpose (chunk loss); %d "
+                            "chunk(s) not rebuilt at the PS go %.1f s after the others", self.site, len(lost),
+                            len(lost) + len(order), round_, len(late), self.late_s)
         await stream.send(manifest)
         t0 = time.perf_counter()
-        for n, i in enumerate(order):
-            if held and i == held[0]:
-                await asyncio.sleep(self.late_s)
-            spec, enc = chunks[i]
-            await stream.send(TensorChunk(DELTA, round_, i, len(chunks), spec, enc))
+        for n, t in enumerate(order):
+            if t.kind == "parity":
+                await stream.send(DeltaParity(round_, t.index, parity[t.index]))
+            else:
+                spec, enc = chunks[t.index]
+                await stream.send(TensorChunk(DELTA, round_, t.index, len(chunks), spec, enc))
             if n == 0:
                 await self.stalls.asleep("push", round_)
+        if late:
+            await asyncio.sleep(self.late_s)
+        for i in late:
+            spec, enc = chunks[i]
+            await stream.send(TensorChunk(DELTA, round_, i, len(chunks), spec, enc))
         metrics = RoundMetrics(round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
                                huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
                                send_s=time.perf_counter() - t0, chunks=len(chunks), **figures)
         await stream.send(metrics)
         return stats
 
-    def _encode(self, round_: int, delta: dict[str, np.ndarray], figures: dict, stats: EncodeStats
-                ) -> tuple[list, dict[str, np.ndarray], Manifest]:
+    def _encode(self, round_: int, delta: dict[str, np.ndarray], figures: dict, stats: EncodeStats, protects: bool
+                ) -> tuple[list, dict[str, np.ndarray], Manifest, dict[int, bytes]]:
+        """The delta's chunks, its values as the PS will decode them, its manifest (with parity groups
+        where the run asks and the stream can carry them) and each group's parity payload."""
         chunks, sent = encode_arrays(delta, self.codec, self.feedback, stats)
         t0 = time.perf_counter()
         manifest = build_manifest(round_, chunks, sent, self.roles, tokens=figures["tokens"], steps=figures["steps"])
+        t = self.cfg.train
+        parity: dict[int, bytes] = {}
+        if protects and t.parity_share > 0:
+            manifest = protect(manifest, t.parity_share, t.parity_group_size)
+            groups: dict[int, list[bytes]] = {}
+            for c in manifest.chunks:
+                if c.group >= 0:
+                    enc = chunks[c.index][1]
+                    groups.setdefault(c.group, []).append(enc.scales + enc.payload)
+            parity = {g: xor_parity(members) for g, members in groups.items()}
         stats.seconds += time.perf_counter() - t0
-        return chunks, sent, manifest
+        return chunks, sent, manifest, parity
 
     def keep(self, delta: dict[str, np.ndarray]) -> None:
         """A delta that will not be sent: its change goes into the next one (unless the policy says

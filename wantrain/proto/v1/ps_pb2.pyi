@@ -107,6 +107,16 @@ class DeltaManifest(_message.Message):
     chunks: _containers.RepeatedCompositeFieldContainer[ManifestEntry]
     def __init__(self, round: _Optional[int] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ManifestEntry, _Mapping]]] = ...) -> None: ...
 
+class DeltaParity(_message.Message):
+    __slots__ = ("round", "group", "payload")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    group: int
+    payload: bytes
+    def __init__(self, round: _Optional[int] = ..., group: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
 class Join(_message.Message):
     __slots__ = ("site", "protocol_version", "resume_round", "resume_hash", "device", "token")
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -260,7 +270,7 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class SiteMessage(_message.Message):
-    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe", "ready", "manifest")
+    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe", "ready", "manifest", "parity")
     JOIN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
@@ -268,6 +278,7 @@ class SiteMessage(_message.Message):
     LINK_PROBE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    PARITY_FIELD_NUMBER: _ClassVar[int]
     join: Join
     chunk: Chunk
     metrics: RoundMetrics
@@ -275,7 +286,8 @@ class SiteMessage(_message.Message):
     link_probe: LinkProbe
     ready: Ready
     manifest: DeltaManifest
-    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., manifest: _Optional[_Union[DeltaManifest, _Mapping]] = ...) -> None: ...
+    parity: DeltaParity
+    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., manifest: _Optional[_Union[DeltaManifest, _Mapping]] = ..., parity: _Optional[_Union[DeltaParity, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
     __slots__ = ("welcome", "chunk", "round_start", "round_result", "error", "delta_outcome")
