@@ -1,9 +1,11 @@
 """Loss recovery on real processes: what each way of handling late chunks costs in time and in loss.
 
 Each run is a real PS and the scenario's site processes, their links emulated by the embedded
-testbed, every site losing a share of its delta's chunks on purpose (the scenario's `chunk_loss`:
-recovery.ChunkLoss in the site's uplink, i.i.d. or in bursts; a lost chunk comes `--late-s` after
-the others, as a retransmission would; critical chunks are spared, as the design sends them twice).
+testbed, every site losing a share of what it sends on purpose (the scenario's `chunk_loss`:
+recovery.ChunkLoss in the site's uplink, per transmission, i.i.d. or in bursts; a lost chunk the
+PS cannot rebuild comes `--late-s` after the others, as a retransmission would; a lost critical
+copy or parity is simply lost). The draws are per transmission slot, so arms that send copies and
+parity meet the same link with more in flight.
 Arms (issue 28's names in brackets):
 
     reliable       [B0] every chunk waited for: the deadline is far off
@@ -15,7 +17,9 @@ Arms (issue 28's names in brackets):
     rescale        [B3] a fixed deadline; the others' mean stands in for a late delta, never sent again
     salr           zero, counting the chunks in at the deadline (train.partial_deltas), closing
                    early once what is missing is within 5 % of the round's importance; the rest of
-                   a delta (its tail) flows while its site trains the next round
+                   a delta (its tail) flows while its site trains the next round; critical chunks
+                   sent twice, XOR parity over the chunks holding half the importance, groups of 8
+    salr-no-parity salr with critical copies, without parity (an ablation)
     salr-no-early  salr without the early close (an ablation)
     salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
                    the rest of the delta is then never applied, nor carried)
@@ -26,7 +30,7 @@ what the PS substituted and reconciled (round_end's recovery fields).
 
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
-Not here yet: several connections per site, parity and hedging on the wire, downlink loss, outages
+Not here yet: several connections per site, hedging, downlink loss, outages
 (testbed scenarios have them: `--scenario`), B5/B7 (the in-process study, bench/late_policy.py,
 measures the loss side of the chunk-level arms).
 """
@@ -50,6 +54,8 @@ from wantrain.run import Run, describe_scenario
 from wantrain.run_compare import time_to_target
 from wantrain.telemetry import rows
 
+SALR = {"train.late_policy": "zero-outside", "train.partial_deltas": True, "train.critical_copies": True,
+        "train.parity_share": 0.5, "train.parity_group_size": 8}
 RELIABLE_DEADLINE_S = 120.0      # the reliable arm's: far off, every chunk is waited for
 ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at the size's deadline
     "reliable": {"train.late_policy": "zero-outside"},
@@ -57,9 +63,10 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "zero": {"train.late_policy": "zero-outside"},
     "stale": {"train.late_policy": "stale"},
     "rescale": {"train.late_policy": "rescale"},
-    "salr": {"train.late_policy": "zero-outside", "train.partial_deltas": True, "train.loss_budget": 0.05},
-    "salr-no-early": {"train.late_policy": "zero-outside", "train.partial_deltas": True},
-    "salr-peer": {"train.late_policy": "rescale", "train.partial_deltas": True, "train.loss_budget": 0.05},
+    "salr": {**SALR, "train.loss_budget": 0.05},
+    "salr-no-parity": {**SALR, "train.loss_budget": 0.05, "train.parity_share": 0.0},
+    "salr-no-early": SALR,
+    "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},
 }
 SIZES = {
     "quick": dict(rounds=5, inner_steps=8, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6, deadline_s=2.0,
@@ -96,7 +103,9 @@ def run_arm(arm: str, size: dict, loss: float, burst: float, late_s: float, seed
             "reached": outcome.reached, "time_to_target_s": outcome.time_s if outcome.reached else None,
             "wall_s": round(time.time() - t0, 1), "p50_round_s": float(np.percentile(round_s, 50)),
             "p99_round_s": float(np.percentile(round_s, 99)),
-            "uplink_mb": sum(e["wire_bytes"] for e in rows(events, "site_round")) / 1e6,
+            "uplink_mb": sum(e["wire_bytes"] + e["protection_bytes"] for e in rows(events, "site_round")) / 1e6,
+            "protection_mb": sum(e["protection_bytes"] for e in rows(events, "site_round")) / 1e6,
+            "rebuilt": sum(e["rebuilt"] for e in rows(events, "site_round")),
             "downlink_mb": len(plan.names) * sum(e["wire_bytes"] for e in ends) / 1e6,
             "closes": {c: sum(e["close"] == c for e in ends) for c in ("complete", "early", "deadline")},
             "substituted": sum(sum(e["substituted"].values()) for e in ends),
@@ -108,15 +117,15 @@ def run_arm(arm: str, size: dict, loss: float, burst: float, late_s: float, seed
 
 
 def table(results: list[dict], target: float) -> str:
-    lines = [f"{'loss':>5} {'arm':<14} {'final':>7} {'to ' + str(target):>8} {'p50 s':>6} {'p99 s':>6} {'MB up':>6} "
-             f"{'MB dn':>6} {'closes c/e/d':>12} {'subst':>6} {'partial':>7} {'recon':>6}"]
+    lines = [f"{'loss':>5} {'arm':<15} {'final':>7} {'to ' + str(target):>8} {'p50 s':>6} {'p99 s':>6} {'MB up':>6} "
+             f"{'MB dn':>6} {'closes c/e/d':>12} {'subst':>6} {'partial':>7} {'recon':>6} {'rebuilt':>7}"]
     for r in results:
         t = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "-"
         c = r["closes"]
-        lines.append(f"{r['chunk_loss']:>5.0%} {r['arm']:<14} {r['final_val_loss']:>7.4f} {t:>8} "
+        lines.append(f"{r['chunk_loss']:>5.0%} {r['arm']:<15} {r['final_val_loss']:>7.4f} {t:>8} "
                      f"{r['p50_round_s']:>6.2f} {r['p99_round_s']:>6.2f} {r['uplink_mb']:>6.2f} {r['downlink_mb']:>6.2f} "
                      f"{c['complete']:>4}/{c['early']}/{c['deadline']:<4} {r['substituted']:>6} {r['partial']:>7} "
-                     f"{r['reconciled']:>6}")
+                     f"{r['reconciled']:>6} {r['rebuilt']:>7}")
     return "\n".join(lines)
 
 
