@@ -15,6 +15,9 @@ Arms (issue 28's names in brackets):
                    comes, outside the outer momentum (late_policy zero-outside, the default)
     stale          [B2] a fixed deadline; a late delta counts in a later round, its weight discounted
     rescale        [B3] a fixed deadline; the others' mean stands in for a late delta, never sent again
+    quorum         [B7] a minimum quorum (Decoupled DiLoCo's): once 60 % of the sites have
+                   delivered, the deadline comes forward to twice the usual spread after; a late
+                   delta counts, token-weighted and discounted, in the next round (late_policy stale)
     salr           zero, counting the chunks in at the deadline (train.partial_deltas), closing
                    early once what is missing is within 5 % of the round's importance; the rest of
                    a delta (its tail) flows while its site trains the next round; critical chunks
@@ -30,9 +33,10 @@ what the PS substituted and reconciled (round_end's recovery fields).
 
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
-Not here yet: several connections per site, hedging, downlink loss, outages
-(testbed scenarios have them: `--scenario`), B5/B7 (the in-process study, bench/late_policy.py,
-measures the loss side of the chunk-level arms).
+`--blackouts 40:2` takes every link down 2 s in every 40; `--spikes 2:300` adds two delay spikes
+a minute of at least 300 ms (testbed/trace.py). Not here yet: several connections per site,
+hedging, downlink loss, B0', B5 (the in-process study, bench/late_policy.py, measures the loss side
+of the chunk-level arms).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_to
 
 from wantrain.config import RunConfig
+from wantrain.plan import Outage
 from wantrain.run import Run, describe_scenario
 from wantrain.run_compare import time_to_target
 from wantrain.telemetry import rows
@@ -63,6 +69,7 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "zero": {"train.late_policy": "zero-outside"},
     "stale": {"train.late_policy": "stale"},
     "rescale": {"train.late_policy": "rescale"},
+    "quorum": {"train.late_policy": "stale", "train.quorum_share": 0.6, "train.grace_factor": 2.0},
     "salr": {**SALR, "train.loss_budget": 0.05},
     "salr-no-parity": {**SALR, "train.loss_budget": 0.05, "train.parity_share": 0.0},
     "salr-no-early": SALR,
@@ -76,18 +83,51 @@ SIZES = {
 }
 
 
-def run_arm(arm: str, size: dict, loss: float, burst: float, late_s: float, seed: int, scenario: str,
-            folder: Path) -> dict:
+@dataclass(frozen=True)
+class Link:
+    """What every site's link does: chunk loss per transmission (`burst`: mean run of losses), a
+    lost chunk `late_s` late; blackouts (the link carries nothing for `blackout_s`, every
+    `blackout_every_s`, at a phase of its own per site); delay spikes (Poisson, `spikes_per_min`,
+    each at least `spike_ms` more one-way delay, Pareto-tailed, 2 s long: testbed/trace.py)."""
+
+    loss: float
+    burst: float = 1.0
+    late_s: float = 6.0
+    blackout_every_s: float = 0.0
+    blackout_s: float = 0.0
+    spikes_per_min: float = 0.0
+    spike_ms: float = 50.0
+
+    def apply(self, plan, seed: int):
+        for k, name in enumerate(plan.names):
+            outages = ()
+            if self.blackout_every_s > 0:
+                phase = np.random.default_rng([seed, k]).uniform(0, self.blackout_every_s)
+                outages = tuple(Outage(float(t), self.blackout_s) for t in np.arange(phase, 1800, self.blackout_every_s))
+            plan = plan.with_site(name, speed_factor=2.0, chunk_loss=self.loss, chunk_burst=self.burst,
+                                  chunk_late_s=self.late_s, outages=outages, spikes_per_min=self.spikes_per_min,
+                                  spike_min_ms=self.spike_ms)
+        return plan
+
+    def describe(self) -> str:
+        out = f"chunk loss {self.loss:.0%}" + (f" in bursts of {self.burst:g}" if self.burst > 1 else "")
+        if self.blackout_every_s:
+            out += f", blackouts of {self.blackout_s:g} s every {self.blackout_every_s:g} s"
+        if self.spikes_per_min:
+            out += f", {self.spikes_per_min:g} delay spikes a minute (>= {self.spike_ms:g} ms)"
+        return out
+
+
+def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: Path) -> dict:
     """One arm's run under one condition; its figures."""
-    plan = describe_scenario(scenario).replace(time_scale=1.0)
-    for name in plan.names:
-        plan = plan.with_site(name, speed_factor=2.0, chunk_loss=loss, chunk_burst=burst, chunk_late_s=late_s)
+    plan = link.apply(describe_scenario(scenario).replace(time_scale=1.0), seed)
     cfg = RunConfig().replace(num_sites=len(plan.names), sites=plan.names, **{
         "model.preset": "tiny", "model.block_size": 64, "train.rounds": size["rounds"],
         "train.inner_steps": size["inner_steps"], "train.seed": seed, "model.seed": seed,
         "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0,
         "train.deadline_s": RELIABLE_DEADLINE_S if arm == "reliable" else size["deadline_s"], **ARMS[arm]})
     t0 = time.time()
+    loss = link.loss
     with Run(cfg, run_dir=folder / f"{arm}-{loss}-{seed}", site_threads=1, plan=plan) as run:
         for _ in run.follow(timeout_s=900):
             pass
@@ -98,7 +138,8 @@ def run_arm(arm: str, size: dict, loss: float, burst: float, late_s: float, seed
     outcome = time_to_target(events, size["target"])
     assert outcome is not None
     round_s = [e["round_s"] for e in ends]
-    return {"arm": arm, "chunk_loss": loss, "burst": burst, "seed": seed, "rounds": len(ends),
+    return {"arm": arm, "chunk_loss": loss, "burst": link.burst, "blackout_every_s": link.blackout_every_s,
+            "blackout_s": link.blackout_s, "spikes_per_min": link.spikes_per_min, "seed": seed, "rounds": len(ends),
             "final_val_loss": float(np.mean([e["val_loss"] for e in ends[-3:]])),
             "reached": outcome.reached, "time_to_target_s": outcome.time_s if outcome.reached else None,
             "wall_s": round(time.time() - t0, 1), "p50_round_s": float(np.percentile(round_s, 50)),
@@ -139,6 +180,8 @@ def main() -> None:
     p.add_argument("--first-seed", type=int, default=0, help="the seeds are this one and the next (to add seeds)")
     p.add_argument("--target", type=float, help="target validation loss (full: 2.6)")
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (full: all, quick: reliable,salr)")
+    p.add_argument("--blackouts", metavar="EVERY:SECONDS", help="each link carries nothing for SECONDS every EVERY s")
+    p.add_argument("--spikes", metavar="PER_MIN:MS", help="delay spikes a minute, each at least MS ms one way")
     p.add_argument("--scenario", default="loopback")
     p.add_argument("--keep-runs", help="keep each run's folder under this one (default: a temporary folder)")
     p.add_argument("--out", default="loss_recovery", help="result name under bench/results, or a path ending in .json")
@@ -151,6 +194,10 @@ def main() -> None:
     if unknown := set(arms) - set(ARMS):
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     losses = [float(x) for x in args.loss.split(",")] if args.loss else list(size["losses"])
+    blackouts = tuple(float(x) for x in args.blackouts.split(":")) if args.blackouts else (0.0, 0.0)
+    spikes = tuple(float(x) for x in args.spikes.split(":")) if args.spikes else (0.0, 50.0)
+    if len(blackouts) != 2 or len(spikes) != 2:
+        p.error("--blackouts and --spikes take two numbers, as EVERY:SECONDS and PER_MIN:MS")
     results = []
     with tempfile.TemporaryDirectory(prefix="wantrain-lr-") as tmp:
         if args.keep_runs:
@@ -158,14 +205,15 @@ def main() -> None:
         for loss in losses:
             for seed in range(args.first_seed, args.first_seed + (args.seeds or size["seeds"])):
                 for arm in arms:
-                    r = run_arm(arm, size, loss, args.burst, late_s, seed, args.scenario, Path(tmp))
+                    link = Link(loss, args.burst, late_s, *blackouts, *spikes)
+                    r = run_arm(arm, size, link, seed, args.scenario, Path(tmp))
                     results.append(r)
                     print(f"chunk loss {loss:.0%}, {arm}, seed {seed}: final {r['final_val_loss']:.4f}, p50/p99 round "
                           f"{r['p50_round_s']:.2f}/{r['p99_round_s']:.2f} s, wall {r['wall_s']} s, closes {r['closes']}",
                           flush=True)
     print()
     print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {size['deadline_s']} s "
-          f"(reliable: none), lost chunks {late_s} s late, bursts of {args.burst:g}")
+          f"(reliable: none), lost chunks {late_s} s late; {Link(0, args.burst, late_s, *blackouts, *spikes).describe()}")
     print(table(results, size["target"]))
     seeds = {(r["arm"], r["chunk_loss"]) for r in results}
     if len(seeds) < len(results):
@@ -174,8 +222,8 @@ def main() -> None:
                 finals = [r["final_val_loss"] for r in results if (r["arm"], r["chunk_loss"]) == (arm, loss)]
                 print(f"{arm} at {loss:.0%}: final {statistics.mean(finals):.4f} over {len(finals)} seeds")
     save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "losses": losses,
-                       "burst": args.burst, "late_s": late_s, "deadline_s": size["deadline_s"], "arms": arms,
-                       "target": size["target"], "rows": results})
+                       "burst": args.burst, "late_s": late_s, "blackouts": blackouts, "spikes": spikes,
+                       "deadline_s": size["deadline_s"], "arms": arms, "target": size["target"], "rows": results})
 
 
 if __name__ == "__main__":

@@ -72,6 +72,48 @@ def test_the_first_round_is_bounded_by_its_first_half_generously():
     assert RoundClock(TrainConfig(deadline_initial_s=60)).first_round_bound_s([1.0], 2) == 60   # never later
 
 
+def test_a_quorum_brings_the_deadline_to_a_grace_that_follows_the_usual_spread():
+    """train.quorum_share: once that share of the members are in, the deadline is the quorum's last
+    arrival plus grace_factor x how much later the slowest member usually delivers than the
+    quorum's (each one's median), never under QUORUM_GRACE_FLOOR_S."""
+    clock = RoundClock(TrainConfig(deadline_s=30, quorum_share=0.5, grace_factor=2.0))
+    members = {"a", "b", "c", "d"}
+    assert clock.quorum_bound_s([1.0], members) is None                   # two of four needed
+    assert clock.quorum_bound_s([1.0, 2.0], members) == 2.0 + rounds.QUORUM_GRACE_FLOOR_S   # nothing timed
+    for site, usual in (("a", 1.0), ("b", 2.0), ("c", 2.5), ("d", 4.0)):
+        clock.arrived(site, usual)
+    assert clock.quorum_bound_s([1.5, 1.0], members) == pytest.approx(1.5 + 2.0 * (4.0 - 2.0))
+    assert clock.quorum_bound_s([1.1, 1.0], {"a", "b"}) == pytest.approx(1.0 + 2.0 * (2.0 - 1.0))   # one of two
+    assert clock.quorum_bound_s([1.0, 1.1], {"a", "c"}) == pytest.approx(1.0 + 2.0 * (2.5 - 1.0))
+    assert RoundClock(TrainConfig(deadline_s=30)).quorum_bound_s([1.0, 2.0], members) is None   # off
+
+
+@pytest.mark.timeout(120)
+def test_a_round_with_a_quorum_closes_a_grace_after_it_not_at_its_deadline(tmp_path):
+    """Three sites, quorum_share 0.5 (two), a fixed deadline of 60 s: a and b deliver, c never does.
+    The round commits about QUORUM_GRACE_FLOOR_S after b (nothing timed yet), with c missing."""
+    async def scenario():
+        cfg = small_config(num_sites=3, **{"train.rounds": 2, "train.deadline_s": 60.0, "train.quorum_share": 0.5,
+                                           "train.late_policy": "stale"})
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        (a0, am0), (b0, bm0) = (delta_chunks(ps, 0, seed=s) for s in (0, 1))
+        a, b, c = (enter(ps, Join(n)) for n in "abc")
+        drain(a), drain(b), drain(c)
+        for link, msgs, m in ((a, a0, am0), (b, b0, bm0)):
+            for x in msgs:
+                ps.on_chunk(link, x)
+            await ps.on_metrics(link, m)
+        t0 = time.monotonic()
+        while ps.round == 0 and time.monotonic() - t0 < 30:
+            await asyncio.sleep(0.05)
+        await ps.round_task
+        return ps, time.monotonic() - t0
+    ps, took = asyncio.run(scenario())
+    deadline, = rows_of(ps, "deadline")
+    assert deadline["missing"] == ["c"] and deadline["deadline_s"] < 10 and took < 10
+    assert rows_of(ps, "round_end")[0]["sites"] == ["a", "b"]
+
+
 @pytest.mark.timeout(120)
 def test_a_site_that_drips_its_first_delta_holds_the_others_only_to_the_bound(tmp_path, monkeypatch):
     """Round 0: a delivers at once; b sends one chunk and then nothing. With the floor at 4 s (120 s

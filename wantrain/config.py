@@ -126,6 +126,11 @@ class TrainConfig:
     # chunk sent twice, and XOR parity over the most important other chunks that hold parity_share of
     # the delta's importance, in groups of parity_group_size (the PS rebuilds one lost member of a
     # group; 0: no parity). An unsharded PS: a sharded site sends each chunk once.
+    # A minimum quorum (Decoupled DiLoCo's, a baseline: bench/loss_recovery.py's B7): once this share
+    # of a round's members have delivered, its deadline comes forward to a grace after, grace_factor
+    # x how much later than the quorum's the slowest member usually delivers (0: off).
+    quorum_share: float = 0.0
+    grace_factor: float = 2.0
     critical_copies: bool = False
     parity_share: float = 0.0
     parity_group_size: int = 8
@@ -166,6 +171,8 @@ class TrainConfig:
         _check(0 <= self.loss_budget < 1, f"{prefix}.loss_budget", "must be in [0, 1)", self.loss_budget)
         _check(not self.loss_budget or self.partial_deltas, f"{prefix}.loss_budget",
                "needs partial_deltas: a round that closes early counts the chunks that are in", self.loss_budget)
+        _check(0 <= self.quorum_share <= 1, f"{prefix}.quorum_share", "must be in [0, 1]", self.quorum_share)
+        _check(self.grace_factor >= 0, f"{prefix}.grace_factor", "must be >= 0", self.grace_factor)
         _check(0 <= self.parity_share <= 1, f"{prefix}.parity_share", "must be in [0, 1]", self.parity_share)
         _check(2 <= self.parity_group_size <= 64, f"{prefix}.parity_group_size",
                "must be 2 to 64 chunks (a parity per group)", self.parity_group_size)

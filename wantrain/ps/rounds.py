@@ -10,7 +10,10 @@ typical time beyond it, never less than `deadline_min_s` beyond it. "Typical" is
 over the sites of each site's own median arrival (late ones included): a site that was away for
 a while keeps its history, so the others, timed alone meanwhile, do not shrink the deadline below
 what it needs to come back; and one site, however slow, cannot move it past the next site's
-time (with two sites it is the faster one's), however it drips its chunks. The first round, with
+time (with two sites it is the faster one's), however it drips its chunks. With
+`train.quorum_share` (a minimum quorum, as Decoupled DiLoCo has) the deadline comes forward once
+that share of the round's members have delivered: to a grace after, the grace adapting to how much
+later the slowest member usually delivers. The first round, with
 nothing timed, waits up to `deadline_initial_s`: it carries each site's one-time costs (a compile,
 a cold cache), which differ by site. It is bounded from within all the same, generously: once
 the first half of its sites have delivered, it waits at most `FIRST_ROUND_FACTOR` x the time
@@ -47,12 +50,14 @@ from ..messages import MAX_STALENESS
 from ..screening import late_key
 from .uploads import Upload
 
-__all__ = ["RoundClock", "RoundState", "FIRST_ROUND_FACTOR", "FIRST_ROUND_FLOOR_S", "MAX_STALENESS",
+__all__ = ["RoundClock", "RoundState", "FIRST_ROUND_FACTOR", "FIRST_ROUND_FLOOR_S", "QUORUM_GRACE_FLOOR_S",
+           "MAX_STALENESS",
            "stale_weight", "late_outcome", "kept_reason"]
 
 
 FIRST_ROUND_FACTOR = 10.0      # the first round waits at most this x the time its first half took ...
 FIRST_ROUND_FLOOR_S = 120.0    # ... but at least this long (one site's one-time costs: a compile, a cold cache)
+QUORUM_GRACE_FLOOR_S = 0.5     # train.quorum_share: the least a round waits for the rest once its quorum is in
 
 
 class RoundClock:
@@ -86,6 +91,19 @@ class RoundClock:
         if members < 2 or len(arrived_s) < quorum:
             return None
         return min(t.deadline_initial_s, max(FIRST_ROUND_FLOOR_S, FIRST_ROUND_FACTOR * sorted(arrived_s)[quorum - 1]))
+
+    def quorum_bound_s(self, arrived_s: list[float], members: set[str]) -> float | None:
+        """With train.quorum_share, the deadline of a round once that share of its `members` have
+        delivered (`arrived_s`): a grace after the quorum's last arrival, grace_factor x how much
+        later than the quorum's the slowest member usually delivers (each one's median), at least
+        QUORUM_GRACE_FLOOR_S; None before (or without a quorum share)."""
+        t = self.train
+        quorum = max(1, math.ceil(t.quorum_share * len(members)))
+        if not t.quorum_share or len(arrived_s) < quorum:
+            return None
+        usual = sorted(self.site_s(s) for s in members if s in self.arrivals)
+        spread = usual[-1] - usual[quorum - 1] if len(usual) >= quorum else 0.0
+        return sorted(arrived_s)[quorum - 1] + max(QUORUM_GRACE_FLOOR_S, t.grace_factor * spread)
 
     def deadline_s(self) -> float:
         """A new round's deadline, seconds after its start."""

@@ -344,16 +344,16 @@ class ParameterServer:
         after_s = time.time() - self.rounds.started_at
         self.clock.arrived(link.name, after_s)
         self.rounds.arrived_s.append(after_s)
-        self._bound_first_round()
+        self._bound_round()
         self._maybe_finish_round()
         self._maybe_close_early()
 
-    def _bound_first_round(self) -> None:
-        """A round that started untimed: bring its deadline forward to what its first half's
-        arrivals allow (rounds.py)."""
-        if not self.rounds.untimed:
-            return
-        bound = self.clock.first_round_bound_s(self.rounds.arrived_s, len(self.rounds.members))
+    def _bound_round(self) -> None:
+        """Bring the round's deadline forward: a round that started untimed to what its first half's
+        arrivals allow; with train.quorum_share, once its quorum is in (rounds.py)."""
+        r = self.rounds
+        bound = (self.clock.first_round_bound_s(r.arrived_s, len(r.members)) if r.untimed
+                 else self.clock.quorum_bound_s(r.arrived_s, r.members))
         if bound is not None and bound < self.rounds.deadline_s:
             self.rounds.deadline_s = bound
             self._later(max(0.0, bound - (time.time() - self.rounds.started_at)), self._on_deadline, self.round)
