@@ -103,19 +103,20 @@ class Link:
             outages = ()
             if self.blackout_every_s > 0:
                 phase = np.random.default_rng([seed, k]).uniform(0, self.blackout_every_s)
-                outages = tuple(Outage(float(t), self.blackout_s) for t in np.arange(phase, 1800, self.blackout_every_s))
+                outages = tuple(Outage(round(float(t), 2), self.blackout_s)      # for the first 10 minutes:
+                                for t in np.arange(phase, 600, self.blackout_every_s))   # the plan is an event
             plan = plan.with_site(name, speed_factor=2.0, chunk_loss=self.loss, chunk_burst=self.burst,
                                   chunk_late_s=self.late_s, outages=outages, spikes_per_min=self.spikes_per_min,
                                   spike_min_ms=self.spike_ms)
         return plan
 
-    def describe(self) -> str:
-        out = f"chunk loss {self.loss:.0%}" + (f" in bursts of {self.burst:g}" if self.burst > 1 else "")
+    def disturbances(self) -> str:
+        out = []
         if self.blackout_every_s:
-            out += f", blackouts of {self.blackout_s:g} s every {self.blackout_every_s:g} s"
+            out.append(f"blackouts of {self.blackout_s:g} s every {self.blackout_every_s:g} s")
         if self.spikes_per_min:
-            out += f", {self.spikes_per_min:g} delay spikes a minute (>= {self.spike_ms:g} ms)"
-        return out
+            out.append(f"{self.spikes_per_min:g} delay spikes a minute (>= {self.spike_ms:g} ms)")
+        return ", ".join(out) or "no blackouts or delay spikes"
 
 
 def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: Path) -> dict:
@@ -213,7 +214,8 @@ def main() -> None:
                           flush=True)
     print()
     print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {size['deadline_s']} s "
-          f"(reliable: none), lost chunks {late_s} s late; {Link(0, args.burst, late_s, *blackouts, *spikes).describe()}")
+          f"(reliable: none), lost chunks {late_s} s late, in bursts of {args.burst:g}; "
+          f"{Link(0.0, args.burst, late_s, *blackouts, *spikes).disturbances()}")
     print(table(results, size["target"]))
     seeds = {(r["arm"], r["chunk_loss"]) for r in results}
     if len(seeds) < len(results):
