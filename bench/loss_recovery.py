@@ -124,7 +124,8 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
     plan = link.apply(describe_scenario(scenario).replace(time_scale=1.0), seed)
     cfg = RunConfig().replace(num_sites=len(plan.names), sites=plan.names, **{
         "model.preset": "tiny", "model.block_size": 64, "train.rounds": size["rounds"],
-        "train.inner_steps": size["inner_steps"], "train.seed": seed, "model.seed": seed,
+        "train.inner_steps": size["inner_steps"], "train.warmup_steps": size["inner_steps"], "train.seed": seed,
+        "model.seed": seed,
         "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0,
         "train.deadline_s": RELIABLE_DEADLINE_S if arm == "reliable" else size["deadline_s"], **ARMS[arm]})
     t0 = time.time()

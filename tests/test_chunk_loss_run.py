@@ -70,5 +70,7 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
     # its losses the PS rebuilt (DeltaParity over real gRPC), and the site never sent again.
     mine = [e for e in rows(events, "site_round") if e["site"] == lossy]
     assert all(e["protection_bytes"] > 0 for e in mine) and sum(e["rebuilt"] for e in mine) > 0
+    rebuilt = marks["chunks rebuilt from parity"]
+    assert set(rebuilt.y) == {lossy} and len(rebuilt.x) == sum(e["rebuilt"] > 0 for e in mine)
     others = [n for n in plan.names if n != lossy]
     assert all(set(others) <= set(e["sites"]) for e in ends)           # the others were never held back

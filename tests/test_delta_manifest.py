@@ -126,8 +126,9 @@ def _partial_run(tmp_path, policy, late_b):
     its chunks by importance before the deadline, the rest after; else it is on time. Returns the PS,
     the chunks b had in at the deadline and what a heard."""
     cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 3.0, "train.late_policy": policy,
-                                       "train.partial_deltas": True, "train.checkpoint_every": 10, "train.reliable_rounds": 0,
-                                       "train.outer_lr": 1.0, "train.outer_momentum": 0.0, "codec.mode": "fp32"})
+                                       "train.partial_deltas": True, "train.checkpoint_every": 10,
+                                       "train.reliable_rounds": 0, "train.warmup_steps": 0, "train.outer_lr": 1.0,
+                                       "train.outer_momentum": 0.0, "codec.mode": "fp32"})
 
     async def scenario():
         ps = ParameterServer(cfg, run_dir=tmp_path)
@@ -200,7 +201,8 @@ def _early(missing_critical=False, no_manifest=False, budget=0.2, reliable_round
     Returns the PS and whether round 0 closed."""
     cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 5.0, "train.late_policy": "zero-outside",
                                        "train.partial_deltas": True, "train.loss_budget": budget,
-                                       "train.reliable_rounds": reliable_rounds})
+                                       "train.reliable_rounds": reliable_rounds,
+                                       "train.warmup_steps": 0})
 
     async def scenario():
         ps, b, b_manifest, b_msgs = await a_done_b_to_come(cfg)
@@ -248,7 +250,7 @@ def test_a_partial_delta_the_screen_rejects_counts_as_zeros_and_the_round_commit
     a's and c's: the screen rejects them, zeros stand in for b, and the round commits and is told
     (its commit record names b missing; a restart replays it)."""
     cfg = small_config(num_sites=3, **{"train.rounds": 2, "train.deadline_s": 2.0, "train.late_policy": "zero-outside",
-                                       "train.partial_deltas": True, "train.reliable_rounds": 0,
+                                       "train.partial_deltas": True, "train.reliable_rounds": 0, "train.warmup_steps": 0,
                                        "train.checkpoint_every": 10})
 
     async def scenario():

@@ -144,3 +144,37 @@ def test_what_becomes_of_a_late_delta():
     assert late_outcome(outside, 3, committed=6, aggregating=False)[0] == "dropped"
     action, why = late_outcome(TrainConfig(late_policy="rescale"), 3, committed=4, aggregating=False)
     assert action == "dropped" and "stood in for it" in why
+
+
+def test_a_site_new_to_a_round_tolerates_no_loss():
+    """A member that was not in the round before (it joined, rejoined, came back) counts whole or
+    not at all: its chunks in at the deadline are not counted in part, and while it is missing the
+    round's missing share is infinite (no early close). In the first round a PS runs, nobody was
+    before: the warm-up rule decides."""
+    from concurrent.futures import Future
+
+    from wantrain.recovery import ChunkEntry, Manifest
+
+    def sending(state, site):            # a manifest of two chunks and the first chunk in
+        up = state.uploads[site]
+        up.take_manifest(Manifest(up.round, (ChunkEntry(0, "w", 0, 4, "mlp", 1.0, 0.5, 4, 0),
+                                             ChunkEntry(1, "w", 4, 4, "mlp", 1.0, 0.5, 4, 0)), 64, 1))
+        up.decoding[0] = Future()
+        up.importance_in = 0.5
+
+    s = RoundState()
+    s.start(0, {"a", "b"}, 0.0, now=0.0)
+    assert not any(up.whole_only for up in s.uploads.values())          # the first round: the warm-up's
+    arrived(s, "a"), arrived(s, "b")
+    assert s.close()
+    s.finish()
+    s.start(1, {"a", "b", "c"}, 0.0, now=10.0)
+    assert [site for site, up in sorted(s.uploads.items()) if up.whole_only] == ["c"]
+    arrived(s, "a")
+    sending(s, "b"), sending(s, "c")
+    assert s.uploads["b"].counts_in_part and not s.uploads["c"].counts_in_part
+    assert s.missing_share() == math.inf                                # c is new and not complete
+    arrived(s, "c")
+    assert s.missing_share() == pytest.approx(0.5 / 3)                 # b's half, of three deltas alike
+    s.admit("d", 1, 0.0)
+    assert s.uploads["d"].whole_only                                    # joined the running round

@@ -5,7 +5,9 @@ The round-close policy, from the run config's `train`:
     late_policy       what becomes of a delta that comes after its round closed (rounds.late_outcome):
                       the site hears it in a DeltaOutcome, the telemetry in a `late_delta` event
     partial_deltas    whether a round counts the chunks of a delta that are in without the rest
-                      (not in the first `reliable_rounds`, nor on a sharded PS); a warm-up round
+                      (not in the warm-up: the first `reliable_rounds`, and every round with a step
+                      of the inner learning rate's warm-up; nor on a sharded PS; nor of a site new
+                      to the round, rounds.py); a warm-up round
                       whose missing members have all sent their manifests (they are sending, not
                       dark) puts its deadline off, at most twice: it tolerates no loss
     loss_budget       whether a round closes before its deadline: once every member's manifest and
@@ -37,16 +39,24 @@ class ClosePolicy:
     def __init__(self, train: TrainConfig, rounds: RoundState, recorder: Recorder, sharded: bool) -> None:
         self.train, self.rounds, self.recorder, self.sharded = train, rounds, recorder, sharded
 
+    def in_warmup(self, round_: int) -> bool:
+        """Is round `round_` in the warm-up, which tolerates no loss: the first `reliable_rounds`,
+        and (fixed inner steps) every round with a step of the inner learning rate's warm-up (its
+        schedule's one change of phase: a linear ramp, then a cosine)?"""
+        t = self.train
+        lr_rounds = 0 if t.round_budget_s else -(-t.warmup_steps // t.inner_steps)
+        return round_ < max(t.reliable_rounds, lr_rounds)
+
     def counts_partial(self, round_: int) -> bool:
         """Does round `round_` count the chunks of a delta that are in without the rest?"""
-        return self.train.partial_deltas and round_ >= self.train.reliable_rounds and not self.sharded
+        return self.train.partial_deltas and not self.in_warmup(round_) and not self.sharded
 
     WARMUP_EXTENSIONS = 2
 
     def extends_deadline(self, round_: int) -> bool:
         """At its deadline: does this warm-up round wait one deadline more for deltas still coming?"""
         r = self.rounds
-        if (self.train.partial_deltas and not self.sharded and round_ < self.train.reliable_rounds
+        if (self.train.partial_deltas and not self.sharded and self.in_warmup(round_)
                 and r.extensions < self.WARMUP_EXTENSIONS and r.missing() and r.all_sending()):
             r.put_off_deadline()
             return True

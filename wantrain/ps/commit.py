@@ -167,8 +167,7 @@ class Committer:
         # side, and a chunk arriving meanwhile joins the rest of its partial delta.
         missing = sorted(s for s, up in late.items() if up.round == round_)
         missed = sorted(late)
-        taking = {s: frozenset(late[s].decoding) for s in missing
-                  if partial and late[s].manifest is not None and late[s].decoding}
+        taking = {s: frozenset(late[s].decoding) for s in missing if partial and late[s].counts_in_part}
         parts_of = {s: late[s] for s in taking}
         views, refused = await asyncio.to_thread(self._views, uploads, stale, parts_of, taking)
         for site, why in refused.items():

@@ -35,7 +35,9 @@ outage missed every deadline, owed every round and was never counted again).
 A site whose round counted the chunks it had in (train.partial_deltas) is not dark: it owes only
 the rest, its tail, which it sends while it trains the next round. Its tail is kept apart
 (`tails`, per site and round) and the site is counted on; a hash report does not end a tail (the
-site sends it beside its later rounds), its metrics or the site's leaving do.
+site sends it beside its later rounds), its metrics or the site's leaving do. A site new to a
+round (not in the one before: it joined, rejoined or came back) tolerates no loss: its delta
+counts whole or not at all, and the round does not close early while it is missing.
 """
 
 from __future__ import annotations
@@ -172,8 +174,9 @@ class RoundState:
 
     def start(self, round_: int, sites: set[str], budget_s: float, now: float, deadline_s: float = 0.0,
               untimed: bool = False) -> None:
+        before = self.last_members      # empty in the first round this PS runs: the warm-up's to judge
         self.members, self.last_members = set(sites), set(sites)
-        self.uploads = {name: Upload(round_, budget_s) for name in sites}
+        self.uploads = {name: Upload(round_, budget_s, whole_only=bool(before) and name not in before) for name in sites}
         self.started_at, self.deadline_s, self.untimed, self.arrived_s = now, deadline_s, untimed, []
         self.past_deadline = False
         self.early_from = math.inf            # when the round may close early (ps/closing.py)
@@ -208,7 +211,7 @@ class RoundState:
 
     def admit(self, site: str, round_: int, train_s: float) -> None:
         self.members.add(site)
-        self.uploads[site] = Upload(round_, train_s)
+        self.uploads[site] = Upload(round_, train_s, whole_only=True)
 
     def owing(self) -> set[str]:
         """Sites that missed a deadline and have not been heard from since: not counted on. (A site
@@ -259,14 +262,15 @@ class RoundState:
 
     def missing_share(self) -> float:
         """The share of the round's importance not in yet, each member's delta weighted by the tokens it
-        claims; inf while a member's manifest, or one of its critical chunks, is not in."""
+        claims; inf while a member's manifest, or one of its critical chunks, is not in, or a member
+        new to the round (it tolerates no loss) is not complete."""
         total = missing = 0.0
         for s in self.members:
             up = self.uploads[s]
             if up.metrics is not None:
                 total += up.metrics.tokens
                 continue
-            if up.manifest is None or up.critical_missing or up.missing_importance is None:
+            if up.manifest is None or up.critical_missing or up.missing_importance is None or up.whole_only:
                 return math.inf
             total += up.manifest.tokens
             missing += up.manifest.tokens * up.missing_importance
@@ -304,8 +308,7 @@ class RoundState:
         if self.aggregating or not self.members:
             return False
         arrived = {s for s in self.members if self.uploads[s].metrics is not None}
-        countable = arrived or (partial and any(self.uploads[s].manifest is not None and self.uploads[s].decoding
-                                                for s in self.members))
+        countable = arrived or (partial and any(self.uploads[s].counts_in_part for s in self.members))
         if arrived != self.members and not ((self.past_deadline or early) and countable):
             return False
         self.close_reason = ("complete" if arrived == self.members else "deadline" if self.past_deadline else "early")

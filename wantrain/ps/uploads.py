@@ -44,6 +44,8 @@ class Upload:
 
     round: int
     train_s: float = 0.0           # the compute budget its RoundStart gave (0: fixed inner steps)
+    whole_only: bool = False       # its site was not in the round before (it joined, rejoined, came back):
+                                   # the delta counts whole or not at all (no loss tolerated)
     count: int = -1
     decoding: dict[int, Future[Checked]] = field(default_factory=dict)   # chunk index -> extract_chunk
     wire_bytes: int = 0
@@ -137,6 +139,12 @@ class Upload:
             raise ProtocolError(f"the parity of group {group} of round {self.round} rebuilds chunk {i} as no chunk "
                                 f"of this run: {e}") from None
         return TensorChunk(DELTA, self.round, i, len(plan), plan[i], data)
+
+    @property
+    def counts_in_part(self) -> bool:
+        """May a round count the chunks in of this delta without the rest (train.partial_deltas)? It
+        has a manifest and some chunks, and its site tolerates loss (not `whole_only`)."""
+        return self.manifest is not None and bool(self.decoding) and not self.whole_only
 
     @property
     def missing_importance(self) -> float | None:
