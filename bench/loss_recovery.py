@@ -22,6 +22,8 @@ Arms (issue 28's names in brackets):
                    early once what is missing is within 5 % of the round's importance; the rest of
                    a delta (its tail) flows while its site trains the next round; critical chunks
                    sent twice, XOR parity over the chunks holding half the importance, groups of 8
+    salr-probe     salr with role weights from a sensitivity probe every 2 rounds (train.probe_every:
+                   importance = role weight x energy; salr's is energy alone)
     salr-no-parity salr with critical copies, without parity (an ablation)
     salr-no-early  salr without the early close (an ablation)
     salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
@@ -71,6 +73,7 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "rescale": {"train.late_policy": "rescale"},
     "quorum": {"train.late_policy": "stale", "train.quorum_share": 0.6, "train.grace_factor": 2.0},
     "salr": {**SALR, "train.loss_budget": 0.05},
+    "salr-probe": {**SALR, "train.loss_budget": 0.05, "train.probe_every": 2},
     "salr-no-parity": {**SALR, "train.loss_budget": 0.05, "train.parity_share": 0.0},
     "salr-no-early": SALR,
     "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},

@@ -131,6 +131,10 @@ class TrainConfig:
     # x how much later than the quorum's the slowest member usually delivers (0: off).
     quorum_share: float = 0.0
     grace_factor: float = 2.0
+    # Role weights of a delta's importance (recovery/probe.py): every this many rounds a site measures
+    # on a held-out batch how much its step loses without each role's change, and weighs the roles
+    # by it (0: never; all roles weigh 1, importance is energy alone).
+    probe_every: int = 0
     critical_copies: bool = False
     parity_share: float = 0.0
     parity_group_size: int = 8
@@ -173,6 +177,7 @@ class TrainConfig:
                "needs partial_deltas: a round that closes early counts the chunks that are in", self.loss_budget)
         _check(0 <= self.quorum_share <= 1, f"{prefix}.quorum_share", "must be in [0, 1]", self.quorum_share)
         _check(self.grace_factor >= 0, f"{prefix}.grace_factor", "must be >= 0", self.grace_factor)
+        _check(self.probe_every >= 0, f"{prefix}.probe_every", "must be >= 0", self.probe_every)
         _check(0 <= self.parity_share <= 1, f"{prefix}.parity_share", "must be in [0, 1]", self.parity_share)
         _check(2 <= self.parity_group_size <= 64, f"{prefix}.parity_group_size",
                "must be 2 to 64 chunks (a parity per group)", self.parity_group_size)

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import RunConfig
-from ..data import BatchSampler, load_run_data
+from ..data import BatchSampler, eval_batches, load_run_data
 from ..errors import ReplicaMismatchError
 from ..models import build_model
 from ..replica import param_hash
@@ -70,7 +70,10 @@ def build_inner(cfg: RunConfig, site_index: int, data_position: int, device: tor
     sampler = site_sampler(cfg, corpus, site_index, rank)
     sampler.seek(data_position)         # a restarted site picks up its shard where it left off
     cls = GroupInnerLoop if world > 1 else InnerLoop
-    return cls(model, sampler, cfg.train, cfg.model.block_size, device, name, speed_factor)
+    inner = cls(model, sampler, cfg.train, cfg.model.block_size, device, name, speed_factor)
+    if cfg.train.probe_every:           # the sensitivity probe's: one batch of the held-out split
+        inner.held_out = eval_batches(corpus.val, cfg.train.batch_size, cfg.model.block_size, 1)
+    return inner
 
 
 def site_sampler(cfg: RunConfig, corpus, site_index: int, rank: int = 0) -> BatchSampler:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -47,11 +48,14 @@ class Schedule:
         self._task: asyncio.Future | None = None
 
     async def round(self, round_: int, train_s: float, replica: dict[str, np.ndarray], start_hash: str,
-                    stop: threading.Event | None = None) -> tuple[dict[str, np.ndarray], dict]:
+                    stop: threading.Event | None = None, probe: Callable | None = None
+                    ) -> tuple[dict[str, np.ndarray], dict]:
         """Round `round_`'s pseudo-gradient against `replica` (the global model it starts from) and its
         figures, with `steps_ahead` and `ahead_s` (compute seconds) taken before this call. Steps taken
         ahead count when they were moved onto that model; otherwise the round starts from it afresh.
-        `stop` set ends the round's steps early (after the one under way)."""
+        `stop` set ends the round's steps early (after the one under way). `probe(end, delta)` runs
+        while the model holds where the round ended (before any step ahead); what it returns is the
+        figures' `probe`."""
         seg = self.ahead
         if seg is not None and seg.round == round_ and self.base is None:
             await self._pause()
@@ -66,6 +70,8 @@ class Schedule:
         await asyncio.to_thread(self.inner.train, seg, stop, start_hash)
         end = await asyncio.to_thread(flat_copy, self.inner.model)
         delta, info = await asyncio.to_thread(self.inner.delta, replica, end, seg, start_hash)
+        if probe is not None:
+            info["probe"] = await asyncio.to_thread(probe, end, delta)
         if self.overlap:
             self.base = end                   # the steps ahead go on from here
             self.ahead = Segment(round_ + 1, self.budget_s)

@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..config import RunConfig
@@ -44,6 +45,7 @@ from ..errors import ConfigError, ProtocolError, Reject, RejectedError, ReplicaM
 from ..faults import Stalls
 from ..memory import trim_heap
 from ..recovery import ChunkLoss, roles_of
+from ..recovery.probe import role_sensitivity
 from ..replica import named_params
 from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundResult,
                         RoundStart, TensorChunk, Welcome)
@@ -334,8 +336,13 @@ class Site:
         await self.stalls.asleep("train", round_)
         uplink = self._loaded()[3]
         assert self.schedule is not None
-        delta, info = await self.schedule.round(round_, start.train_s, self._held().arrays, self.hash, hand.stop)
+        probe = self._probe if self._config().train.probe_every and round_ % self._config().train.probe_every == 0 \
+            else None
+        delta, info = await self.schedule.round(round_, start.train_s, self._held().arrays, self.hash, hand.stop,
+                                                probe)
         wait_s = max(0.0, since_push_s - info.pop("ahead_s"))     # idle, not computing ahead
+        if (sensitivity := info.pop("probe", None)) is not None:
+            uplink.calibrate(sensitivity, delta)
         if hand.closed or hand.abandoned:
             if not self._push_anyway(hand, info["steps"], uplink):
                 uplink.keep(delta)
@@ -347,6 +354,11 @@ class Site:
         log.info("site %s: round %d pushed, %d steps, loss %.4f, %.2f MB on the wire (%.2fx)%s", self.opts.name,
                  round_, info["steps"], info["train_loss"], stats.wire_bytes / 1e6, stats.ratio,
                  " (late: its round committed without it)" if hand.closed else "")
+
+    def _probe(self, end: dict[str, np.ndarray], delta: dict[str, np.ndarray]) -> dict[str, float]:
+        """The sensitivity probe (recovery/probe.py), run while the model holds where the round ended."""
+        _, model, inner, uplink = self._loaded()
+        return role_sensitivity(model, end, delta, uplink.roles, inner.held_out)
 
     def _push_anyway(self, hand: RoundInHand, steps: int, uplink: Uplink) -> bool:
         """A round that committed without this site's delta (or whose session ended): push it all the

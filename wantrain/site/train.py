@@ -66,6 +66,7 @@ class InnerLoop:
         self.opt = InnerAdamW(model.parameters(), lr=train.inner_lr, betas=(0.9, 0.95),
                               weight_decay=train.inner_weight_decay)
         self.steps = 0                 # inner steps of this optimizer, over every round
+        self.held_out: list[tuple[torch.Tensor, torch.Tensor]] = []   # batches never trained on (probe.py)
         self.net: torch.nn.Module = model   # what the steps run through (a DDP wrapper in a group: group.py)
 
     def run(self, round_: int, train_s: float = 0.0, start_hash: str = "") -> tuple[dict[str, np.ndarray], dict]:

@@ -31,8 +31,9 @@ from ..config import RunConfig
 from ..faults import Stalls
 from ..messages import (DELTA, MAX_STALENESS, DeltaOutcome, DeltaParity, Manifest, RoundMetrics, RoundResult,
                         TensorChunk)
-from ..recovery import (ChunkLoss, Transmission, build_manifest, protect, still_missing, transmissions,
-                        xor_parity)
+from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, Transmission, build_manifest, protect, still_missing,
+                        transmissions, xor_parity)
+from ..recovery.probe import role_energy, role_weights
 
 __all__ = ["Uplink"]
 
@@ -51,6 +52,7 @@ class Uplink:
         self.stalls = stalls or Stalls((), log)
         self.pending: dict[int, dict[str, np.ndarray]] = {}
         self.outcomes: dict[int, DeltaOutcome] = {}
+        self.role_weights = dict(DEFAULT_ROLE_WEIGHTS)   # of the manifests' importance (recovery/probe.py)
 
     @property
     def pushes_late(self) -> bool:
@@ -109,7 +111,8 @@ class Uplink:
         where the run asks and the stream can carry them) and each group's parity payload."""
         chunks, sent = encode_arrays(delta, self.codec, self.feedback, stats)
         t0 = time.perf_counter()
-        manifest = build_manifest(round_, chunks, sent, self.roles, tokens=figures["tokens"], steps=figures["steps"])
+        manifest = build_manifest(round_, chunks, sent, self.roles, self.role_weights, tokens=figures["tokens"],
+                                  steps=figures["steps"])
         t = self.cfg.train
         parity: dict[int, bytes] = {}
         if protects and t.parity_share > 0:
@@ -122,6 +125,13 @@ class Uplink:
             parity = {g: xor_parity(members) for g, members in groups.items()}
         stats.seconds += time.perf_counter() - t0
         return chunks, sent, manifest, parity
+
+    def calibrate(self, sensitivity: dict[str, float], delta: dict[str, np.ndarray]) -> None:
+        """A sensitivity probe's result for `delta`: the role weights move halfway to what it says."""
+        probed = role_weights(sensitivity, role_energy(delta, self.roles))
+        self.role_weights = {r: 0.5 * (w + probed.get(r, w)) for r, w in self.role_weights.items()}
+        log.info("site %s: role weights after the sensitivity probe: %s", self.site,
+                 ", ".join(f"{r} {w:.2f}" for r, w in sorted(self.role_weights.items())))
 
     def keep(self, delta: dict[str, np.ndarray]) -> None:
         """A delta that will not be sent: its change goes into the next one (unless the policy says
