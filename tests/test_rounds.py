@@ -377,3 +377,29 @@ def test_two_tails_on_the_way_are_settled_one_by_one():
         for r in (3, 4):
             site.settle(RoundResult(r, "h", sites=("a", "b")))          # never applied: carried forward
         assert site.pending == {} and site.feedback.residuals["w"].tolist() == [2.0 - deferred] * 4
+
+
+def test_a_chunk_not_counted_two_rounds_in_a_row_goes_as_a_critical_one():
+    """A site whose rounds counted its delta without chunk 2, twice in a row, sends chunk 2 in its
+    next manifest as critical (first, twice, and no early close without it); a round that counts
+    its delta whole clears the count; a round it missed as a whole counts for nothing."""
+    from wantrain.codec import EncodeStats
+    from wantrain.site.uplink import Uplink
+
+    cfg = small_config(**{"train.late_policy": "zero-outside", "train.partial_deltas": True})
+    e = cfg.codec.chunk_elements()
+    delta = {"w": np.full(3 * e, 1e-3, np.float32)}                   # three chunks, all "mlp"
+    site = Uplink("b", cfg, {"w": "mlp"})
+
+    def roles(round_):
+        _, _, manifest, _ = site._encode(round_, delta, {"tokens": 64, "steps": 1}, EncodeStats(), protects=True)
+        return [c.role for c in manifest.chunks]
+
+    assert roles(0) == ["mlp"] * 3
+    site.settle(RoundResult(0, "h", sites=("a",), partial_chunks=(("b", frozenset({0, 1})),)))
+    assert roles(1) == ["mlp"] * 3                                      # once: not yet
+    site.settle(RoundResult(1, "h", sites=("a",)))                      # missed whole: no chunk's fault
+    site.settle(RoundResult(2, "h", sites=("a",), partial_chunks=(("b", frozenset({0, 1})),)))
+    assert roles(3) == ["mlp", "mlp", "critical"]
+    site.settle(RoundResult(3, "h", sites=("a", "b")))
+    assert roles(4) == ["mlp"] * 3

@@ -10,7 +10,9 @@ weighted energy it is still missing, and can count the chunks it has (docs/proto
     importance   role weight x energy, as a share of the delta's total (critical chunks count
                  their energy like any other; they are protected by rule, not by share)
 
-`protect` picks the chunks worth parity: the smallest set of non-critical chunks, most important
+`promote` makes chunks critical (a site promotes a chunk its PS did not count two rounds in a row:
+it then goes first, twice, and a round does not close early without it). `protect` picks the
+chunks worth parity: the smallest set of non-critical chunks, most important
 first, that holds a `share` of the importance, in groups of `group_size`.
 """
 
@@ -24,7 +26,7 @@ import numpy as np
 
 from ..codec import ChunkSpec, Encoded
 
-__all__ = ["ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect", "checksum"]
+__all__ = ["ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect", "promote", "checksum"]
 
 DEFAULT_ROLE_WEIGHTS = {"critical": 1.0, "embedding": 1.0, "attention": 1.0, "mlp": 1.0, "other": 1.0}
 
@@ -101,3 +103,9 @@ def protect(manifest: Manifest, share: float = 0.5, group_size: int = 8) -> Mani
     if len(chosen) > 1 and len(chosen) % group_size == 1:    # a last group of one would be its own copy
         group[chosen[-1]] = group[chosen[-2]]
     return replace(manifest, chunks=tuple(replace(c, group=group.get(c.index, -1)) for c in manifest.chunks))
+
+
+def promote(manifest: Manifest, chunks: Iterable[int]) -> Manifest:
+    """The manifest with the entries `chunks` made critical (their importance unchanged)."""
+    up = set(chunks)
+    return replace(manifest, chunks=tuple(replace(c, role="critical") if c.index in up else c for c in manifest.chunks))

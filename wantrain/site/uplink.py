@@ -31,13 +31,15 @@ from ..config import RunConfig
 from ..faults import Stalls
 from ..messages import (DELTA, MAX_STALENESS, DeltaOutcome, DeltaParity, Manifest, RoundMetrics, RoundResult,
                         TensorChunk)
-from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, Transmission, build_manifest, protect, still_missing,
-                        transmissions, xor_parity)
+from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, Transmission, build_manifest, promote, protect,
+                        still_missing, transmissions, xor_parity)
 from ..recovery.probe import role_energy, role_weights
 
 __all__ = ["Uplink"]
 
 log = logging.getLogger("wantrain.site")
+
+PROMOTE_AFTER = 2       # rounds in a row a chunk was not counted before it goes as a critical one
 
 
 class Uplink:
@@ -53,6 +55,8 @@ class Uplink:
         self.pending: dict[int, dict[str, np.ndarray]] = {}
         self.outcomes: dict[int, DeltaOutcome] = {}
         self.role_weights = dict(DEFAULT_ROLE_WEIGHTS)   # of the manifests' importance (recovery/probe.py)
+        self.missed: dict[int, int] = {}     # chunk -> rounds in a row its round counted the delta without it
+        self.plan_size = 0                   # chunks a delta comes in (known from the first push)
 
     @property
     def pushes_late(self) -> bool:
@@ -110,9 +114,14 @@ class Uplink:
         """The delta's chunks, its values as the PS will decode them, its manifest (with parity groups
         where the run asks and the stream can carry them) and each group's parity payload."""
         chunks, sent = encode_arrays(delta, self.codec, self.feedback, stats)
+        self.plan_size = len(chunks)
         t0 = time.perf_counter()
         manifest = build_manifest(round_, chunks, sent, self.roles, self.role_weights, tokens=figures["tokens"],
                                   steps=figures["steps"])
+        if promoted := sorted(i for i, n in self.missed.items() if n >= PROMOTE_AFTER):
+            manifest = promote(manifest, promoted)
+            log.info("site %s: chunk(s) %s of round %d promoted to critical: their rounds counted this site's delta "
+                     "without them %d times in a row", self.site, ", ".join(map(str, promoted)), round_, PROMOTE_AFTER)
         t = self.cfg.train
         parity: dict[int, bytes] = {}
         if protects and t.parity_share > 0:
@@ -168,8 +177,18 @@ class Uplink:
         deferred = [r for r in waiting if (o := self.outcomes.get(r)) is not None and o.outcome == "deferred"]
         return set((deferred + [r for r in waiting if r not in deferred])[:n])
 
+    def _count_misses(self, result: RoundResult) -> None:
+        """A round that counted this site's delta whole clears the chunks' misses; one that counted
+        some of its chunks adds one to each of the others'."""
+        me = self.site
+        if me in result.sites:
+            self.missed = {}
+        elif (counted := dict(result.partial_chunks).get(me)) is not None:
+            self.missed = {i: self.missed.get(i, 0) + 1 for i in range(self.plan_size) if i not in counted}
+
     def settle(self, result: RoundResult) -> None:
         """After a round's result: were the pushed deltas applied? One that never will be is carried forward."""
+        self._count_misses(result)
         stale = self.pushes_late
         me = self.site
         applied = self._late_applied(result)
