@@ -96,12 +96,15 @@ def test_every_arm_is_the_same_run_until_a_site_is_late_then_each_policy_differs
 
 
 def test_with_chunks_late_today_drops_the_whole_site_where_the_others_lose_chunks():
-    runs = {arm: run_arm(CFG, arm, seed=0, chunk_loss=0.2) for arm in ("drop", "rescale", "salr")}
+    runs = {arm: run_arm(CFG, arm, seed=0, chunk_loss=0.2) for arm in ("drop", "rescale", "hadamard", "salr")}
     partial = runs["rescale"]["late_chunks"]
     assert partial[1] and all(0 < n < runs["drop"]["chunks"] for n in partial[1].values())   # some of a delta
     assert runs["drop"]["late_chunks"] == [dict.fromkeys(r, "all") for r in partial]         # the same sites, whole
     assert runs["drop"]["val"][:2] == runs["rescale"]["val"][:2]
     assert runs["drop"]["val"][2] != runs["rescale"]["val"][2]
+    # B5: the same lost chunks, spread by the transform and rescaled: no chunk is late, the run differs
+    assert runs["hadamard"]["late_chunks"] == [{} for _ in partial] and runs["hadamard"]["val"][:2] == runs["drop"]["val"][:2]
+    assert runs["hadamard"]["val"][2] not in (runs["drop"]["val"][2], runs["rescale"]["val"][2])
     # protection rebuilds some of what the same link loses, for a few percent more bytes
     salr = runs["salr"]["late_chunks"]
     assert sum(n for r in salr for n in r.values()) < sum(n for r in partial for n in r.values())
@@ -152,6 +155,27 @@ def test_the_peer_mean_of_randomly_missing_chunks_is_unbiased_over_many_seeds():
     standard_error = e.std(axis=0) / np.sqrt(len(e))
     assert len(e) > 700 and standard_error.max() < 0.05         # power: an error of 0.2 would show
     assert np.all(np.abs(e.mean(axis=0)) < 4.5 * standard_error)
+
+
+def test_a_hadamard_spread_loss_is_noise_over_its_tensor_unbiased_over_many_seeds():
+    """B5 (recovery/spread.py): the transform is orthonormal and its own inverse; losing a run of
+    the transformed coefficients costs noise over the whole tensor, not the run, and dividing by
+    the share that came makes the estimate unbiased over the random signs."""
+    from wantrain.recovery.spread import hadamard, spread_loss
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 64))
+    np.testing.assert_allclose(hadamard(hadamard(x)), x, atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(hadamard(x), axis=1), np.linalg.norm(x, axis=1))
+    v = {"w": rng.standard_normal(1000).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32)}
+    once = spread_loss(v, {"w": [(100, 300)]}, seed=0)
+    assert once["b"] is v["b"]                                    # nothing lost: as it was
+    err = once["w"] - v["w"]
+    assert np.abs(err[100:300]).mean() < 2 * np.abs(err[:100]).mean()     # spread, not a hole
+    tries = np.array([spread_loss(v, {"w": [(100, 300)]}, seed=s)["w"] for s in range(1500)])
+    standard_error = tries.std(axis=0) / np.sqrt(len(tries))
+    assert standard_error.max() < 0.05                            # power: a bias of 0.2 would show
+    assert np.all(np.abs(tries.mean(axis=0) - v["w"]) < 5 * standard_error)
 
 
 def _applied_mass(deltas: np.ndarray, lost: np.ndarray, policy: str, owner: int) -> np.ndarray:

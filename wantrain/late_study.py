@@ -19,6 +19,9 @@ seed, so arms differ by policy alone:
                       came, and the late delta counts in the next round's mean, its weight x
                       staleness_discount
     rescale           per chunk, the mean over the deltas that hold it; a late chunk is never applied
+    hadamard          B5: each tensor's delta goes as chunks of its randomized Hadamard transform
+                      (recovery/spread.py), so a late chunk's loss is spread over its tensor as noise;
+                      the PS inverts what came and divides by the share that came; never applied
     zero              per chunk, a late one counts as zeros (its weight stays in the denominator);
                       it is never applied
     zero-ef           zero, and the site carries its late chunks into its next delta, as "drop" does
@@ -47,12 +50,14 @@ import numpy as np
 from .aggregate import Contribution
 from .config import RunConfig
 from .inprocess import InProcessRun, Sent
+from .codec import Codec
 from .recovery import ChunkLoss, build_manifest, overhead_bytes, protect, roles_of, still_missing, transmissions
+from .recovery.spread import spread_loss
 from .screening import late_key
 
 __all__ = ["ARMS", "late_schedule", "chunk_schedule", "run_arm"]
 
-ARMS = ("on-time", "drop", "stale", "rescale", "zero", "zero-ef", "zero-ef-outside", "salr")
+ARMS = ("on-time", "drop", "stale", "rescale", "hadamard", "zero", "zero-ef", "zero-ef-outside", "salr")
 WHOLE = frozenset({-1})          # in a schedule: every chunk of the site's delta is late
 
 def late_schedule(names: list[str], rounds: int, late: float, seed: int) -> list[dict[str, frozenset[int]]]:
@@ -138,6 +143,11 @@ def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]]
         else:                                    # plan order on the first slots
             late = {k: every if slots == WHOLE or whole_site else frozenset(j for j in slots if j < n)
                     for k, slots in lost.items()}
+        if arm == "hadamard":                    # what came of a transformed delta, nothing late but whole sites
+            for k, chunks in late.items():
+                if chunks and chunks != every:
+                    sent[k] = _spread(ps, sent[k], chunks, [r, ps.names.index(k)])
+            late = {k: chunks for k, chunks in late.items() if chunks == every}
         late = {k: chunks for k, chunks in late.items() if chunks}
         late_chunks.append({k: "all" if c == every else len(c) for k, c in sorted(late.items())})
         total = sum(s.tokens for s in sent.values())
@@ -159,6 +169,18 @@ def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]]
         if progress is not None:
             progress(r)
     return val, late_chunks, extra / wire if wire else 0.0
+
+
+def _spread(ps: InProcessRun, s: Sent, chunks: frozenset[int], seed: list[int]) -> Sent:
+    """Delta `s` as the PS reconstructs it when the chunks `chunks` of its Hadamard transform were
+    lost (recovery.spread_loss), encoded again as the run's codec does (no error feedback)."""
+    assert s.values is not None
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for i in chunks:
+        spec = ps.model.plan[i]
+        ranges.setdefault(spec.tensor, []).append((spec.offset, spec.offset + spec.length))
+    again = InProcessRun.encode(spread_loss(s.values, ranges, seed), s.tokens, Codec(ps.cfg.codec), None)
+    return replace(again, wire_bytes=s.wire_bytes)
 
 
 def _only(values: dict[str, np.ndarray], plan, chunks: frozenset[int]) -> dict[str, np.ndarray]:

@@ -1,6 +1,8 @@
 """Loss recovery: which parts of a delta matter, how they are protected, what stands in for the
-parts that do not arrive in time. Its parts so far: roles by name, a delta's manifest,
-XOR parity, chunk loss on purpose."""
+parts that do not arrive in time. Its parts: roles by name, a delta's manifest, XOR parity, the
+order of transmissions, chunk loss on purpose; beside them, not imported here (they need torch, or
+serve only the in-process study): the sensitivity probe (probe.py) and the Hadamard spread of
+baseline B5 (spread.py)."""
 
 from .injector import ChunkLoss, GilbertElliott
 from .manifest import DEFAULT_ROLE_WEIGHTS, ChunkEntry, Manifest, build_manifest, promote, protect
