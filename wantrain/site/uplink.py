@@ -82,7 +82,8 @@ class Uplink:
         late: list[int] = []         # lost on purpose and not rebuilt at the PS: sent late_s after the rest
         if self.loss is not None:
             lost = set(np.flatnonzero(self.loss.mask(len(order))).tolist())
-            late = sorted(still_missing(manifest, order, lost))
+            missing = still_missing(manifest, order, lost)
+            late = list(dict.fromkeys(t.index for t in order if t.kind == "chunk" and t.index in missing))
             order = [t for n, t in enumerate(order) if n not in lost]
             if len(lost):
                 log.warning("site %s: %d of the %d transmissions of round %d lost on purpose (chunk loss); %d "
