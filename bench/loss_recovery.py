@@ -11,8 +11,10 @@ Arms (issue 28's names in brackets):
     reliable       [B0] every chunk waited for: the deadline is far off
     drop           [B6] the old default: a fixed deadline; a late delta is the others' mean, and its
                    site sends it again inside its next delta
-    zero           [B1/B4] a fixed deadline; a late delta counts as zeros and is applied when it
+    zero           [B1] a fixed deadline; a late delta counts as zeros and is applied when it
                    comes, outside the outer momentum (late_policy zero-outside, the default)
+    carry          [B4] a fixed deadline; a late delta counts as zeros and its site carries it into
+                   its next delta, through the outer momentum (late_policy zero-carry)
     stale          [B2] a fixed deadline; a late delta counts in a later round, its weight discounted
     rescale        [B3] a fixed deadline; the others' mean stands in for a late delta, never sent again
     quorum         [B7] a minimum quorum (Decoupled DiLoCo's): once 60 % of the sites have
@@ -26,6 +28,8 @@ Arms (issue 28's names in brackets):
                    importance = role weight x energy; salr's is energy alone)
     salr-no-parity salr with critical copies, without parity (an ablation)
     salr-no-early  salr without the early close (an ablation)
+    salr-carry     salr with the rest of a delta carried into the site's next delta (zero-carry),
+                   not sent late and applied outside the momentum
     salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
                    the rest of the delta is then never applied, nor carried)
 
@@ -69,6 +73,7 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "reliable": {"train.late_policy": "zero-outside"},
     "drop": {"train.late_policy": "drop"},
     "zero": {"train.late_policy": "zero-outside"},
+    "carry": {"train.late_policy": "zero-carry"},
     "stale": {"train.late_policy": "stale"},
     "rescale": {"train.late_policy": "rescale"},
     "quorum": {"train.late_policy": "stale", "train.quorum_share": 0.6, "train.grace_factor": 2.0},
@@ -76,6 +81,7 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "salr-probe": {**SALR, "train.loss_budget": 0.05, "train.probe_every": 2},
     "salr-no-parity": {**SALR, "train.loss_budget": 0.05, "train.parity_share": 0.0},
     "salr-no-early": SALR,
+    "salr-carry": {**SALR, "train.late_policy": "zero-carry", "train.loss_budget": 0.05},
     "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},
 }
 SIZES = {

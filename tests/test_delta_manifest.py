@@ -161,7 +161,7 @@ def _partial_run(tmp_path, policy, late_b):
     return cfg, *asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("policy", ["zero-outside", "rescale"])
+@pytest.mark.parametrize("policy", ["zero-outside", "rescale", "zero-carry"])
 def test_the_chunks_in_at_the_deadline_count_and_the_rest_once_later(tmp_path, policy):
     cfg, ps, sent, heard = _partial_run(tmp_path / "late", policy, late_b=True)
     results = [m for m in heard if isinstance(m, RoundResult)]
@@ -170,7 +170,7 @@ def test_the_chunks_in_at_the_deadline_count_and_the_rest_once_later(tmp_path, p
     ends = rows_of(ps, "round_end")
     assert (ends[0]["close"], ends[0]["partial"], ends[0]["substituted"]) == ("deadline", {"b": len(sent)},
                                                                               {"b": n - len(sent)})
-    assert ends[0]["substitute"] == ("zero" if policy == "zero-outside" else "peer")
+    assert ends[0]["substitute"] == ("peer" if policy == "rescale" else "zero")
     assert ends[1]["close"] == "complete"
     assert ends[1]["reconciled"] == ({"b@0": n - len(sent)} if policy == "zero-outside" else {})
     late = rows_of(ps, "late_delta")[-1]
@@ -188,7 +188,7 @@ def test_the_chunks_in_at_the_deadline_count_and_the_rest_once_later(tmp_path, p
         _, on_time, _, _ = _partial_run(tmp_path / "on-time", policy, late_b=False)
         for k, v in ps.global_model.views.items():
             np.testing.assert_allclose(v, on_time.global_model.views[k], rtol=0, atol=1e-6)
-    else:                                        # the others' mean stood in for the rest: never applied
+    else:       # the others' mean (rescale) or zeros (zero-carry: b carries the rest) stood in: never applied
         assert not rest and results[1].late_sites == ()
     from .test_journal import assert_same_state, state_of    # and a restart replays it bit for bit
     assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path / "late")), state_of(ps))

@@ -403,3 +403,18 @@ def test_a_chunk_not_counted_two_rounds_in_a_row_goes_as_a_critical_one():
     assert roles(3) == ["mlp", "mlp", "critical"]
     site.settle(RoundResult(3, "h", sites=("a", "b")))
     assert roles(4) == ["mlp"] * 3
+
+
+def test_under_zero_carry_the_rest_of_a_partly_counted_delta_is_carried_at_once():
+    """late_policy zero-carry: zeros stood in for the chunks not counted, the PS never applies them
+    late, so the site carries them into its next delta as soon as the round's result says so."""
+    from wantrain.site.uplink import Uplink
+
+    cfg = small_config(**{"train.late_policy": "zero-carry", "train.partial_deltas": True})
+    e = cfg.codec.chunk_elements()
+    site = Uplink("b", cfg, {})
+    assert not site.pushes_late
+    site.feedback.residuals = {"w": np.zeros(2 * e, np.float32)}
+    site.pending = {0: {"w": np.ones(2 * e, np.float32)}}
+    site.settle(RoundResult(0, "h", sites=("a",), partial_chunks=(("b", frozenset({0})),)))
+    assert site.pending == {} and site.feedback.residuals["w"].tolist() == [0.0] * e + [1.0] * e

@@ -24,7 +24,7 @@ __all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustCon
 CODEC_MODES = ("fp32", "int8", "int8-huffman")
 TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
-LATE_POLICIES = ("drop", "stale", "rescale", "zero-outside")
+LATE_POLICIES = ("drop", "stale", "rescale", "zero-outside", "zero-carry")
 SCHEDULES = ("sync", "overlap")
 NORM_ACTIONS = ("reject", "clip")
 AGGREGATES = ("mean", "trimmed_mean")
@@ -110,13 +110,16 @@ class TrainConfig:
     # "stale": that mean, and the late delta counts in the next round's mean, discounted;
     # "rescale": that mean stands in for it, and the late delta is never applied nor carried;
     # "zero-outside": it counts as zeros in its round's mean, and is applied when it comes, at the
-    #   next commit, outside the outer momentum (one never sent goes into the site's next delta).
+    #   next commit, outside the outer momentum (one never sent goes into the site's next delta);
+    # "zero-carry": it counts as zeros in its round's mean, is never applied, and the site carries it
+    #   into its next delta (error feedback): its mass goes through the outer momentum, a round late.
     # The default: on the transformer (tiny, 4 sites, 20 rounds, 3 seeds) with 10 % / 30 % of sites
     # late a round, final loss +0.20 % / +0.58 % over nothing late; "drop" +0.86 % / +3.14 %.
     late_policy: str = "zero-outside"
     # Count the chunks of a late delta that arrived by the deadline, when its manifest did (the rest
-    # is what late_policy says: zeros and outside the momentum later, or the others' mean). Needs
-    # late_policy "rescale" or "zero-outside"; an unsharded PS (a shard counts whole deltas).
+    # is what late_policy says: zeros and outside the momentum later, zeros and carried, or the others'
+    # mean). Needs late_policy "rescale", "zero-outside" or "zero-carry"; an unsharded PS (a shard
+    # counts whole deltas).
     partial_deltas: bool = False
     # With partial_deltas: close a round before its deadline once every member's manifest and critical
     # chunks are in and what is still missing holds at most this share of the round's importance
@@ -169,8 +172,9 @@ class TrainConfig:
                "must be >= 1", self.deadline_factor)
         _check(self.late_policy in LATE_POLICIES, f"{prefix}.late_policy", f"must be one of {LATE_POLICIES}",
                self.late_policy)
-        _check(not self.partial_deltas or self.late_policy in ("rescale", "zero-outside"), f"{prefix}.partial_deltas",
-               f"needs late_policy 'rescale' or 'zero-outside' (it is {self.late_policy!r}): under the others, a late "
+        _check(not self.partial_deltas or self.late_policy in ("rescale", "zero-outside", "zero-carry"),
+               f"{prefix}.partial_deltas",
+               f"needs late_policy 'rescale', 'zero-outside' or 'zero-carry' (it is {self.late_policy!r}): under the others, a late "
                f"delta is counted whole or not at all", self.partial_deltas)
         _check(0 <= self.loss_budget < 1, f"{prefix}.loss_budget", "must be in [0, 1)", self.loss_budget)
         _check(not self.loss_budget or self.partial_deltas, f"{prefix}.loss_budget",
@@ -187,6 +191,11 @@ class TrainConfig:
                self.staleness_discount)
         _check(self.deadline_s == 0 or self.deadline_s > self.round_budget_s, f"{prefix}.deadline_s",
                f"must exceed round_budget_s ({self.round_budget_s}) or be 0 (derived)", self.deadline_s)
+
+    @property
+    def zero_substitute(self) -> bool:
+        """Does a missing delta, or chunk, count as zeros in its round's mean (not the others' mean)?"""
+        return self.late_policy in ("zero-outside", "zero-carry")
 
     @property
     def applies_late(self) -> bool:

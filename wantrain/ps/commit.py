@@ -8,7 +8,8 @@ each other (screening.Screen) and says what it rejected, clipped or weighed less
 
 Under late_policy "zero-outside" (`zero_outside`) a member whose delta missed the round counts as
 zeros at the mean weight of the deltas counted, and a late delta goes to the aggregation's side
-path at that share of its own round, outside the outer momentum (aggregate.py).
+path at that share of its own round, outside the outer momentum (aggregate.py). Under "zero-carry"
+the zeros are the same and no late delta comes: its site carries it into its next delta.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ class Committer:
         closed; `partial`: it counts the chunks in of a delta with a manifest), apply it and make it
         durable."""
         round_ = self.ledger.round
-        outside = self.cfg.train.late_policy == "zero-outside"
+        outside = self.cfg.train.zero_substitute      # zeros stand in (zero-outside, zero-carry)
         # Now, before any await: a late delta arriving meanwhile leaves `late` for the next round's
         # side, and a chunk arriving meanwhile joins the rest of its partial delta.
         missing = sorted(s for s, up in late.items() if up.round == round_)

@@ -64,7 +64,7 @@ def restore(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, 
 
 def substitute_of(late_policy: str) -> str:
     """What stands in for a delta, or chunk, missing from a round's mean (aggregate.py)."""
-    return "zero" if late_policy == "zero-outside" else "peer"
+    return "zero" if late_policy in ("zero-outside", "zero-carry") else "peer"
 
 
 def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, Contribution],
