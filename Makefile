@@ -94,7 +94,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/dark_site.py
 	$(BIN)/python bench/robustness.py
 	$(BIN)/python bench/late_policy.py
-	$(BIN)/python bench/loss_recovery.py --arms reliable,drop,zero,salr
+	$(BIN)/python bench/loss_recovery.py --arms reliable,drop,zero,quorum,salr,salr-no-parity
+	$(BIN)/python bench/loss_recovery.py --loss 0.01 --blackouts 40:2 --spikes 2:300 --arms reliable,salr,quorum --out loss_recovery_spikes
 	if [ "$(LARGE)" = 1 ]; then $(BIN)/python bench/large_model.py --preset llama3-1b --push; fi
 	$(BIN)/python bench/table.py
 
