@@ -74,6 +74,21 @@ def test_chunk_loss_is_seeded_at_its_rate_and_bursts_as_asked(burst):
     assert not ChunkLoss(0.0, burst).mask(1000).any()
 
 
+def test_chunk_loss_weighs_each_transmission_by_its_size():
+    # i.i.d.: a transmission u mean sizes long is lost as u of them would be, so a tiny critical
+    # chunk beside large ones is almost never lost and a large one more often than the rate.
+    rate, n = 0.05, 40_000
+    sizes = np.tile([100, 19_900], n // 2)                 # mean 10,000 bytes: u = 0.01 and 1.99
+    m = ChunkLoss(rate, seed=4, link="a").mask(sizes)
+    small, large = m[0::2].mean(), m[1::2].mean()
+    assert small < 0.003 and abs(large - (1 - (1 - rate) ** 1.99)) < 0.01
+    assert abs(m.mean() - rate) < 0.01                     # the mean over equal bytes keeps the rate's meaning
+    assert np.array_equal(ChunkLoss(rate, seed=4, link="a").mask([7, 7, 7]), ChunkLoss(rate, seed=4, link="a").mask(3))
+    # Bursts run in bytes: an outage takes small and large alike, at the stationary rate.
+    g = ChunkLoss(rate, 6.0, seed=4, link="a").mask(sizes)
+    assert abs(g[0::2].mean() - rate) < 0.02 and abs(g[1::2].mean() - rate) < 0.02
+
+
 def test_chunk_loss_names_a_bad_setting():
     with pytest.raises(ConfigError, match=r"rate must be in \[0, 1\), got 1.5"):
         ChunkLoss(1.5)
@@ -159,7 +174,7 @@ def test_the_send_order_is_critical_twice_then_groups_with_parity_then_the_rest_
 
 
 def test_what_lost_transmissions_leave_missing():
-    from wantrain.recovery import still_missing, transmissions
+    from wantrain.recovery import still_missing, to_resend, transmissions
 
     m = _hand_manifest()
     order = transmissions(m)
@@ -175,3 +190,6 @@ def test_what_lost_transmissions_leave_missing():
     bare = transmissions(m, copies=False)
     assert still_missing(m, bare, [0]) == {0}                          # one copy only: lost
     assert still_missing(m, bare, [1]) == frozenset()                  # a member: rebuilt as before
+    # What goes again: one of two lost members is enough while the parity is in (the PS rebuilds the other).
+    assert to_resend(m, order, [2, 4]) == [1] and to_resend(m, order, [2, 4, 6]) == [1, 2]
+    assert to_resend(m, order, [3, 6]) == [3] and to_resend(m, order, [8, 7]) == [5, 6]

@@ -1,16 +1,22 @@
 """Seeded, deterministic chunk loss for one link and direction: i.i.d. or in bursts.
 
-`ChunkLoss(rate, burst)` decides, chunk after chunk in the order a sender sends them, whether each
-one is lost. `burst` is the mean length of a run of lost chunks: 1 is i.i.d. Bernoulli loss; more
-is a two-state Gilbert-Elliott chain (every chunk lost in the bad state, none in the good one,
-the state kept between chunks), with its stationary loss rate equal to `rate` (as netem's
-`loss gemodel` with h = 0, 1 - k = 1). The same seed, link and direction give the same decisions,
-so every arm of a benchmark meets the same losses.
+`ChunkLoss(rate, burst)` decides, transmission after transmission in the order a sender sends them,
+whether each one is lost. Sizes count: `rate` is the loss of a transmission of the mean size of
+those decided together (`mask(sizes)`), and one of u times that size is lost as u of them would be.
+`burst` is the mean length of a run of losses: 1 is i.i.d. loss, a transmission lost with
+probability 1 - (1 - rate)^u, so that a 300-byte norm gain beside 100 KB chunks is almost never
+lost (as on a link that drops packets); more is a two-state Gilbert-Elliott chain whose time runs
+in bytes (a transmission is lost when it starts in the bad state; the chain then moves on by u
+steps), with its stationary loss rate equal to `rate` (as netem's `loss gemodel` with h = 0,
+1 - k = 1) and a bad run `burst` mean-sized transmissions long: an outage takes whatever is sent
+during it, large or small. The same seed, link and direction give the same decisions, so every
+arm of a benchmark meets the same losses.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,10 +34,14 @@ class GilbertElliott:
         self.rng = rng
         self.bad = bool(rng.random() < rate)           # start in the stationary distribution
 
-    def lost(self) -> bool:
+    def lost(self, units: float = 1.0) -> bool:
+        """Is a transmission `units` mean sizes long lost? Then the chain moves on by that much."""
         lost = self.bad
         u = self.rng.random()
-        self.bad = u >= self.r_exit if self.bad else u < self.p_enter
+        if self.bad:
+            self.bad = u >= 1.0 - (1.0 - self.r_exit) ** units
+        else:
+            self.bad = u < 1.0 - (1.0 - self.p_enter) ** units
         return lost
 
 
@@ -48,12 +58,18 @@ class ChunkLoss:
         self._rng = rng
         self._chain = GilbertElliott(rate, burst, rng) if burst > 1.0 and rate > 0 else None
 
-    def lost(self) -> bool:
-        """Is the next chunk lost?"""
+    def lost(self, units: float = 1.0) -> bool:
+        """Is the next transmission, `units` mean sizes long, lost?"""
         if self._chain is not None:
-            return self._chain.lost()
-        return bool(self._rng.random() < self.rate)
+            return self._chain.lost(units)
+        return bool(self._rng.random() < 1.0 - (1.0 - self.rate) ** units)
 
-    def mask(self, n: int) -> np.ndarray:
-        """The next `n` decisions at once (True: lost)."""
-        return np.array([self.lost() for _ in range(n)], bool)
+    def mask(self, sizes: int | Sequence[int]) -> np.ndarray:
+        """The next decisions at once (True: lost): for `sizes` transmissions of equal size, or one
+        per size in `sizes` (bytes), each weighed against their mean."""
+        if isinstance(sizes, int):
+            units = np.ones(sizes)
+        else:
+            units = np.asarray(sizes, float)
+            units = units / units.mean() if len(units) and units.mean() > 0 else np.ones(len(units))
+        return np.array([self.lost(float(u)) for u in units], bool)

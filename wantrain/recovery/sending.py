@@ -7,6 +7,8 @@ then the protected chunks group by group, each group followed by its XOR parity 
 the other chunks, most important first. `still_missing(manifest, order, lost)` says which chunks the
 PS cannot have when the transmissions at positions `lost` did not arrive: a chunk whose every copy
 is lost, unless it is in a parity group whose other members and parity all arrived.
+`to_resend(manifest, order, lost)` is what the site sends again: those chunks, in sending order,
+less one of each group whose parity arrived (the PS rebuilds it once the others come).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from .manifest import Manifest
 
-__all__ = ["Transmission", "transmissions", "still_missing", "overhead_bytes"]
+__all__ = ["Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,18 @@ def still_missing(manifest: Manifest, order: list[Transmission], lost: Collectio
             continue                    # rebuilt from the group's parity
         missing.add(i)
     return frozenset(missing)
+
+
+def to_resend(manifest: Manifest, order: list[Transmission], lost: Collection[int]) -> list[int]:
+    """The chunks to send again (see the module's docstring); `lost`: positions in `order`."""
+    missing = still_missing(manifest, order, lost)
+    resend = list(dict.fromkeys(t.index for t in order if t.kind != "parity" and t.index in missing))
+    parity_in = {t.index for n, t in enumerate(order) if t.kind == "parity" and n not in set(lost)}
+    last_of: dict[int, int] = {}                  # a group whose parity is in -> its last missing member
+    for i in resend:
+        if (g := manifest.chunks[i].group) in parity_in:
+            last_of[g] = i
+    return [i for i in resend if i not in last_of.values()]
 
 
 def overhead_bytes(manifest: Manifest) -> int:

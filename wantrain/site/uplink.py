@@ -32,7 +32,7 @@ from ..faults import Stalls
 from ..messages import (DELTA, MAX_STALENESS, DeltaOutcome, DeltaParity, Manifest, RoundMetrics, RoundResult,
                         TensorChunk)
 from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, Transmission, build_manifest, promote, protect,
-                        still_missing, transmissions, xor_parity)
+                        to_resend, transmissions, xor_parity)
 from ..recovery.probe import role_energy, role_weights
 
 __all__ = ["Uplink"]
@@ -79,11 +79,11 @@ class Uplink:
         order = transmissions(manifest, copies=protects and self.cfg.train.critical_copies)
         first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
         order.insert(0, order.pop(order.index(Transmission("chunk", first))))
-        late: list[int] = []         # lost on purpose and not rebuilt at the PS: sent late_s after the rest
+        late: list[int] = []         # lost on purpose and not rebuilt at the PS: sent again late_s after the rest
         if self.loss is not None:
-            lost = set(np.flatnonzero(self.loss.mask(len(order))).tolist())
-            missing = still_missing(manifest, order, lost)
-            late = list(dict.fromkeys(t.index for t in order if t.kind == "chunk" and t.index in missing))
+            sizes = [len(parity[t.index]) if t.kind == "parity" else chunks[t.index][1].wire_bytes for t in order]
+            lost = set(np.flatnonzero(self.loss.mask(sizes)).tolist())
+            late = to_resend(manifest, order, lost)
             order = [t for n, t in enumerate(order) if n not in lost]
             if len(lost):
                 log.warning("site %s: %d of the %d transmissions of round %d lost on purpose (chunk loss); %d "
