@@ -71,18 +71,19 @@ from wantrain.telemetry import rows
 SALR = {"train.late_policy": "zero-outside", "train.partial_deltas": True, "train.critical_copies": True,
         "train.parity_share": 0.5, "train.parity_group_size": 8}
 RELIABLE_DEADLINE_S = 120.0      # the reliable arm's: far off, every chunk is waited for
+WHOLE = {"train.partial_deltas": False, "train.loss_budget": 0.0}    # a delta counts whole or not at all
 ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at the size's deadline
-    "reliable": {"train.late_policy": "zero-outside"},
-    "drop": {"train.late_policy": "drop"},
-    "zero": {"train.late_policy": "zero-outside"},
-    "carry": {"train.late_policy": "zero-carry"},
-    "stale": {"train.late_policy": "stale"},
-    "rescale": {"train.late_policy": "rescale"},
-    "quorum": {"train.late_policy": "stale", "train.quorum_share": 0.6, "train.grace_factor": 2.0},
+    "reliable": {**WHOLE, "train.late_policy": "zero-outside"},
+    "drop": {**WHOLE, "train.late_policy": "drop"},
+    "zero": {**WHOLE, "train.late_policy": "zero-outside"},
+    "carry": {**WHOLE, "train.late_policy": "zero-carry"},
+    "stale": {**WHOLE, "train.late_policy": "stale"},
+    "rescale": {**WHOLE, "train.late_policy": "rescale"},
+    "quorum": {**WHOLE, "train.late_policy": "stale", "train.quorum_share": 0.6, "train.grace_factor": 2.0},
     "salr": {**SALR, "train.loss_budget": 0.05},
     "salr-probe": {**SALR, "train.loss_budget": 0.05, "train.probe_every": 2},
     "salr-no-parity": {**SALR, "train.loss_budget": 0.05, "train.parity_share": 0.0},
-    "salr-no-early": SALR,
+    "salr-no-early": {**SALR, "train.loss_budget": 0.0},
     "salr-carry": {**SALR, "train.late_policy": "zero-carry", "train.loss_budget": 0.05},
     "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},
 }

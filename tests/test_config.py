@@ -21,11 +21,18 @@ def test_json_round_trip():
     ({"num_sites": 0}, "num_sites"),
     ({"train.inner_lr": float("nan")}, "train.inner_lr"),
     ({"train.late_policy": "wait"}, "train.late_policy"),
-    ({"train.partial_deltas": True, "train.late_policy": "drop"}, "train.partial_deltas"),
+    ({"train.loss_budget": 1.0}, "train.loss_budget"),
 ])
 def test_bad_values_name_the_field(change, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         RunConfig().replace(**change)
+
+
+def test_partial_deltas_count_only_under_a_policy_with_a_substitute():
+    assert RunConfig().train.counts_partial                       # the default: zero-outside, partial deltas
+    for policy in ("drop", "stale"):                              # a late delta whole or not at all
+        assert not RunConfig().replace(**{"train.late_policy": policy}).train.counts_partial
+    assert not RunConfig().replace(**{"train.partial_deltas": False}).train.counts_partial
 
 
 def test_unknown_and_mistyped_fields_are_named():

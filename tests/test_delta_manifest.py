@@ -103,8 +103,8 @@ async def a_done_b_to_come(cfg):
 
 def test_the_deadline_says_how_much_of_a_late_delta_s_importance_is_missing():
     async def scenario():
-        ps, b, b_manifest, b_msgs = await a_done_b_to_come(small_config(num_sites=2, **{"train.rounds": 2,
-                                                                                        "train.deadline_s": 3.0}))
+        ps, b, b_manifest, b_msgs = await a_done_b_to_come(small_config(num_sites=2, **{
+            "train.rounds": 2, "train.deadline_s": 3.0, "train.partial_deltas": False}))    # a deadline, not put off
         ps.on_manifest(b, b_manifest)
         sent = sorted(range(len(b_msgs)), key=lambda i: -b_manifest.chunks[i].importance)[:len(b_msgs) // 2]
         for i in sent:

@@ -25,6 +25,7 @@ CODEC_MODES = ("fp32", "int8", "int8-huffman")
 TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
 LATE_POLICIES = ("drop", "stale", "rescale", "zero-outside", "zero-carry")
+PARTIAL_POLICIES = ("rescale", "zero-outside", "zero-carry")    # those under which a delta may count in part
 SCHEDULES = ("sync", "overlap")
 NORM_ACTIONS = ("reject", "clip")
 AGGREGATES = ("mean", "trimmed_mean")
@@ -118,13 +119,16 @@ class TrainConfig:
     late_policy: str = "zero-outside"
     # Count the chunks of a late delta that arrived by the deadline, when its manifest did (the rest
     # is what late_policy says: zeros and outside the momentum later, zeros and carried, or the others'
-    # mean). Needs late_policy "rescale", "zero-outside" or "zero-carry"; an unsharded PS (a shard
-    # counts whole deltas).
-    partial_deltas: bool = False
+    # mean). Only under late_policy "rescale", "zero-outside" or "zero-carry" (under "drop" and
+    # "stale" a late delta counts whole or not at all) and on an unsharded PS (a shard counts whole
+    # deltas); elsewhere it does nothing. The default: with chunks lost on the uplink (1-10 %,
+    # bench/loss_recovery.py) it keeps the final loss within 0.5 % of waiting for every chunk while
+    # whole deltas lose 6 %; on a lossless link it changes nothing.
+    partial_deltas: bool = True
     # With partial_deltas: close a round before its deadline once every member's manifest and critical
     # chunks are in and what is still missing holds at most this share of the round's importance
     # (each delta weighted by its tokens; 0: never early).
-    loss_budget: float = 0.0
+    loss_budget: float = 0.05
     # A delta's chunks protected on the wire (recovery/sending.py; docs/protocol.md 4a): each critical
     # chunk sent twice, and XOR parity over the most important other chunks that hold parity_share of
     # the delta's importance, in groups of parity_group_size (the PS rebuilds one lost member of a
@@ -172,13 +176,7 @@ class TrainConfig:
                "must be >= 1", self.deadline_factor)
         _check(self.late_policy in LATE_POLICIES, f"{prefix}.late_policy", f"must be one of {LATE_POLICIES}",
                self.late_policy)
-        _check(not self.partial_deltas or self.late_policy in ("rescale", "zero-outside", "zero-carry"),
-               f"{prefix}.partial_deltas",
-               f"needs late_policy 'rescale', 'zero-outside' or 'zero-carry' (it is {self.late_policy!r}): under the others, a late "
-               f"delta is counted whole or not at all", self.partial_deltas)
         _check(0 <= self.loss_budget < 1, f"{prefix}.loss_budget", "must be in [0, 1)", self.loss_budget)
-        _check(not self.loss_budget or self.partial_deltas, f"{prefix}.loss_budget",
-               "needs partial_deltas: a round that closes early counts the chunks that are in", self.loss_budget)
         _check(0 <= self.quorum_share <= 1, f"{prefix}.quorum_share", "must be in [0, 1]", self.quorum_share)
         _check(self.grace_factor >= 0, f"{prefix}.grace_factor", "must be >= 0", self.grace_factor)
         _check(self.probe_every >= 0, f"{prefix}.probe_every", "must be >= 0", self.probe_every)
@@ -196,6 +194,12 @@ class TrainConfig:
     def zero_substitute(self) -> bool:
         """Does a missing delta, or chunk, count as zeros in its round's mean (not the others' mean)?"""
         return self.late_policy in ("zero-outside", "zero-carry")
+
+    @property
+    def counts_partial(self) -> bool:
+        """Do rounds count the chunks of a delta that are in without the rest (on an unsharded PS,
+        after the warm-up)? partial_deltas, under a late_policy that has a substitute for the rest."""
+        return self.partial_deltas and self.late_policy in PARTIAL_POLICIES
 
     @property
     def applies_late(self) -> bool:

@@ -5,11 +5,12 @@ The round-close policy, from the run config's `train`:
     late_policy       what becomes of a delta that comes after its round closed (rounds.late_outcome):
                       the site hears it in a DeltaOutcome, the telemetry in a `late_delta` event
     partial_deltas    whether a round counts the chunks of a delta that are in without the rest
-                      (not in the warm-up: the first `reliable_rounds`, and every round with a step
-                      of the inner learning rate's warm-up; nor on a sharded PS; nor of a site new
-                      to the round, rounds.py); a warm-up round
-                      whose missing members have all sent their manifests (they are sending, not
-                      dark) puts its deadline off, at most twice: it tolerates no loss
+                      (under a late_policy with a substitute for the rest; not in the warm-up:
+                      the first `reliable_rounds`, and every round with a step of the inner
+                      learning rate's warm-up; nor on a sharded PS; nor of a site new to the
+                      round, rounds.py); a warm-up round whose missing members have all sent
+                      their manifests (they are sending, not dark) puts its deadline off, at
+                      most twice: it tolerates no loss
     loss_budget       whether a round closes before its deadline: once every member's manifest and
                       critical chunks are in, what is missing is within the budget, and nothing has
                       come from the members still missing chunks for a grace of a tenth of the
@@ -49,14 +50,14 @@ class ClosePolicy:
 
     def counts_partial(self, round_: int) -> bool:
         """Does round `round_` count the chunks of a delta that are in without the rest?"""
-        return self.train.partial_deltas and not self.in_warmup(round_) and not self.sharded
+        return self.train.counts_partial and not self.in_warmup(round_) and not self.sharded
 
     WARMUP_EXTENSIONS = 2
 
     def extends_deadline(self, round_: int) -> bool:
         """At its deadline: does this warm-up round wait one deadline more for deltas still coming?"""
         r = self.rounds
-        if (self.train.partial_deltas and not self.sharded and self.in_warmup(round_)
+        if (self.train.counts_partial and not self.sharded and self.in_warmup(round_)
                 and r.extensions < self.WARMUP_EXTENSIONS and r.missing() and r.all_sending()):
             r.put_off_deadline()
             return True
