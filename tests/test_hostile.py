@@ -19,8 +19,8 @@ import pytest
 
 from wantrain import wire
 from wantrain.codec import Codec, EncodeStats, encode_arrays
-from wantrain.messages import (DELTA, PROTOCOL_VERSION, HashReport, Join, LinkProbe, Ready, RoundMetrics, RoundStart,
-                               TensorChunk, Welcome)
+from wantrain.messages import (DELTA, PROTOCOL_VERSION, HashReport, Join, LaneAck, LaneOpen, LinkProbe, Ready,
+                               RoundMetrics, RoundStart, TensorChunk, Welcome)
 from wantrain.proto.v1 import ps_pb2 as pb
 from wantrain.telemetry import read_events, rows
 from wantrain.tls import make_dev_certs
@@ -251,6 +251,83 @@ def test_bad_messages_from_a_joined_site(server, attack, code, needle):
     assert needle in (err.details() or "")
     if attack in ("nan_scales", "huge_delta"):
         assert rows(read_events(server[3] / "run"), "quarantine")
+    assert_unharmed(server)
+
+
+class HandLane:
+    """A Lane call driven by hand (docs/protocol.md 4b)."""
+
+    def __init__(self, server, first) -> None:
+        address, creds, *_ = server
+        self.ch = grpc.secure_channel(address, creds, options=[("grpc.ssl_target_name_override", "localhost")])
+        self.out: queue.Queue = queue.Queue()
+        self.send(first)
+        lane = self.ch.stream_stream("/wantrain.v1.ParameterServer/Lane", request_serializer=_serialize,
+                                     response_deserializer=pb.ServerMessage.FromString)
+        self.stream = lane(iter(self.out.get, None), timeout=60)
+
+    def send(self, msg) -> None:
+        self.out.put(msg if isinstance(msg, pb.SiteMessage) else wire.site_message(msg))
+
+    def recv(self):
+        return wire.server_message_from_proto(next(self.stream))
+
+    def status(self) -> grpc.RpcError | None:
+        self.out.put(None)
+        try:
+            for _ in self.stream:
+                pass
+        except grpc.RpcError as e:
+            return e
+        return None
+
+    def close(self) -> None:
+        self.out.put(None)
+        self.stream.cancel()
+        self.ch.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("attack, code, needle", [
+    ("wrong_token", grpc.StatusCode.UNAUTHENTICATED, "wrong token"),
+    ("no_session", grpc.StatusCode.PERMISSION_DENIED, "no Session open"),
+    ("join_on_a_lane", grpc.StatusCode.INVALID_ARGUMENT, "must be a LaneOpen"),
+    ("metrics_on_a_lane", grpc.StatusCode.INVALID_ARGUMENT, "a lane carries"),
+    ("bad_crc_on_a_lane", grpc.StatusCode.INVALID_ARGUMENT, "CRC"),
+    ("too_many_lanes", grpc.StatusCode.RESOURCE_EXHAUSTED, "lanes open already"),
+])
+def test_bad_lanes(server, attack, code, needle):
+    a = in_round(server) if attack not in ("wrong_token", "no_session", "join_on_a_lane") else None
+    lanes: list[HandLane] = []
+    try:
+        if attack == "wrong_token":
+            lanes.append(HandLane(server, LaneOpen("b", "not-the-token")))
+        elif attack == "no_session":
+            lanes.append(HandLane(server, LaneOpen("a", TOKENS["a"])))
+        elif attack == "join_on_a_lane":
+            lanes.append(HandLane(server, Join("a", token=TOKENS["a"])))
+        elif attack == "too_many_lanes":
+            msgs, _ = a.delta(0)
+            for i in range(8):                         # eight lanes, each open: it takes a chunk
+                lanes.append(HandLane(server, LaneOpen("a", TOKENS["a"], i)))
+                lanes[-1].send(msgs[i])
+                assert lanes[-1].recv() == LaneAck(0, "chunk", msgs[i].index)
+            lanes.insert(0, HandLane(server, LaneOpen("a", TOKENS["a"], 8)))
+        else:
+            lane = HandLane(server, LaneOpen("a", TOKENS["a"]))
+            lanes.append(lane)
+            msgs, metrics = a.delta(0)
+            lane.send(msgs[0])                     # taken as on the Session, and acknowledged
+            assert lane.recv() == LaneAck(0, "chunk", 0)
+            lane.send(metrics if attack == "metrics_on_a_lane" else chunk_proto(msgs[1], crc32=12345))
+        err = lanes[0].status()
+    finally:
+        for lane in lanes:
+            lane.close()
+        if a is not None:
+            a.close()
+    assert err is not None and err.code() == code, err
+    assert needle in (err.details() or "")
     assert_unharmed(server)
 
 

@@ -79,7 +79,7 @@ def test_two_members_lost_from_a_group_are_not_rebuilt():
         asyncio.run(commit(lost=set(group[:2])))
 
 
-def test_a_critical_chunk_may_come_twice_and_only_twice():
+def test_a_critical_chunk_may_come_three_times_and_no_more():
     ps = ParameterServer(small_config(num_sites=1), run_dir=None)
     manifest, msgs, _, _ = protected(ps)
     critical = msgs[min(manifest.critical())]
@@ -87,9 +87,10 @@ def test_a_critical_chunk_may_come_twice_and_only_twice():
     round_, hash_, site_round = asyncio.run(commit(extra=[critical]))
     assert (round_, hash_) == whole[:2]
     assert site_round["protection_bytes"] == whole[2]["protection_bytes"] + critical.data.wire_bytes
+    assert asyncio.run(commit(extra=[critical, critical]))[:2] == whole[:2]     # a copy and a hedge
     with pytest.raises(ProtocolError, match="arrived twice"):
-        asyncio.run(commit(extra=[critical, critical]))
-    plain = msgs[next(c.index for c in manifest.chunks if c.role != "critical")]
+        asyncio.run(commit(extra=[critical, critical, critical]))
+    plain = msgs[next(c.index for c in manifest.chunks if c.role != "critical" and c.group < 0)]
     with pytest.raises(ProtocolError, match="arrived twice"):
         asyncio.run(commit(extra=[plain]))
 

@@ -26,6 +26,7 @@ TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
 LATE_POLICIES = ("drop", "stale", "rescale", "zero-outside", "zero-carry")
 PARTIAL_POLICIES = ("rescale", "zero-outside", "zero-carry")    # those under which a delta may count in part
+MAX_LANES = 8            # a site's Lane calls (a PS's limits.max_lanes_per_site must allow them)
 SCHEDULES = ("sync", "overlap")
 NORM_ACTIONS = ("reject", "clip")
 AGGREGATES = ("mean", "trimmed_mean")
@@ -145,6 +146,14 @@ class TrainConfig:
     critical_copies: bool = False
     parity_share: float = 0.0
     parity_group_size: int = 8
+    # Extra TCP connections (Lane calls, docs/protocol.md 4b) a site spreads each delta's manifest,
+    # chunks and parities over, a critical chunk's copy and a parity group's members on different
+    # ones: one lost segment then stalls one lane, not the whole delta (0: the Session carries all;
+    # a sharded PS: no lanes). With lanes, a protected chunk (critical, or in a parity group) the PS
+    # has not acknowledged hedge_s seconds after it went is sent again on another lane, once
+    # (0: never).
+    lanes: int = 0
+    hedge_s: float = 0.0
     reliable_rounds: int = 5         # the first rounds (warm-up) count no partial delta and never close early
     staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
     quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
@@ -183,6 +192,9 @@ class TrainConfig:
         _check(0 <= self.parity_share <= 1, f"{prefix}.parity_share", "must be in [0, 1]", self.parity_share)
         _check(2 <= self.parity_group_size <= 64, f"{prefix}.parity_group_size",
                "must be 2 to 64 chunks (a parity per group)", self.parity_group_size)
+        _check(0 <= self.lanes <= MAX_LANES, f"{prefix}.lanes", f"must be 0 to {MAX_LANES} connections", self.lanes)
+        _check(math.isfinite(self.hedge_s) and self.hedge_s >= 0, f"{prefix}.hedge_s", "must be >= 0 seconds",
+               self.hedge_s)
         _check(self.reliable_rounds >= 0, f"{prefix}.reliable_rounds", "must be >= 0", self.reliable_rounds)
         _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
         _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",

@@ -14,7 +14,7 @@ from .recovery.manifest import ChunkEntry, Manifest
 
 __all__ = ["PROTOCOL_VERSION", "HASH_HEX_DIGITS", "MAX_STALENESS", "MODEL", "DELTA", "UPDATE", "Join", "Welcome",
            "TensorChunk", "RoundStart", "RoundMetrics", "RoundResult", "Ready", "HashReport", "LinkProbe", "ErrorMessage",
-           "DeltaOutcome", "DELTA_OUTCOMES", "Manifest", "ChunkEntry", "DeltaParity"]
+           "DeltaOutcome", "DELTA_OUTCOMES", "Manifest", "ChunkEntry", "DeltaParity", "LaneOpen", "LaneAck", "LANE_ITEMS"]
 
 # 2: Watch and Ping need a token; delta chunks must use the run's encoding and follow the PS's
 # chunk plan; hashes are 16 lowercase hex digits; limits and status codes as in docs/protocol.md.
@@ -72,6 +72,35 @@ class DeltaParity:
 
 
 @dataclass(frozen=True)
+class LaneOpen:
+    """The first message of a Lane: an extra connection of the joined site `site` for its deltas."""
+
+    site: str
+    token: str = field(default="", repr=False)
+    lane: int = 0
+
+
+LANE_ITEMS = ("manifest", "chunk", "parity")
+
+
+@dataclass(frozen=True)
+class LaneAck:
+    """The PS took one message of a Lane: a delta's manifest, chunk `index` or the parity of group `index`."""
+
+    round: int
+    item: str            # one of LANE_ITEMS
+    index: int = 0
+
+    @classmethod
+    def of(cls, msg: Manifest | TensorChunk | DeltaParity) -> LaneAck:
+        if isinstance(msg, Manifest):
+            return cls(msg.round, "manifest")
+        if isinstance(msg, DeltaParity):
+            return cls(msg.round, "parity", msg.group)
+        return cls(msg.round, "chunk", msg.index)
+
+
+@dataclass(frozen=True)
 class RoundStart:
     round: int
     model_hash: str
@@ -97,6 +126,7 @@ class RoundMetrics:
     data_position: int = 0    # batches drawn from the shard so far, this round included
     wait_s: float = 0.0       # idle (not computing) between the previous push and this round's start
     steps_ahead: int = 0      # of `steps`, those taken before the RoundStart (overlap schedule)
+    hedged: int = 0           # protected chunks sent again on another lane (train.hedge_s)
 
 
 @dataclass(frozen=True)

@@ -256,16 +256,22 @@ _RECOVERY_MARKERS = {
     "counted_in_part": ("delta counted in part", "teal", "circle"),
     "reconciled": ("late chunks reconciled", "teal", "diamond-open"),
     "rebuilt": ("chunks rebuilt from parity", "seagreen", "square-open"),
+    "hedged": ("chunks hedged on another lane", "slateblue", "star-triangle-up-open"),
 }
 
 
 def recovery_marks(events: list[dict]) -> list[dict]:
     """The recovery decisions of each round_end as timeline marks: a round closed early (the PS's
     row), the deltas it counted in part and the late ones it reconciled (their sites' rows); and
-    each site_round whose delta's chunks the PS rebuilt from parity (its site's row)."""
+    each site_round whose delta's chunks the PS rebuilt from parity, or its site hedged on another
+    lane (its site's row)."""
     marks = [{"kind": "rebuilt", "t": e["t"], "site": e["site"],
               "text": f"round {e['round']}: {e['rebuilt']} chunk(s) of {e['site']}'s delta rebuilt from parity"}
              for e in rows(events, "site_round") if e.get("rebuilt")]
+    marks += [{"kind": "hedged", "t": e["t"], "site": e["site"],
+               "text": f"round {e['round']}: {e['hedged']} protected chunk(s) of {e['site']}'s delta sent again on "
+                       f"another lane (not acknowledged in time)"}
+              for e in rows(events, "site_round") if e.get("hedged")]
     for e in rows(events, "round_end"):
         r, t = e["round"], e["t"]
         if e.get("close") == "early":

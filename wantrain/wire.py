@@ -23,7 +23,7 @@ from .config import CODEC_MODES, RunConfig, check_site_name
 from .errors import CodecError, ConfigError, ProtocolError
 from .limits import Limits, safe_text
 from .messages import (DELTA, DELTA_OUTCOMES, HASH_HEX_DIGITS, MODEL, UPDATE, ChunkEntry, DeltaOutcome, DeltaParity,
-                       ErrorMessage, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundResult,
+                       ErrorMessage, HashReport, Join, LaneAck, LaneOpen, LinkProbe, Manifest, Ready, RoundMetrics, RoundResult,
                        RoundStart, TensorChunk, Welcome)
 from .proto.v1 import ps_pb2 as pb
 from .recovery.manifest import checksum
@@ -82,7 +82,9 @@ def manifest_to_proto(m: Manifest) -> pb.DeltaManifest:
                          parity_group=c.group + 1) for c in m.chunks])
 
 
-SiteMessage = Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe | Manifest | DeltaParity
+SiteMessage = Join | TensorChunk | RoundMetrics | Ready | HashReport | LinkProbe | Manifest | DeltaParity | LaneOpen
+_LANE_ITEM = {"manifest": pb.LANE_ITEM_MANIFEST, "chunk": pb.LANE_ITEM_CHUNK, "parity": pb.LANE_ITEM_PARITY}
+_LANE_ITEM_NAME = {v: k for k, v in _LANE_ITEM.items()}
 
 
 def site_message(obj: SiteMessage) -> pb.SiteMessage:
@@ -92,6 +94,8 @@ def site_message(obj: SiteMessage) -> pb.SiteMessage:
         return pb.SiteMessage(parity=pb.DeltaParity(round=obj.round, group=obj.group, payload=obj.payload))
     if isinstance(obj, Join):
         return pb.SiteMessage(join=pb.Join(**dataclasses.asdict(obj)))
+    if isinstance(obj, LaneOpen):
+        return pb.SiteMessage(lane_open=pb.LaneOpen(site=obj.site, token=obj.token, lane=obj.lane))
     if isinstance(obj, TensorChunk):
         return pb.SiteMessage(chunk=chunk_to_proto(obj))
     if isinstance(obj, RoundMetrics):
@@ -105,7 +109,7 @@ def site_message(obj: SiteMessage) -> pb.SiteMessage:
     raise TypeError(f"not a site message: {type(obj).__name__}")
 
 
-ServerMessage = Welcome | TensorChunk | RoundStart | RoundResult | DeltaOutcome | ErrorMessage
+ServerMessage = Welcome | TensorChunk | RoundStart | RoundResult | DeltaOutcome | ErrorMessage | LaneAck
 
 
 def server_message(obj: ServerMessage) -> pb.ServerMessage:
@@ -128,6 +132,8 @@ def server_message(obj: ServerMessage) -> pb.ServerMessage:
         return pb.ServerMessage(delta_outcome=pb.DeltaOutcome(round=obj.round, outcome=obj.outcome, reason=obj.reason))
     if isinstance(obj, ErrorMessage):
         return pb.ServerMessage(error=pb.Error(code=obj.code, message=obj.message))
+    if isinstance(obj, LaneAck):
+        return pb.ServerMessage(lane_ack=pb.LaneAck(round=obj.round, item=_LANE_ITEM[obj.item], index=obj.index))
     raise TypeError(f"not a server message: {type(obj).__name__}")
 
 
@@ -292,6 +298,13 @@ def site_message_from_proto(m: pb.SiteMessage) -> SiteMessage:
                                 f"got {safe_text(j.device, 60)!r}")
         resume_hash = _hash(j.resume_hash, "join resume_hash", empty_ok=True)
         return Join(j.site, j.protocol_version, j.resume_round, resume_hash, j.device, j.token)
+    if which == "lane_open":
+        o = m.lane_open
+        if why := check_site_name(o.site):
+            raise ProtocolError(f"lane open names no valid site: {why}")
+        if len(o.token) > MAX_TOKEN_LEN:
+            raise ProtocolError(f"lane open token is longer than {MAX_TOKEN_LEN} characters")
+        return LaneOpen(o.site, o.token, o.lane)
     if which == "chunk":
         return chunk_from_proto(m.chunk)
     if which == "parity":
@@ -355,4 +368,9 @@ def server_message_from_proto(m: pb.ServerMessage) -> ServerMessage:
         return DeltaOutcome(o.round, o.outcome, safe_text(o.reason, 2000))
     if which == "error":
         return ErrorMessage(safe_text(m.error.code, 64), safe_text(m.error.message, 2000))
+    if which == "lane_ack":
+        a = m.lane_ack
+        if a.item not in _LANE_ITEM_NAME:
+            raise ProtocolError(f"lane ack of an unknown item {a.item}")
+        return LaneAck(a.round, _LANE_ITEM_NAME[a.item], a.index)
     raise ProtocolError("empty server message")

@@ -237,6 +237,17 @@ class RoundState:
         raise ProtocolError(f"delta for round {round_} from {site!r}, which is not in that round "
                             f"(the current round is {current})")
 
+    def closed_for(self, site: str, round_: int, current: int) -> bool:
+        """Has `round_` (at most MAX_STALENESS + 1 rounds old) closed to `site`'s delta, owing nothing of
+        it? A hedged chunk on a lane may land after its first copy completed the delta."""
+        if not current - MAX_STALENESS - 1 <= round_ <= current:
+            return False
+        try:
+            self.upload_for(site, round_, current)
+        except ProtocolError:
+            return True
+        return False
+
     def owed(self, site: str, round_: int) -> Upload | None:
         """The late delta (or tail) of `site` for `round_` still coming, if any."""
         late = self.late.get(site)

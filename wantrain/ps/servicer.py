@@ -26,10 +26,11 @@ from .. import net, wire
 from ..auth import token_from_metadata
 from ..errors import CodecError, ProtocolError, Reject, RejectedError
 from ..limits import Limits, Throttle, TokenBucket, safe_text
-from ..messages import ErrorMessage, Join
+from ..messages import DeltaParity, ErrorMessage, Join, LaneAck, LaneOpen, Manifest, TensorChunk
 from .connections import ConnectionGuard
 from .downloads import ModelDownload
 from .server import ParameterServer
+from .sites import check_lane
 
 __all__ = ["Servicer", "STATUS", "add_to_server", "peer_host"]
 
@@ -70,7 +71,7 @@ class _Ended(Exception):
 
 
 class Servicer:
-    """Session, Watch, Ping and Report over one ParameterServer."""
+    """Session, Lane, Watch, Ping and Report over one ParameterServer."""
 
     def __init__(self, ps: ParameterServer, limits: Limits | None = None) -> None:
         self.ps = ps
@@ -194,18 +195,19 @@ class Servicer:
             if ended:
                 self._end(context, ended[0].code, str(ended[0]))
 
-    async def _first_message(self, requests) -> Join:
+    async def _first_message(self, requests, kind: type = Join, call: str = "Session"):
         try:
             raw = await asyncio.wait_for(anext(requests), self.limits.join_timeout_s)
         except asyncio.TimeoutError:
-            raise _Ended(Reject.JOIN_TIMEOUT, f"no Join within {self.limits.join_timeout_s:g} s of opening the "
-                                              "Session") from None
+            raise _Ended(Reject.JOIN_TIMEOUT, f"no {kind.__name__} within {self.limits.join_timeout_s:g} s of "
+                                              f"opening the {call}") from None
         try:
             first = wire.parse_site_message(raw)
         except (ProtocolError, CodecError) as e:
-            raise _Ended(Reject.INVALID_MESSAGE, f"the first message must be a valid Join ({e})") from None
-        if not isinstance(first, Join):
-            raise _Ended(Reject.INVALID_MESSAGE, f"the first message must be a Join, not {type(first).__name__}")
+            raise _Ended(Reject.INVALID_MESSAGE, f"the first message must be a valid {kind.__name__} ({e})") from None
+        if not isinstance(first, kind):
+            raise _Ended(Reject.INVALID_MESSAGE, f"the first message must be a {kind.__name__}, not "
+                                                 f"{type(first).__name__}")
         return first
 
     async def _read(self, requests, link, ended: list[_Ended]) -> None:
@@ -233,6 +235,81 @@ class Servicer:
                 log.warning("site %s: stream ended: %s: %s", link.name, end.code, safe_text(str(end), 300))
                 self.ps.recorder.emit("error", site=link.name, code=str(end.code), message=safe_text(str(end), 300))
             link.outbox.put_nowait(None)
+
+    # ------------------------------------------------------------ Lane
+
+    async def Lane(self, requests, context):
+        """An extra connection of a joined site for its deltas (docs/protocol.md 4b): a LaneOpen, then
+        manifests, chunks and parities, each taken as on the site's Session and acknowledged."""
+        try:
+            async for reply in self._lane(requests, context):
+                yield reply
+        finally:
+            await self._drain(requests)
+
+    async def _lane(self, requests, context):
+        host = peer_host(context.peer())
+        with self._stream_slot(host) as admitted:      # held until the lane says whose it is
+            if not admitted:
+                self._refused(host, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams open")
+                self._end(context, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams are "
+                                                        f"open from {host}")
+                return
+            try:
+                first = await self._first_message(requests, LaneOpen, "Lane")
+                link = check_lane(first, self.ps.auth, self.ps.links, self.limits)
+            except StopAsyncIteration:
+                return
+            except (_Ended, RejectedError) as e:
+                code = Reject(e.code)
+                self._refused(host, code, str(e))
+                yield wire.server_message(ErrorMessage(str(code), str(e)))
+                self._end(context, code, str(e))
+                return
+        self.guard.passed(context.peer())
+        link.lanes += 1
+        self.ps.recorder.emit("lane", site=link.name, lane=first.lane, peer=safe_text(context.peer(), 100))
+        try:
+            async for reply in self._lane_messages(requests, link, first.lane, host):
+                yield reply
+        except _Ended as e:
+            yield wire.server_message(ErrorMessage(str(e.code), str(e)))
+            self._end(context, e.code, str(e))
+        finally:
+            link.lanes -= 1
+
+    async def _lane_messages(self, requests, link, lane: int, host: str):
+        """Take each message of a lane as the site's Session would, and acknowledge it; raises _Ended
+        when one breaks a rule (the lane ends; the site's Session and the model are untouched)."""
+        while True:
+            try:
+                raw = await anext(requests)
+            except StopAsyncIteration:
+                return
+            except Exception:                # the connection broke
+                return
+            if link.closed:
+                raise _Ended(Reject.UNKNOWN_SITE, f"site {link.name!r} left; its lane {lane} ends")
+            try:
+                msg = wire.parse_site_message(raw)
+                if not isinstance(msg, (Manifest, TensorChunk, DeltaParity)):
+                    raise ProtocolError(f"a lane carries manifests, delta chunks and parities, not "
+                                        f"{type(msg).__name__}")
+                if isinstance(msg, TensorChunk) and self.ps.rounds.closed_for(link.name, msg.round, self.ps.round):
+                    # A hedge that lost the race to its first copy: the delta is settled without it.
+                    log.debug("site %s: chunk %d of round %d on lane %d after its round closed to it: ignored",
+                              link.name, msg.index, msg.round, lane)
+                else:
+                    await self.ps.handle(link, msg)
+            except (ProtocolError, CodecError, RejectedError) as e:
+                code = Reject(e.code) if isinstance(e, RejectedError) else Reject.INVALID_MESSAGE
+                self._refused(host, code, f"lane {lane}: {e}", site=link.name)
+                raise _Ended(code, str(e)) from None
+            except Exception as e:  # a bug in the PS: this lane ends, the PS and the run go on
+                log.exception("bug while handling a lane message from site %s", link.name)
+                raise _Ended(Reject.INTERNAL, f"the parameter server failed on this message ({type(e).__name__}); "
+                                              "see its log") from None
+            yield wire.server_message(LaneAck.of(msg))
 
     # ------------------------------------------------------------ Watch, Ping
 
@@ -323,6 +400,7 @@ def add_to_server(servicer: Servicer, server: grpc.aio.Server) -> None:
     reply = lambda m: m.SerializeToString()
     net.add_service(server, {
         "Session": grpc.stream_stream_rpc_method_handler(servicer.Session, None, reply),
+        "Lane": grpc.stream_stream_rpc_method_handler(servicer.Lane, None, reply),
         "Watch": grpc.unary_stream_rpc_method_handler(servicer.Watch, None, reply),
         "Ping": grpc.unary_unary_rpc_method_handler(servicer.Ping, None, reply),
         "Report": grpc.unary_unary_rpc_method_handler(servicer.Report, None, reply),

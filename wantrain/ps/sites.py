@@ -1,6 +1,7 @@
 """The sites connected to a parameter server: one `SiteLink` each, and the checks on what a site
-says about itself (may it join, is its Ready true, is its hash report in order). The checks are
-pure: they raise RejectedError or ProtocolError and change nothing; the PS acts on them."""
+says about itself (may it join, may it open a lane, is its Ready true, is its hash report in
+order). The checks are pure: they raise RejectedError or ProtocolError and change nothing; the PS
+acts on them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from ..auth import Authenticator
 from ..config import RunConfig
 from ..errors import ProtocolError, Reject, RejectedError
 from ..limits import Limits, TokenBucket
-from ..messages import PROTOCOL_VERSION, HashReport, Join, LinkProbe, Ready
+from ..messages import PROTOCOL_VERSION, HashReport, Join, LaneOpen, LinkProbe, Ready
 
-__all__ = ["SiteLink", "check_join"]
+__all__ = ["SiteLink", "check_join", "check_lane"]
 
 
 @dataclass
@@ -30,6 +31,7 @@ class SiteLink:
     ready: bool = False           # holds a model and can train (it said so after its download)
     base_round: int | None = None  # round of the model download in flight or last loaded
     last_hash_round: int = -1     # the last round whose hash the site reported
+    lanes: int = 0                # Lane calls open (train.lanes: extra connections for its deltas)
     joined_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
@@ -88,3 +90,19 @@ def check_join(msg: Join, cfg: RunConfig, auth: Authenticator, connected: dict, 
                             f"({', '.join(sorted(registry))}); {msg.site!r} is not one of them")
     if finished_after is not None:
         raise RejectedError(Reject.RUN_FINISHED, f"the run finished after {finished_after} rounds")
+
+
+def check_lane(msg: LaneOpen, auth: Authenticator, connected: dict[str, SiteLink], limits: Limits) -> SiteLink:
+    """The joined site a Lane belongs to; RejectedError if the token is wrong, the site has no
+    Session open, or it has `limits.max_lanes_per_site` lanes open already."""
+    if auth.check(msg.site, msg.token) is not None:
+        raise RejectedError(Reject.UNAUTHENTICATED, f"lane {msg.lane} of site {msg.site!r}: unknown site or "
+                                                    "wrong token")
+    link = connected.get(msg.site)
+    if link is None or link.closed:
+        raise RejectedError(Reject.UNKNOWN_SITE, f"lane {msg.lane} of site {msg.site!r}: the site has no Session "
+                                                 "open (a lane carries a joined site's deltas)")
+    if link.lanes >= limits.max_lanes_per_site:
+        raise RejectedError(Reject.RATE_LIMITED, f"site {msg.site!r} has {link.lanes} lanes open already (at most "
+                                                 f"{limits.max_lanes_per_site})")
+    return link

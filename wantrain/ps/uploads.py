@@ -65,7 +65,7 @@ class Upload:
     parity_seen: set[int] = field(default_factory=set)         # groups whose parity came
     member_bytes: dict[int, bytes] = field(default_factory=dict)   # scales + payload of members of such groups
     rebuilt: set[int] = field(default_factory=set)     # chunks made from their group's parity
-    repeated: set[int] = field(default_factory=set)    # chunks that came twice (a critical copy, a rebuilt one)
+    repeats: dict[int, int] = field(default_factory=dict)   # chunk -> times it came again (a copy, a hedge)
     protection_bytes: int = 0      # copies and parity: bytes beyond the delta's own
 
     @property
@@ -93,8 +93,8 @@ class Upload:
         self.wire_bytes += c.data.wire_bytes
 
     def add_repeat(self, c: TensorChunk) -> None:
-        """A chunk that came a second time (check_chunk allowed it): counted as bytes, nothing else."""
-        self.repeated.add(c.index)
+        """A chunk that came again (check_chunk allowed it): counted as bytes, nothing else."""
+        self.repeats[c.index] = self.repeats.get(c.index, 0) + 1
         self.protection_bytes += c.data.wire_bytes
 
     def take_parity(self, p: DeltaParity) -> None:
@@ -184,12 +184,16 @@ def check_manifest(cfg: RunConfig, up: Upload, m: Manifest, plan: list[ChunkSpec
     check_weight(cfg, f"the manifest of round {m.round}", m.steps, m.tokens, up.train_s)
 
 
+MAX_ARRIVALS = 3     # of one protected chunk: itself, its critical copy, a hedge (docs/protocol.md 4b)
+
+
 def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str) -> bool:
     """Does chunk `c` belong in `up`? Caps it so that one upload holds at most one model's worth of
     delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
-    each index once, but for one second copy of a critical chunk or of one rebuilt from parity
-    (docs/protocol.md 4a). (A site has one upload per round it still owes: at most a few.) True for
-    a chunk not in yet; False for such a second copy."""
+    each index once, but that a protected chunk (critical, in a parity group, or rebuilt from
+    parity) may come up to MAX_ARRIVALS times in all: a critical copy, a hedge on another lane
+    (docs/protocol.md 4a, 4b). (A site has one upload per round it still owes: at most a few.) True
+    for a chunk not in yet; False for such a repeat."""
     if c.kind != DELTA:
         raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
     if up.metrics is not None:
@@ -211,10 +215,11 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
         raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas are "
                             f"{mode} (codec.mode)")
     said = up.manifest.chunks[c.index] if up.manifest is not None else None
-    if c.index in up.decoding and not (said is not None and c.index not in up.repeated
-                                       and (said.role == "critical" or c.index in up.rebuilt)):
-        raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice (only a critical chunk, or "
-                            f"one rebuilt from parity, may come a second time)")
+    if c.index in up.decoding and not (said is not None and up.repeats.get(c.index, 0) + 1 < MAX_ARRIVALS
+                                       and (said.role == "critical" or said.group >= 0 or c.index in up.rebuilt)):
+        raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice (only a protected chunk: "
+                            f"critical, in a parity group or rebuilt from parity, may come again, "
+                            f"{MAX_ARRIVALS} times in all)")
     if c.data.wire_bytes > 4 * c.spec.length + 65536:
         raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
     if said is not None and (said.crc32, said.nbytes) != (checksum(c.data), c.data.wire_bytes):

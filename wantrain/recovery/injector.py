@@ -64,12 +64,13 @@ class ChunkLoss:
             return self._chain.lost(units)
         return bool(self._rng.random() < 1.0 - (1.0 - self.rate) ** units)
 
-    def mask(self, sizes: int | Sequence[int]) -> np.ndarray:
+    def mask(self, sizes: int | Sequence[int], mean: float = 0.0) -> np.ndarray:
         """The next decisions at once (True: lost): for `sizes` transmissions of equal size, or one
-        per size in `sizes` (bytes), each weighed against their mean."""
+        per size in `sizes` (bytes), each weighed against `mean` (0: their own mean)."""
         if isinstance(sizes, int):
             units = np.ones(sizes)
         else:
             units = np.asarray(sizes, float)
-            units = units / units.mean() if len(units) and units.mean() > 0 else np.ones(len(units))
+            mean = mean or (float(units.mean()) if len(units) else 0.0)
+            units = units / mean if mean > 0 else np.ones(len(units))
         return np.array([self.lost(float(u)) for u in units], bool)

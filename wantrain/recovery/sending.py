@@ -79,7 +79,8 @@ def to_resend(manifest: Manifest, order: list[Transmission], lost: Collection[in
     """The chunks to send again (see the module's docstring); `lost`: positions in `order`."""
     missing = still_missing(manifest, order, lost)
     resend = list(dict.fromkeys(t.index for t in order if t.kind != "parity" and t.index in missing))
-    parity_in = {t.index for n, t in enumerate(order) if t.kind == "parity" and n not in set(lost)}
+    gone = set(lost)
+    parity_in = {t.index for n, t in enumerate(order) if t.kind == "parity" and n not in gone}
     last_of: dict[int, int] = {}                  # a group whose parity is in -> its last missing member
     for i in resend:
         if (g := manifest.chunks[i].group) in parity_in:

@@ -96,6 +96,10 @@ class ShardedStream:
         except Exception as e:         # the session raises it (and retries or stops, as for one PS)
             self.inbox.put_nowait((i, e))
 
+    async def lanes(self, n: int) -> None:
+        """No lanes: each shard's Session carries its part of the delta."""
+        return None
+
     def stop(self) -> None:
         for t in self.readers:
             t.cancel()

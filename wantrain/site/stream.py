@@ -1,8 +1,9 @@
 """The session's transport: domain messages to and from the parameter server.
 
 session.py speaks to one PS through `send`, `receive` and `close`. `SingleStream` is one gRPC
-Session stream; `ShardedStream` (sharded.py) is one stream per shard of a sharded PS, merged so
-that the session sees one PS. `open_stream` picks by the number of addresses.
+Session stream, with lanes beside it where the run asks (lanes.py: extra connections for a
+delta's chunks); `ShardedStream` (sharded.py) is one stream per shard of a sharded PS, merged so
+that the session sees one PS (no lanes). `session_stream` picks by the number of addresses.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import grpc
 from .. import net, wire
 from ..auth import bearer
 from ..errors import ConnectionLostError
+from .lanes import Lanes
 from .sharded import ShardedStream
 
 __all__ = ["Stream", "SingleStream", "addresses", "session_stream", "probe_rtt"]
@@ -31,6 +33,7 @@ def addresses(ps: str) -> list[str]:
 class Stream(Protocol):
     protects: bool      # may a delta go with critical copies and parity (docs/protocol.md 4a)?
 
+    async def lanes(self, n: int) -> Lanes | None: ...
     async def send(self, msg) -> None: ...
     async def receive(self): ...
     async def close(self) -> None: ...
@@ -38,13 +41,27 @@ class Stream(Protocol):
 
 
 class SingleStream:
-    """One Session stream to an unsharded PS."""
+    """One Session stream to an unsharded PS, and the lanes beside it (lanes.py) once asked for."""
 
     protects = True
 
-    def __init__(self, call) -> None:
+    def __init__(self, call, address: str = "", opts=None) -> None:
         self.call = call
         self.sending = asyncio.Lock()    # one write at a time: a delta's tail goes beside the next round
+        self.address, self.opts = address, opts
+        self._lanes: Lanes | None = None
+        self._opening = asyncio.Lock()
+
+    async def lanes(self, n: int) -> Lanes | None:
+        """The session's `n` lanes, opened on the first call (the run's config says how many)."""
+        async with self._opening:
+            if self._lanes is None and n > 0 and self.opts is not None:
+                self._lanes = await Lanes.open(n, self.address, self.opts)
+        return self._lanes
+
+    async def close_lanes(self) -> None:
+        if self._lanes is not None:
+            await self._lanes.close()
 
     async def send(self, msg) -> None:
         async with self.sending:
@@ -73,11 +90,14 @@ async def session_stream(site) -> AsyncIterator[tuple[Stream, object]]:
     try:
         stubs = [net.stub(c) for c in channels]
         calls = [s.Session(wait_for_ready=False) for s in stubs]
-        stream = SingleStream(calls[0]) if len(calls) == 1 else ShardedStream(calls, opts.name, site.replica, site.shard_memory)
+        stream = (SingleStream(calls[0], site.addresses[0], opts) if len(calls) == 1
+                  else ShardedStream(calls, opts.name, site.replica, site.shard_memory))
         try:
             yield stream, stubs[0]
         finally:
             stream.stop()
+            if isinstance(stream, SingleStream):
+                await stream.close_lanes()
     finally:
         for c in channels:
             await c.close()

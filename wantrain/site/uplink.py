@@ -29,11 +29,11 @@ import numpy as np
 from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, plan_chunks
 from ..config import RunConfig
 from ..faults import Stalls
-from ..messages import (DELTA, MAX_STALENESS, DeltaOutcome, DeltaParity, Manifest, RoundMetrics, RoundResult,
-                        TensorChunk)
+from ..messages import MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult
 from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, Transmission, build_manifest, promote, protect,
                         to_resend, transmissions, xor_parity)
 from ..recovery.probe import role_energy, role_weights
+from .sender import Sender
 
 __all__ = ["Uplink"]
 
@@ -79,34 +79,34 @@ class Uplink:
         order = transmissions(manifest, copies=protects and self.cfg.train.critical_copies)
         first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
         order.insert(0, order.pop(order.index(Transmission("chunk", first))))
-        late: list[int] = []         # lost on purpose and not rebuilt at the PS: sent again late_s after the rest
+        t = self.cfg.train
+        out = Sender(stream, await stream.lanes(t.lanes) if t.lanes else None, round_, chunks, parity)
+        sizes = [out.size(x) for x in order]
+        lost: set[int] = set()       # positions lost on purpose (chunk loss)
         if self.loss is not None:
-            sizes = [len(parity[t.index]) if t.kind == "parity" else chunks[t.index][1].wire_bytes for t in order]
             lost = set(np.flatnonzero(self.loss.mask(sizes)).tolist())
-            late = to_resend(manifest, order, lost)
-            order = [t for n, t in enumerate(order) if n not in lost]
-            if len(lost):
-                log.warning("site %s: %d of the %d transmissions of round %d lost on purpose (chunk loss); %d "
-                            "chunk(s) not rebuilt at the PS go %.1f s after the others", self.site, len(lost),
-                            len(lost) + len(order), round_, len(late), self.late_s)
-        await stream.send(manifest)
+        await out.manifest(manifest)
         t0 = time.perf_counter()
-        for n, t in enumerate(order):
-            if t.kind == "parity":
-                await stream.send(DeltaParity(round_, t.index, parity[t.index]))
-            else:
-                spec, enc = chunks[t.index]
-                await stream.send(TensorChunk(DELTA, round_, t.index, len(chunks), spec, enc))
+        for n, x in enumerate(order):
+            await out.send(x, lost=n in lost)
             if n == 0:
                 await self.stalls.asleep("push", round_)
+        late = to_resend(manifest, order, lost) if lost else []   # what the PS cannot rebuild
+        if out.lanes is not None and t.hedge_s > 0:
+            hedged = await out.hedge(manifest, order, lost, t.hedge_s, self.loss, float(np.mean(sizes)))
+            late = [i for i in late if i not in hedged]
+        if lost:
+            log.warning("site %s: %d of the %d transmissions of round %d lost on purpose (chunk loss); %d chunk(s) "
+                        "not rebuilt at the PS%s go %.1f s after the others", self.site, len(lost), len(order),
+                        round_, len(late), " nor hedged" if out.hedged else "", self.late_s)
         if late:
             await asyncio.sleep(self.late_s)
         for i in late:
-            spec, enc = chunks[i]
-            await stream.send(TensorChunk(DELTA, round_, i, len(chunks), spec, enc))
+            await out.send(Transmission("chunk", i))
+        await out.settled()          # every lane's chunk taken: the metrics may follow
         metrics = RoundMetrics(round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
                                huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
-                               send_s=time.perf_counter() - t0, chunks=len(chunks), **figures)
+                               send_s=time.perf_counter() - t0, chunks=len(chunks), hedged=out.hedged, **figures)
         await stream.send(metrics)
         return stats
 

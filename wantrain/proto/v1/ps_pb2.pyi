@@ -28,6 +28,13 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_ATTENTION: _ClassVar[Role]
     ROLE_MLP: _ClassVar[Role]
     ROLE_OTHER: _ClassVar[Role]
+
+class LaneItem(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LANE_ITEM_UNSPECIFIED: _ClassVar[LaneItem]
+    LANE_ITEM_MANIFEST: _ClassVar[LaneItem]
+    LANE_ITEM_CHUNK: _ClassVar[LaneItem]
+    LANE_ITEM_PARITY: _ClassVar[LaneItem]
 ENCODING_UNSPECIFIED: Encoding
 ENCODING_FP32: Encoding
 ENCODING_INT8: Encoding
@@ -42,6 +49,10 @@ ROLE_EMBEDDING: Role
 ROLE_ATTENTION: Role
 ROLE_MLP: Role
 ROLE_OTHER: Role
+LANE_ITEM_UNSPECIFIED: LaneItem
+LANE_ITEM_MANIFEST: LaneItem
+LANE_ITEM_CHUNK: LaneItem
+LANE_ITEM_PARITY: LaneItem
 
 class Chunk(_message.Message):
     __slots__ = ("kind", "round", "index", "count", "tensor", "offset", "length", "encoding", "quant_block", "scales", "payload", "crc32")
@@ -117,6 +128,26 @@ class DeltaParity(_message.Message):
     payload: bytes
     def __init__(self, round: _Optional[int] = ..., group: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
+class LaneOpen(_message.Message):
+    __slots__ = ("site", "token", "lane")
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LANE_FIELD_NUMBER: _ClassVar[int]
+    site: str
+    token: str
+    lane: int
+    def __init__(self, site: _Optional[str] = ..., token: _Optional[str] = ..., lane: _Optional[int] = ...) -> None: ...
+
+class LaneAck(_message.Message):
+    __slots__ = ("round", "item", "index")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ITEM_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    item: LaneItem
+    index: int
+    def __init__(self, round: _Optional[int] = ..., item: _Optional[_Union[LaneItem, str]] = ..., index: _Optional[int] = ...) -> None: ...
+
 class Join(_message.Message):
     __slots__ = ("site", "protocol_version", "resume_round", "resume_hash", "device", "token")
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -166,7 +197,7 @@ class RoundStart(_message.Message):
     def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., train_s: _Optional[float] = ...) -> None: ...
 
 class RoundMetrics(_message.Message):
-    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "send_s", "chunks", "emulated_s", "data_position", "wait_s", "steps_ahead")
+    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "send_s", "chunks", "emulated_s", "data_position", "wait_s", "steps_ahead", "hedged")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     LAST_TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +215,7 @@ class RoundMetrics(_message.Message):
     DATA_POSITION_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     STEPS_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    HEDGED_FIELD_NUMBER: _ClassVar[int]
     round: int
     train_loss: float
     last_train_loss: float
@@ -201,7 +233,8 @@ class RoundMetrics(_message.Message):
     data_position: int
     wait_s: float
     steps_ahead: int
-    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ..., steps_ahead: _Optional[int] = ...) -> None: ...
+    hedged: int
+    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ..., steps_ahead: _Optional[int] = ..., hedged: _Optional[int] = ...) -> None: ...
 
 class RoundResult(_message.Message):
     __slots__ = ("round", "model_hash", "sites", "val_loss", "late_sites", "partial")
@@ -270,7 +303,7 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
 class SiteMessage(_message.Message):
-    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe", "ready", "manifest", "parity")
+    __slots__ = ("join", "chunk", "metrics", "hash_report", "link_probe", "ready", "manifest", "parity", "lane_open")
     JOIN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +312,7 @@ class SiteMessage(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     PARITY_FIELD_NUMBER: _ClassVar[int]
+    LANE_OPEN_FIELD_NUMBER: _ClassVar[int]
     join: Join
     chunk: Chunk
     metrics: RoundMetrics
@@ -287,23 +321,26 @@ class SiteMessage(_message.Message):
     ready: Ready
     manifest: DeltaManifest
     parity: DeltaParity
-    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., manifest: _Optional[_Union[DeltaManifest, _Mapping]] = ..., parity: _Optional[_Union[DeltaParity, _Mapping]] = ...) -> None: ...
+    lane_open: LaneOpen
+    def __init__(self, join: _Optional[_Union[Join, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., metrics: _Optional[_Union[RoundMetrics, _Mapping]] = ..., hash_report: _Optional[_Union[HashReport, _Mapping]] = ..., link_probe: _Optional[_Union[LinkProbe, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., manifest: _Optional[_Union[DeltaManifest, _Mapping]] = ..., parity: _Optional[_Union[DeltaParity, _Mapping]] = ..., lane_open: _Optional[_Union[LaneOpen, _Mapping]] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("welcome", "chunk", "round_start", "round_result", "error", "delta_outcome")
+    __slots__ = ("welcome", "chunk", "round_start", "round_result", "error", "delta_outcome", "lane_ack")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     ROUND_START_FIELD_NUMBER: _ClassVar[int]
     ROUND_RESULT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DELTA_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    LANE_ACK_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     chunk: Chunk
     round_start: RoundStart
     round_result: RoundResult
     error: Error
     delta_outcome: DeltaOutcome
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., round_start: _Optional[_Union[RoundStart, _Mapping]] = ..., round_result: _Optional[_Union[RoundResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., delta_outcome: _Optional[_Union[DeltaOutcome, _Mapping]] = ...) -> None: ...
+    lane_ack: LaneAck
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., round_start: _Optional[_Union[RoundStart, _Mapping]] = ..., round_result: _Optional[_Union[RoundResult, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., delta_outcome: _Optional[_Union[DeltaOutcome, _Mapping]] = ..., lane_ack: _Optional[_Union[LaneAck, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("from_seq",)

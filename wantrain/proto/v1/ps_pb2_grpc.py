@@ -39,6 +39,11 @@ class ParameterServerStub(object):
                 request_serializer=wantrain_dot_v1_dot_ps__pb2.SiteMessage.SerializeToString,
                 response_deserializer=wantrain_dot_v1_dot_ps__pb2.ServerMessage.FromString,
                 _registered_method=True)
+        self.Lane = channel.stream_stream(
+                '/wantrain.v1.ParameterServer/Lane',
+                request_serializer=wantrain_dot_v1_dot_ps__pb2.SiteMessage.SerializeToString,
+                response_deserializer=wantrain_dot_v1_dot_ps__pb2.ServerMessage.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/wantrain.v1.ParameterServer/Watch',
                 request_serializer=wantrain_dot_v1_dot_ps__pb2.WatchRequest.SerializeToString,
@@ -62,6 +67,15 @@ class ParameterServerServicer(object):
     def Session(self, request_iterator, context):
         """The site's one stream: it sends a Join first, then deltas and metrics;
         the PS answers with a Welcome, the model, round starts and updates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Lane(self, request_iterator, context):
+        """An extra connection of a joined site for its deltas (`train.lanes`): a
+        LaneOpen first, then manifests, delta chunks and parities only; the PS
+        answers each with a LaneAck once it has taken it, as it would on Session.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +110,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
+                    request_deserializer=wantrain_dot_v1_dot_ps__pb2.SiteMessage.FromString,
+                    response_serializer=wantrain_dot_v1_dot_ps__pb2.ServerMessage.SerializeToString,
+            ),
+            'Lane': grpc.stream_stream_rpc_method_handler(
+                    servicer.Lane,
                     request_deserializer=wantrain_dot_v1_dot_ps__pb2.SiteMessage.FromString,
                     response_serializer=wantrain_dot_v1_dot_ps__pb2.ServerMessage.SerializeToString,
             ),
@@ -140,6 +159,33 @@ class ParameterServer(object):
             request_iterator,
             target,
             '/wantrain.v1.ParameterServer/Session',
+            wantrain_dot_v1_dot_ps__pb2.SiteMessage.SerializeToString,
+            wantrain_dot_v1_dot_ps__pb2.ServerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lane(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/wantrain.v1.ParameterServer/Lane',
             wantrain_dot_v1_dot_ps__pb2.SiteMessage.SerializeToString,
             wantrain_dot_v1_dot_ps__pb2.ServerMessage.FromString,
             options,

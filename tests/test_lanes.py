@@ -1,0 +1,83 @@
+"""Lanes: a site's deltas spread over extra TCP connections (train.lanes; docs/protocol.md 4b), over
+real gRPC in this process (tests/harness.py). The hostile side of a lane is test_hostile.py's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from wantrain.codec import Codec, encode_arrays
+from wantrain.config import CodecConfig
+from wantrain.messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
+from wantrain.recovery import Transmission
+from wantrain.report import timeline_figure
+from wantrain.site.sender import Sender
+from wantrain.telemetry import rows
+
+from .cluster import check_run
+from .harness import run_in_process
+from .helpers import small_config
+
+
+@pytest.mark.timeout(180)
+def test_deltas_over_lanes_commit_every_round_with_replicas_equal(tmp_path):
+    # Site b loses a third of its transmissions on purpose (chunk loss, i.i.d.): what the PS cannot
+    # rebuild goes again, its protected chunks as hedges on another lane within 0.3 s, the rest 1 s
+    # late. Every round commits once, every replica agrees at every hash check.
+    rounds = 4
+    cfg = small_config(num_sites=2, sites=["a", "b"], **{
+        "train.rounds": rounds, "train.inner_steps": 4, "train.warmup_steps": 0, "train.reliable_rounds": 1,
+        "train.deadline_s": 20.0, "train.quorum_wait_s": 1.0, "train.lanes": 3, "train.hedge_s": 0.3,
+        "train.critical_copies": True, "train.parity_share": 0.5, "train.parity_group_size": 4})
+    events, cluster = run_in_process(cfg, tmp_path / "run", timeout_s=150,
+                                     site_options={"chunk_loss": (0.33, 1.0, 1.0)})
+    check_run(events, rounds)
+    lanes = rows(events, "lane")
+    for site in ("a", "b"):      # three lanes each, each its own TCP connection (a port of its own)
+        mine = [e for e in lanes if e["site"] == site]
+        assert sorted(e["lane"] for e in mine) == [0, 1, 2], mine
+        assert len({e["peer"] for e in mine}) == 3, mine
+    assert len({e["peer"] for e in lanes}) == 6
+    b_rounds = [e for e in rows(events, "site_round") if e["site"] == "b"]
+    assert sum(e["hedged"] for e in b_rounds) > 0, b_rounds
+    assert all(e["protection_bytes"] > 0 for e in b_rounds)
+    hedges = {tr.name: tr for tr in timeline_figure(events).data}["chunks hedged on another lane"]
+    assert set(hedges.y) == {"b"} and len(hedges.x) == sum(e["hedged"] > 0 for e in b_rounds)
+
+
+class _Lanes:
+    """Lanes that write nothing and remember which lane each message went on."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.sent, self.acked = n, [], set()
+
+    def __len__(self) -> int:
+        return self.n
+
+    async def send(self, lane: int, msg) -> LaneAck:
+        self.sent.append((lane, msg))
+        return LaneAck.of(msg)
+
+
+def test_a_chunks_copy_and_hedge_each_take_another_lane():
+    rng = np.random.default_rng(0)
+    chunks, _ = encode_arrays({"w": rng.standard_normal(20000).astype(np.float32)}, Codec(CodecConfig(chunk_bytes=4096)),
+                              None)
+    lanes = _Lanes(3)
+    out = Sender(None, lanes, 7, chunks, {0: b"\x01" * 10})
+    order = [Transmission("chunk", 0), Transmission("chunk", 1), Transmission("copy", 0), Transmission("parity", 0),
+             Transmission("chunk", 2)]
+
+    async def go():
+        for t in order:
+            await out.send(t)
+        await out.send(Transmission("chunk", 0))            # a hedge of chunk 0
+    asyncio.run(go())
+    on = [(lane, type(m).__name__, getattr(m, "index", getattr(m, "group", None))) for lane, m in lanes.sent]
+    assert on[:5] == [(0, "TensorChunk", 0), (1, "TensorChunk", 1), (2, "TensorChunk", 0), (0, "DeltaParity", 0),
+                      (1, "TensorChunk", 2)]
+    assert on[5] == (1, "TensorChunk", 0)                  # the one lane chunk 0 had not taken
+    assert all(isinstance(m, (TensorChunk, DeltaParity, Manifest)) and m.round == 7 for _, m in lanes.sent)
+    assert all(m.kind == DELTA for _, m in lanes.sent if isinstance(m, TensorChunk))

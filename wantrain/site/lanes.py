@@ -1,0 +1,118 @@
+"""A site's extra connections for its deltas: lanes (train.lanes; docs/protocol.md 4b).
+
+One TCP connection stalls every HTTP/2 stream on it: a lost segment holds back all that follows
+until it is retransmitted, and on a long lossy path one flow's rate is capped by its loss (about
+MSS / (RTT sqrt(p))). `Lanes` opens `n` Lane calls, each on a channel of its own (a local
+subchannel pool: gRPC does not share one connection between them), and sends a delta's manifest,
+chunks and parities over them; the PS answers each message with a LaneAck once it has taken it,
+as it would on the Session. `settled()` waits for the acks of everything written: the site sends
+its RoundMetrics on its Session only then, so the PS never sees a round's metrics before one of its
+chunks, and the order rules of the Session hold across connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+
+import grpc
+
+from .. import net, wire
+from ..errors import ConnectionLostError, ProtocolError, Reject, RejectedError
+from ..messages import DeltaParity, ErrorMessage, LaneAck, LaneOpen, Manifest, TensorChunk
+
+__all__ = ["Lanes"]
+
+log = logging.getLogger("wantrain.site")
+
+Item = LaneAck           # what an ack names: (round, item, index)
+
+
+class Lanes:
+    """`n` Lane calls to one PS (see the module's docstring). Open with `Lanes.open`."""
+
+    def __init__(self, channels: list, calls: list) -> None:
+        self.channels, self.calls = channels, calls
+        self.writing = [asyncio.Lock() for _ in calls]
+        self.in_flight: Counter[Item] = Counter()      # written and not acked yet
+        self.acked: set[Item] = set()                  # acked at least once
+        self.changed = asyncio.Event()                 # an ack came, or a lane failed
+        self.failure: Exception | None = None
+        self.readers = [asyncio.create_task(self._read(i)) for i in range(len(calls))]
+
+    @classmethod
+    async def open(cls, n: int, address: str, opts) -> Lanes:
+        """`n` lanes of the site `opts.name` to the PS at `address` (its own channel each)."""
+        channels = [net.site_channel(address, opts.tls, opts.tls_server_name, opts.link_rtt_ms, opts.link_mbps)
+                    for _ in range(n)]
+        calls = [net.stub(c).Lane(wait_for_ready=False) for c in channels]
+        for i, call in enumerate(calls):
+            await call.write(wire.site_message(LaneOpen(opts.name, opts.token, i)))
+        log.info("site %s: %d lanes open to %s", opts.name, n, address)
+        return cls(channels, calls)
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    async def send(self, lane: int, msg: Manifest | TensorChunk | DeltaParity) -> Item:
+        """Write `msg` on lane `lane`; what its ack will name."""
+        self._raise_failure()
+        item = LaneAck.of(msg)
+        self.in_flight[item] += 1
+        async with self.writing[lane]:
+            await self.calls[lane].write(wire.site_message(msg))
+        return item
+
+    async def until_acked(self, item: Item) -> None:
+        """Wait for the first ack of `item`."""
+        while item not in self.acked:
+            self._raise_failure()
+            self.changed.clear()
+            await self.changed.wait()
+
+    async def settled(self) -> None:
+        """Wait until everything written has been acked (ConnectionLostError if a lane failed)."""
+        while +self.in_flight:
+            self._raise_failure()
+            self.changed.clear()
+            await self.changed.wait()
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    async def _read(self, lane: int) -> None:
+        try:
+            while True:
+                raw = await self.calls[lane].read()
+                if raw is grpc.aio.EOF:
+                    raise ConnectionLostError(f"lane {lane} ended")
+                msg = wire.server_message_from_proto(raw)
+                if isinstance(msg, ErrorMessage):
+                    raise RejectedError(Reject.from_wire(msg.code), f"lane {lane}: {msg.message}")
+                if not isinstance(msg, LaneAck) or self.in_flight[msg] <= 0:
+                    raise ProtocolError(f"lane {lane}: the PS acknowledged {msg}, which is not in flight on it")
+                self.in_flight[msg] -= 1
+                self.acked.add(msg)
+                self.changed.set()
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as e:
+            self.failure = ConnectionLostError(f"lane {lane} broke: {e.code().name}: {e.details()}")
+        except (ConnectionLostError, RejectedError) as e:
+            self.failure = e
+        except ProtocolError as e:          # the PS's own mistake: this session ends, the site joins again
+            self.failure = ConnectionLostError(str(e))
+        self.changed.set()
+
+    async def close(self) -> None:
+        for task in self.readers:
+            task.cancel()
+        for task in self.readers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for c in self.channels:
+            await c.close()
