@@ -11,6 +11,7 @@ transmission of the mean size, so a norm gain of a few hundred bytes is almost n
 Arms (issue 28's names in brackets):
 
     reliable       [B0] every chunk waited for: the deadline is far off
+    reliable-lanes [B0'] reliable, each delta spread over 4 lanes (extra TCP connections, train.lanes)
     drop           [B6] the old default: a fixed deadline; a late delta is the others' mean, and its
                    site sends it again inside its next delta
     zero           [B1] a fixed deadline; a late delta counts as zeros and is applied when it
@@ -25,11 +26,15 @@ Arms (issue 28's names in brackets):
     salr           zero, counting the chunks in at the deadline (train.partial_deltas), closing
                    early once what is missing is within 5 % of the round's importance; the rest of
                    a delta (its tail) flows while its site trains the next round; critical chunks
-                   sent twice, XOR parity over the chunks holding half the importance, groups of 8
+                   sent twice, XOR parity over the chunks holding half the importance, groups of 8;
+                   each delta over 4 lanes, a protected chunk not acknowledged within 1 s sent again
+                   on another lane (train.hedge_s)
     salr-probe     salr with role weights from a sensitivity probe every 2 rounds (train.probe_every:
                    importance = role weight x energy; salr's is energy alone)
     salr-no-parity salr with critical copies, without parity (an ablation)
     salr-no-early  salr without the early close (an ablation)
+    salr-no-hedge  salr over 4 lanes, without hedging (an ablation)
+    salr-one-lane  salr on the Session alone: no lanes, no hedging (an ablation)
     salr-carry     salr with the rest of a delta carried into the site's next delta (zero-carry),
                    not sent late and applied outside the momentum
     salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
@@ -42,9 +47,10 @@ what the PS substituted and reconciled (round_end's recovery fields).
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
 `--blackouts 40:2` takes every link down 2 s in every 40; `--spikes 2:300` adds two delay spikes
-a minute of at least 300 ms (testbed/trace.py). Not here yet: several connections per site,
-hedging, downlink loss, B0', B5 (the in-process study, bench/late_policy.py, measures the loss side
-of the chunk-level arms).
+a minute of at least 300 ms (testbed/trace.py); `--link-loss 0.01:100` gives every link 1 % packet
+loss and a 100 ms RTT, which caps each TCP connection at its Mathis rate (testbed/proxy.py): where
+lanes (several connections) carry a delta faster. Not here: downlink loss, B5 (the in-process
+study, bench/late_policy.py, measures the loss side of the chunk-level arms).
 """
 
 from __future__ import annotations
@@ -69,11 +75,13 @@ from wantrain.run_compare import time_to_target
 from wantrain.telemetry import rows
 
 SALR = {"train.late_policy": "zero-outside", "train.partial_deltas": True, "train.critical_copies": True,
-        "train.parity_share": 0.5, "train.parity_group_size": 8}
+        "train.parity_share": 0.5, "train.parity_group_size": 8, "train.lanes": 4, "train.hedge_s": 1.0}
+LANES = 4
 RELIABLE_DEADLINE_S = 120.0      # the reliable arm's: far off, every chunk is waited for
 WHOLE = {"train.partial_deltas": False, "train.loss_budget": 0.0}    # a delta counts whole or not at all
 ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at the size's deadline
     "reliable": {**WHOLE, "train.late_policy": "zero-outside"},
+    "reliable-lanes": {**WHOLE, "train.late_policy": "zero-outside", "train.lanes": LANES},
     "drop": {**WHOLE, "train.late_policy": "drop"},
     "zero": {**WHOLE, "train.late_policy": "zero-outside"},
     "carry": {**WHOLE, "train.late_policy": "zero-carry"},
@@ -83,13 +91,15 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "salr": {**SALR, "train.loss_budget": 0.05},
     "salr-probe": {**SALR, "train.loss_budget": 0.05, "train.probe_every": 2},
     "salr-no-parity": {**SALR, "train.loss_budget": 0.05, "train.parity_share": 0.0},
+    "salr-no-hedge": {**SALR, "train.loss_budget": 0.05, "train.hedge_s": 0.0},
+    "salr-one-lane": {**SALR, "train.loss_budget": 0.05, "train.lanes": 0, "train.hedge_s": 0.0},
     "salr-no-early": {**SALR, "train.loss_budget": 0.0},
     "salr-carry": {**SALR, "train.late_policy": "zero-carry", "train.loss_budget": 0.05},
     "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},
 }
 SIZES = {
-    "quick": dict(rounds=5, inner_steps=8, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6, deadline_s=2.0,
-                  late_s=3.0, arms=("reliable", "salr")),
+    "quick": dict(rounds=5, inner_steps=4, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6, deadline_s=3.0,
+                  late_s=4.5, arms=("reliable", "salr")),
     "full": dict(rounds=16, inner_steps=20, reliable_rounds=3, losses=(0.01, 0.05, 0.1), seeds=1, target=2.6,
                  deadline_s=4.0, late_s=6.0, arms=tuple(ARMS)),
 }
@@ -109,6 +119,8 @@ class Link:
     blackout_s: float = 0.0
     spikes_per_min: float = 0.0
     spike_ms: float = 50.0
+    packet_loss: float = 0.0        # the link's own loss: each TCP flow's rate capped by it (testbed/proxy.py)
+    rtt_ms: float = 0.0             # > 0: every site's RTT to the PS (the scenario's otherwise)
 
     def apply(self, plan, seed: int):
         for k, name in enumerate(plan.names):
@@ -119,7 +131,8 @@ class Link:
                                 for t in np.arange(phase, 600, self.blackout_every_s))   # the plan is an event
             plan = plan.with_site(name, speed_factor=2.0, chunk_loss=self.loss, chunk_burst=self.burst,
                                   chunk_late_s=self.late_s, outages=outages, spikes_per_min=self.spikes_per_min,
-                                  spike_min_ms=self.spike_ms)
+                                  spike_min_ms=self.spike_ms, loss=self.packet_loss,
+                                  **({"rtt_ms": self.rtt_ms} if self.rtt_ms else {}))
         return plan
 
     def disturbances(self) -> str:
@@ -128,6 +141,9 @@ class Link:
             out.append(f"blackouts of {self.blackout_s:g} s every {self.blackout_every_s:g} s")
         if self.spikes_per_min:
             out.append(f"{self.spikes_per_min:g} delay spikes a minute (>= {self.spike_ms:g} ms)")
+        if self.packet_loss or self.rtt_ms:
+            out.append(f"packet loss {self.packet_loss:.1%} and RTT {self.rtt_ms:g} ms on the link (each TCP flow "
+                       f"at most its Mathis rate)")
         return ", ".join(out) or "no blackouts or delay spikes"
 
 
@@ -139,7 +155,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
         "train.inner_steps": size["inner_steps"], "train.warmup_steps": size["inner_steps"], "train.seed": seed,
         "model.seed": seed,
         "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0,
-        "train.deadline_s": RELIABLE_DEADLINE_S if arm == "reliable" else size["deadline_s"], **ARMS[arm]})
+        "train.deadline_s": RELIABLE_DEADLINE_S if arm.startswith("reliable") else size["deadline_s"], **ARMS[arm]})
     t0 = time.time()
     loss = link.loss
     with Run(cfg, run_dir=folder / f"{arm}-{loss}-{seed}", site_threads=1, plan=plan) as run:
@@ -153,7 +169,8 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
     assert outcome is not None
     round_s = [e["round_s"] for e in ends]
     return {"arm": arm, "chunk_loss": loss, "burst": link.burst, "blackout_every_s": link.blackout_every_s,
-            "blackout_s": link.blackout_s, "spikes_per_min": link.spikes_per_min, "seed": seed, "rounds": len(ends),
+            "blackout_s": link.blackout_s, "spikes_per_min": link.spikes_per_min, "packet_loss": link.packet_loss,
+            "rtt_ms": link.rtt_ms, "seed": seed, "rounds": len(ends),
             "final_val_loss": float(np.mean([e["val_loss"] for e in ends[-3:]])),
             "reached": outcome.reached, "time_to_target_s": outcome.time_s if outcome.reached else None,
             "wall_s": round(time.time() - t0, 1), "p50_round_s": float(np.percentile(round_s, 50)),
@@ -161,6 +178,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
             "uplink_mb": sum(e["wire_bytes"] + e["protection_bytes"] for e in rows(events, "site_round")) / 1e6,
             "protection_mb": sum(e["protection_bytes"] for e in rows(events, "site_round")) / 1e6,
             "rebuilt": sum(e["rebuilt"] for e in rows(events, "site_round")),
+            "hedged": sum(e["hedged"] for e in rows(events, "site_round")),
             "downlink_mb": len(plan.names) * sum(e["wire_bytes"] for e in ends) / 1e6,
             "closes": {c: sum(e["close"] == c for e in ends) for c in ("complete", "early", "deadline")},
             "substituted": sum(sum(e["substituted"].values()) for e in ends),
@@ -196,6 +214,8 @@ def main() -> None:
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (full: all, quick: reliable,salr)")
     p.add_argument("--blackouts", metavar="EVERY:SECONDS", help="each link carries nothing for SECONDS every EVERY s")
     p.add_argument("--spikes", metavar="PER_MIN:MS", help="delay spikes a minute, each at least MS ms one way")
+    p.add_argument("--link-loss", metavar="P:RTT_MS", help="the link's packet loss and RTT: each TCP connection's "
+                   "rate at most its Mathis bound (where lanes help)")
     p.add_argument("--scenario", default="loopback")
     p.add_argument("--keep-runs", help="keep each run's folder under this one (default: a temporary folder)")
     p.add_argument("--out", default="loss_recovery", help="result name under bench/results, or a path ending in .json")
@@ -210,8 +230,9 @@ def main() -> None:
     losses = [float(x) for x in args.loss.split(",")] if args.loss else list(size["losses"])
     blackouts = tuple(float(x) for x in args.blackouts.split(":")) if args.blackouts else (0.0, 0.0)
     spikes = tuple(float(x) for x in args.spikes.split(":")) if args.spikes else (0.0, 50.0)
-    if len(blackouts) != 2 or len(spikes) != 2:
-        p.error("--blackouts and --spikes take two numbers, as EVERY:SECONDS and PER_MIN:MS")
+    link_loss = tuple(float(x) for x in args.link_loss.split(":")) if args.link_loss else (0.0, 0.0)
+    if len(blackouts) != 2 or len(spikes) != 2 or len(link_loss) != 2:
+        p.error("--blackouts, --spikes and --link-loss take two numbers, as EVERY:SECONDS, PER_MIN:MS and P:RTT_MS")
     results = []
     with tempfile.TemporaryDirectory(prefix="wantrain-lr-") as tmp:
         if args.keep_runs:
@@ -219,7 +240,7 @@ def main() -> None:
         for loss in losses:
             for seed in range(args.first_seed, args.first_seed + (args.seeds or size["seeds"])):
                 for arm in arms:
-                    link = Link(loss, args.burst, late_s, *blackouts, *spikes)
+                    link = Link(loss, args.burst, late_s, *blackouts, *spikes, *link_loss)
                     r = run_arm(arm, size, link, seed, args.scenario, Path(tmp))
                     results.append(r)
                     print(f"chunk loss {loss:.0%}, {arm}, seed {seed}: final {r['final_val_loss']:.4f}, p50/p99 round "
@@ -228,7 +249,7 @@ def main() -> None:
     print()
     print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {size['deadline_s']} s "
           f"(reliable: none), lost chunks {late_s} s late, in bursts of {args.burst:g}; "
-          f"{Link(0.0, args.burst, late_s, *blackouts, *spikes).disturbances()}")
+          f"{Link(0.0, args.burst, late_s, *blackouts, *spikes, *link_loss).disturbances()}")
     print(table(results, size["target"]))
     seeds = {(r["arm"], r["chunk_loss"]) for r in results}
     if len(seeds) < len(results):
@@ -238,6 +259,7 @@ def main() -> None:
                 print(f"{arm} at {loss:.0%}: final {statistics.mean(finals):.4f} over {len(finals)} seeds")
     save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "losses": losses,
                        "burst": args.burst, "late_s": late_s, "blackouts": blackouts, "spikes": spikes,
+                       "link_loss": link_loss,
                        "deadline_s": size["deadline_s"], "arms": arms, "target": size["target"], "rows": results})
 
 

@@ -1,7 +1,8 @@
 """bench/loss_recovery.py in its quick form, as CI runs it: real processes (a PS, three sites, the
-link emulator), every site losing 5 % of its delta's chunks on purpose, each 3 s after the others.
-The reliable arm waits for every chunk; SALR counts the chunks in by the deadline (2 s), closes early
-within its loss budget, and reconciles the rest when it comes, while the site trains on."""
+link emulator), every site losing 5 % of its delta's chunks on purpose, each 4.5 s after the others.
+The reliable arm waits for every chunk; SALR counts the chunks in by the deadline (3 s, about four
+times a round's compute: a busy machine must not make sites miss it whole), closes early within its
+loss budget, and reconciles the rest when it comes, while the site trains on."""
 
 import json
 import subprocess
@@ -21,12 +22,12 @@ def test_quick_loss_recovery_bench_counts_what_came_and_waits_less(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = {r["arm"]: r for r in result["rows"]}
-    assert set(rows) == {"reliable", "salr"} and result["late_s"] == 3.0 and result["deadline_s"] == 2.0
+    assert set(rows) == {"reliable", "salr"} and result["late_s"] == 4.5 and result["deadline_s"] == 3.0
     reliable, salr = rows["reliable"], rows["salr"]
     assert reliable["rounds"] == salr["rounds"] == 5
     assert reliable["closes"]["complete"] == 5 and reliable["partial"] == reliable["substituted"] == 0
     assert salr["closes"]["complete"] < 5 and salr["partial"] > 0 and salr["substituted"] > 0
     assert salr["late_deltas"]["deferred"] + salr["late_deltas"]["dropped"] > 0    # the tails came
-    # A reliable round waits for its late chunks (3 s); SALR's close by the deadline (2 s) or earlier.
+    # A reliable round waits for its late chunks (4.5 s); SALR's close by the deadline (3 s) or earlier.
     assert salr["p50_round_s"] < reliable["p50_round_s"], (salr["p50_round_s"], reliable["p50_round_s"])
     assert "salr" in proc.stdout and "reliable" in proc.stdout
