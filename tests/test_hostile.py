@@ -254,8 +254,8 @@ def test_bad_messages_from_a_joined_site(server, attack, code, needle):
     assert_unharmed(server)
 
 
-class HandLane:
-    """A Lane call driven by hand (docs/protocol.md 4b)."""
+class HandLane(HandSite):
+    """A Lane call driven by hand (docs/protocol.md 4b): `first` is its first message."""
 
     def __init__(self, server, first) -> None:
         address, creds, *_ = server
@@ -265,26 +265,6 @@ class HandLane:
         lane = self.ch.stream_stream("/wantrain.v1.ParameterServer/Lane", request_serializer=_serialize,
                                      response_deserializer=pb.ServerMessage.FromString)
         self.stream = lane(iter(self.out.get, None), timeout=60)
-
-    def send(self, msg) -> None:
-        self.out.put(msg if isinstance(msg, pb.SiteMessage) else wire.site_message(msg))
-
-    def recv(self):
-        return wire.server_message_from_proto(next(self.stream))
-
-    def status(self) -> grpc.RpcError | None:
-        self.out.put(None)
-        try:
-            for _ in self.stream:
-                pass
-        except grpc.RpcError as e:
-            return e
-        return None
-
-    def close(self) -> None:
-        self.out.put(None)
-        self.stream.cancel()
-        self.ch.close()
 
 
 @pytest.mark.timeout(60)

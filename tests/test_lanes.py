@@ -43,8 +43,9 @@ def test_deltas_over_lanes_commit_every_round_with_replicas_equal(tmp_path):
     b_rounds = [e for e in rows(events, "site_round") if e["site"] == "b"]
     assert sum(e["hedged"] for e in b_rounds) > 0, b_rounds
     assert all(e["protection_bytes"] > 0 for e in b_rounds)
+    # (a's chunks may be hedged too, on a busy machine: not acknowledged within 0.3 s)
     hedges = {tr.name: tr for tr in timeline_figure(events).data}["chunks hedged on another lane"]
-    assert set(hedges.y) == {"b"} and len(hedges.x) == sum(e["hedged"] > 0 for e in b_rounds)
+    assert "b" in set(hedges.y) and len(hedges.x) == sum(e["hedged"] > 0 for e in rows(events, "site_round"))
 
 
 class _Lanes:

@@ -125,6 +125,11 @@ LONG_BY_DESIGN: dict[str, str] = {
     "wantrain/ps/server.py": "the composition root of the PS's owners and the one place a site's messages move "
                              "the round (join, ready, chunk, metrics, hash report, deadline, commit): its handlers "
                              "share the round's state, and apart they would each reach into it",
+    "wantrain/ps/servicer.py": "the gRPC adapter: each RPC's translation between the wire and the PS (Session, "
+                               "Lane, Watch, Ping, Report), sharing one account of streams per address and one "
+                               "way to refuse and log; apart, each would reach into that accounting",
+    "wantrain/config.py": "the run config: one frozen dataclass per section, each field's meaning, default and "
+                          "check beside it, the one place a user reads what a setting does",
 }
 MAX_LINES = 400
 

@@ -1,6 +1,6 @@
 """A delta's protection on the wire at the PS (docs/protocol.md 4a), driven without a network:
-XOR parity rebuilds the one member a group lacks, a critical chunk may come twice, and a parity
-or a copy that does not belong is refused and changes nothing. Last, a site's own push under chunk
+XOR parity rebuilds the one member a group lacks, a protected chunk may come three times, and a
+parity or a copy that does not belong is refused and changes nothing. Last, a site's own push under chunk
 loss (site/uplink.py, recovery.ChunkLoss) fed to the PS: what it rebuilds, it never waits for."""
 
 import asyncio
@@ -23,10 +23,11 @@ from .test_server import drain, enter, rows_of
 pytestmark = pytest.mark.timeout(120)
 
 
-def protected(ps, round_=0):
-    """A delta with every non-critical chunk in parity groups of 4, and each group's parity."""
+def protected(ps, round_=0, share=1.0):
+    """A delta with every non-critical chunk in parity groups of 4 (`share` < 1: those holding that
+    share of its importance), and each group's parity."""
     manifest, msgs, m = delta_with_manifest(ps, round_)
-    manifest = protect(manifest, share=1.0, group_size=4)
+    manifest = protect(manifest, share=share, group_size=4) if share else manifest
     parity = {}
     for c in manifest.chunks:
         if c.group >= 0:
@@ -34,13 +35,13 @@ def protected(ps, round_=0):
     return manifest, msgs, m, {g: DeltaParity(round_, g, xor_parity(p)) for g, p in parity.items()}
 
 
-async def commit(lost=(), send_parity=True, extra=()):
+async def commit(lost=(), send_parity=True, extra=(), share=1.0):
     """One site's round 0 with chunks `lost` never sent, then `extra` messages before the metrics;
     the PS's round, hash and site_round event."""
     ps = ParameterServer(small_config(num_sites=1), run_dir=None)
     a = enter(ps, Join("a"))
     drain(a)
-    manifest, msgs, m, parity = protected(ps)
+    manifest, msgs, m, parity = protected(ps, share=share)
     await ps.handle(a, manifest)
     for c in msgs:
         if c.index not in lost:
@@ -90,9 +91,10 @@ def test_a_critical_chunk_may_come_three_times_and_no_more():
     assert asyncio.run(commit(extra=[critical, critical]))[:2] == whole[:2]     # a copy and a hedge
     with pytest.raises(ProtocolError, match="arrived twice"):
         asyncio.run(commit(extra=[critical, critical, critical]))
-    plain = msgs[next(c.index for c in manifest.chunks if c.role != "critical" and c.group < 0)]
-    with pytest.raises(ProtocolError, match="arrived twice"):
-        asyncio.run(commit(extra=[plain]))
+    plain = msgs[next(c.index for c in manifest.chunks if c.role != "critical")]
+    assert asyncio.run(commit(extra=[plain]))[:2] == whole[:2]       # in a parity group: protected
+    with pytest.raises(ProtocolError, match="arrived twice"):        # in none: once only
+        asyncio.run(commit(extra=[plain], share=0.0, send_parity=False))
 
 
 def test_a_parity_that_does_not_belong_is_refused_and_changes_nothing():

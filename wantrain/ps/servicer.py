@@ -118,6 +118,18 @@ class Servicer:
         context.set_code(STATUS[code])
         context.set_details(safe_text(message, 1000))
 
+    def _refusal(self, context, host: str, code: Reject, message: str, site: str | None = None):
+        """Refuse a stream: log it, set its final status, and return the Error message to send first."""
+        self._refused(host, code, message, site=site)
+        self._end(context, code, message)
+        return wire.server_message(ErrorMessage(str(code), message))
+
+    def _over_cap(self, context, host: str) -> None:
+        """Refuse a stream from an address with max_streams_per_peer open already."""
+        self._refused(host, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams open")
+        self._end(context, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams are open "
+                                                f"from {host}")
+
     # ------------------------------------------------------------ Session
 
     async def Session(self, requests, context):
@@ -144,24 +156,18 @@ class Servicer:
         host = peer_host(context.peer())
         with self._stream_slot(host) as admitted:
             if not admitted:
-                self._refused(host, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams open")
-                self._end(context, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams are "
-                                                        f"open from {host}")
+                self._over_cap(context, host)
                 return
             try:
                 join = await self._first_message(requests)
                 link = self.ps.join(join)
                 self.guard.passed(context.peer())
             except _Ended as e:
-                yield wire.server_message(ErrorMessage(str(e.code), str(e)))
-                self._refused(host, e.code, str(e))
-                self._end(context, e.code, str(e))
+                yield self._refusal(context, host, e.code, str(e))
                 return
             except (RejectedError, ProtocolError) as e:
                 code = e.code if isinstance(e, RejectedError) else Reject.INVALID_MESSAGE
-                self._refused(host, code, str(e), site=join.site)
-                yield wire.server_message(ErrorMessage(str(code), str(e)))
-                self._end(context, code, str(e))
+                yield self._refusal(context, host, code, str(e), site=join.site)
                 return
             except StopAsyncIteration:
                 return                          # closed before joining: nobody to answer
@@ -251,9 +257,7 @@ class Servicer:
         host = peer_host(context.peer())
         with self._stream_slot(host) as admitted:      # held until the lane says whose it is
             if not admitted:
-                self._refused(host, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams open")
-                self._end(context, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams are "
-                                                        f"open from {host}")
+                self._over_cap(context, host)
                 return
             try:
                 first = await self._first_message(requests, LaneOpen, "Lane")
@@ -261,10 +265,7 @@ class Servicer:
             except StopAsyncIteration:
                 return
             except (_Ended, RejectedError) as e:
-                code = Reject(e.code)
-                self._refused(host, code, str(e))
-                yield wire.server_message(ErrorMessage(str(code), str(e)))
-                self._end(context, code, str(e))
+                yield self._refusal(context, host, Reject(e.code), str(e))
                 return
         self.guard.passed(context.peer())
         link.lanes += 1
@@ -340,8 +341,7 @@ class Servicer:
         self.guard.passed(context.peer())
         with self._stream_slot(host) as admitted:
             if not admitted:
-                self._end(context, Reject.RATE_LIMITED, f"more than {self.limits.max_streams_per_peer} streams are "
-                                                        f"open from {host}")
+                self._over_cap(context, host)
                 return
             async for event in self._events(from_seq):
                 yield event
