@@ -47,9 +47,10 @@ what the PS substituted and reconciled (round_end's recovery fields).
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
 `--blackouts 40:2` takes every link down 2 s in every 40; `--spikes 2:300` adds two delay spikes
-a minute of at least 300 ms (testbed/trace.py); `--link-loss 0.01:100` gives every link 1 % packet
-loss and a 100 ms RTT, which caps each TCP connection at its Mathis rate (testbed/proxy.py): where
-lanes (several connections) carry a delta faster. Not here: downlink loss, B5 (the in-process
+a minute of at least 300 ms (testbed/trace.py); `--link-loss 0.01 --region "West Europe"` gives
+every link 1 % packet loss and that region's RTT to the PS (85 ms), bandwidth unlimited, which caps
+each TCP connection at its Mathis rate (testbed/proxy.py): where lanes (several connections) carry
+a delta faster. Not here: downlink loss, B5 (the in-process
 study, bench/late_policy.py, measures the loss side of the chunk-level arms).
 """
 
@@ -120,7 +121,8 @@ class Link:
     spikes_per_min: float = 0.0
     spike_ms: float = 50.0
     packet_loss: float = 0.0        # the link's own loss: each TCP flow's rate capped by it (testbed/proxy.py)
-    rtt_ms: float = 0.0             # > 0: every site's RTT to the PS (the scenario's otherwise)
+    region: str = ""                # every site's region (its RTT to the PS's, testbed/regions), unlimited
+                                    # bandwidth; "": the scenario's
 
     def apply(self, plan, seed: int):
         for k, name in enumerate(plan.names):
@@ -132,7 +134,7 @@ class Link:
             plan = plan.with_site(name, speed_factor=2.0, chunk_loss=self.loss, chunk_burst=self.burst,
                                   chunk_late_s=self.late_s, outages=outages, spikes_per_min=self.spikes_per_min,
                                   spike_min_ms=self.spike_ms, loss=self.packet_loss,
-                                  **({"rtt_ms": self.rtt_ms} if self.rtt_ms else {}))
+                                  **({"region": self.region, "bandwidth_mbps": None} if self.region else {}))
         return plan
 
     def disturbances(self) -> str:
@@ -141,9 +143,9 @@ class Link:
             out.append(f"blackouts of {self.blackout_s:g} s every {self.blackout_every_s:g} s")
         if self.spikes_per_min:
             out.append(f"{self.spikes_per_min:g} delay spikes a minute (>= {self.spike_ms:g} ms)")
-        if self.packet_loss or self.rtt_ms:
-            out.append(f"packet loss {self.packet_loss:.1%} and RTT {self.rtt_ms:g} ms on the link (each TCP flow "
-                       f"at most its Mathis rate)")
+        if self.packet_loss or self.region:
+            out.append(f"packet loss {self.packet_loss:.1%} on the link{' from ' + self.region if self.region else ''} "
+                       f"(each TCP flow at most its Mathis rate)")
         return ", ".join(out) or "no blackouts or delay spikes"
 
 
@@ -170,7 +172,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
     round_s = [e["round_s"] for e in ends]
     return {"arm": arm, "chunk_loss": loss, "burst": link.burst, "blackout_every_s": link.blackout_every_s,
             "blackout_s": link.blackout_s, "spikes_per_min": link.spikes_per_min, "packet_loss": link.packet_loss,
-            "rtt_ms": link.rtt_ms, "seed": seed, "rounds": len(ends),
+            "region": link.region, "seed": seed, "rounds": len(ends),
             "final_val_loss": float(np.mean([e["val_loss"] for e in ends[-3:]])),
             "reached": outcome.reached, "time_to_target_s": outcome.time_s if outcome.reached else None,
             "wall_s": round(time.time() - t0, 1), "p50_round_s": float(np.percentile(round_s, 50)),
@@ -214,8 +216,9 @@ def main() -> None:
     p.add_argument("--arms", help=f"comma-separated, of {', '.join(ARMS)} (full: all, quick: reliable,salr)")
     p.add_argument("--blackouts", metavar="EVERY:SECONDS", help="each link carries nothing for SECONDS every EVERY s")
     p.add_argument("--spikes", metavar="PER_MIN:MS", help="delay spikes a minute, each at least MS ms one way")
-    p.add_argument("--link-loss", metavar="P:RTT_MS", help="the link's packet loss and RTT: each TCP connection's "
-                   "rate at most its Mathis bound (where lanes help)")
+    p.add_argument("--link-loss", type=float, default=0.0, metavar="P", help="the links' packet loss: each TCP "
+                   "connection's rate at most its Mathis bound (where lanes help; give the RTT with --region)")
+    p.add_argument("--region", default="", help="every site's region (its RTT to the PS's), bandwidth unlimited")
     p.add_argument("--scenario", default="loopback")
     p.add_argument("--keep-runs", help="keep each run's folder under this one (default: a temporary folder)")
     p.add_argument("--out", default="loss_recovery", help="result name under bench/results, or a path ending in .json")
@@ -230,9 +233,9 @@ def main() -> None:
     losses = [float(x) for x in args.loss.split(",")] if args.loss else list(size["losses"])
     blackouts = tuple(float(x) for x in args.blackouts.split(":")) if args.blackouts else (0.0, 0.0)
     spikes = tuple(float(x) for x in args.spikes.split(":")) if args.spikes else (0.0, 50.0)
-    link_loss = tuple(float(x) for x in args.link_loss.split(":")) if args.link_loss else (0.0, 0.0)
-    if len(blackouts) != 2 or len(spikes) != 2 or len(link_loss) != 2:
-        p.error("--blackouts, --spikes and --link-loss take two numbers, as EVERY:SECONDS, PER_MIN:MS and P:RTT_MS")
+    link_loss = (args.link_loss, args.region)
+    if len(blackouts) != 2 or len(spikes) != 2:
+        p.error("--blackouts and --spikes take two numbers, as EVERY:SECONDS and PER_MIN:MS")
     results = []
     with tempfile.TemporaryDirectory(prefix="wantrain-lr-") as tmp:
         if args.keep_runs:
