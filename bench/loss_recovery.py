@@ -34,6 +34,9 @@ Arms (issue 28's names in brackets):
     salr-no-parity salr with critical copies, without parity (an ablation)
     salr-no-early  salr without the early close (an ablation)
     salr-no-hedge  salr over 4 lanes, without hedging (an ablation)
+    salr-no-importance  salr with each chunk's importance its share of the elements, blind to its
+                   energy and role (train.importance "size"): the order, the parity and the loss
+                   budget by size alone (an ablation)
     salr-one-lane  salr on the Session alone: no lanes, no hedging (an ablation)
     salr-carry     salr with the rest of a delta carried into the site's next delta (zero-carry),
                    not sent late and applied outside the momentum
@@ -93,6 +96,7 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "salr-probe": {**SALR, "train.loss_budget": 0.05, "train.probe_every": 2},
     "salr-no-parity": {**SALR, "train.loss_budget": 0.05, "train.parity_share": 0.0},
     "salr-no-hedge": {**SALR, "train.loss_budget": 0.05, "train.hedge_s": 0.0},
+    "salr-no-importance": {**SALR, "train.loss_budget": 0.05, "train.importance": "size"},
     "salr-one-lane": {**SALR, "train.loss_budget": 0.05, "train.lanes": 0, "train.hedge_s": 0.0},
     "salr-no-early": {**SALR, "train.loss_budget": 0.0},
     "salr-carry": {**SALR, "train.late_policy": "zero-carry", "train.loss_budget": 0.05},

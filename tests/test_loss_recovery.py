@@ -96,6 +96,19 @@ def test_chunk_loss_names_a_bad_setting():
         ChunkLoss(0.1, 0.5)
 
 
+def test_a_manifest_blind_to_energy_weighs_chunks_by_their_elements():
+    from wantrain.recovery import build_manifest
+
+    m, chunks, decoded = _manifest()
+    roles = {c.tensor: c.role for c in m.chunks}
+    size = build_manifest(4, chunks, decoded, roles, tokens=4096, steps=8, by="size")
+    total = sum(spec.length for spec, _ in chunks)
+    assert [c.importance for c in size.chunks] == pytest.approx([spec.length / total for spec, _ in chunks])
+    assert [c.energy for c in size.chunks] == [c.energy for c in m.chunks]       # energy still reported
+    wte = [c for c in m.chunks if "wte" in c.tensor]                             # ten times the others' scale:
+    assert sum(c.importance for c in wte) > 2 * sum(c.importance for c in size.chunks if "wte" in c.tensor)
+
+
 def _manifest(critical_elements=0):
     from wantrain.codec import Codec, encode_arrays
     from wantrain.config import CodecConfig

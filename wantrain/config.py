@@ -26,6 +26,7 @@ TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
 LATE_POLICIES = ("drop", "stale", "rescale", "zero-outside", "zero-carry")
 PARTIAL_POLICIES = ("rescale", "zero-outside", "zero-carry")    # those under which a delta may count in part
+IMPORTANCE = ("energy", "size")     # what a chunk's importance in its manifest weighs (recovery/manifest.py)
 MAX_LANES = 8            # a site's Lane calls (a PS's limits.max_lanes_per_site must allow them)
 SCHEDULES = ("sync", "overlap")
 NORM_ACTIONS = ("reject", "clip")
@@ -143,6 +144,9 @@ class TrainConfig:
     # on a held-out batch how much its step loses without each role's change, and weighs the roles
     # by it (0: never; all roles weigh 1, importance is energy alone).
     probe_every: int = 0
+    # What a chunk's importance weighs: "energy" (role weight x its energy after quantization) or
+    # "size" (its share of the delta's elements, blind to what it holds: an ablation).
+    importance: str = "energy"
     critical_copies: bool = False
     parity_share: float = 0.0
     parity_group_size: int = 8
@@ -189,6 +193,7 @@ class TrainConfig:
         _check(0 <= self.quorum_share <= 1, f"{prefix}.quorum_share", "must be in [0, 1]", self.quorum_share)
         _check(self.grace_factor >= 0, f"{prefix}.grace_factor", "must be >= 0", self.grace_factor)
         _check(self.probe_every >= 0, f"{prefix}.probe_every", "must be >= 0", self.probe_every)
+        _check(self.importance in IMPORTANCE, f"{prefix}.importance", f"must be one of {IMPORTANCE}", self.importance)
         _check(0 <= self.parity_share <= 1, f"{prefix}.parity_share", "must be in [0, 1]", self.parity_share)
         _check(2 <= self.parity_group_size <= 64, f"{prefix}.parity_group_size",
                "must be 2 to 64 chunks (a parity per group)", self.parity_group_size)

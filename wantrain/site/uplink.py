@@ -118,7 +118,7 @@ class Uplink:
         self.plan_size = len(chunks)
         t0 = time.perf_counter()
         manifest = build_manifest(round_, chunks, sent, self.roles, self.role_weights, tokens=figures["tokens"],
-                                  steps=figures["steps"])
+                                  steps=figures["steps"], by=self.cfg.train.importance)
         if promoted := sorted(i for i, n in self.missed.items() if n >= PROMOTE_AFTER):
             manifest = promote(manifest, promoted)
             log.info("site %s: chunk(s) %s of round %d promoted to critical: their rounds counted this site's delta "
