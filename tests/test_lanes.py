@@ -12,7 +12,9 @@ from wantrain.codec import Codec, encode_arrays
 from wantrain.config import CodecConfig
 from wantrain.messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
 from wantrain.recovery import Transmission
+from wantrain import wire
 from wantrain.report import timeline_figure
+from wantrain.site.lanes import Lanes
 from wantrain.site.sender import Sender
 from wantrain.telemetry import rows
 
@@ -82,3 +84,30 @@ def test_a_chunks_copy_and_hedge_each_take_another_lane():
     assert on[5] == (1, "TensorChunk", 0)                  # the one lane chunk 0 had not taken
     assert all(isinstance(m, (TensorChunk, DeltaParity, Manifest)) and m.round == 7 for _, m in lanes.sent)
     assert all(m.kind == DELTA for _, m in lanes.sent if isinstance(m, TensorChunk))
+
+
+class _EchoCall:
+    """A Lane call whose PS acknowledges each message as it is written."""
+
+    def __init__(self) -> None:
+        self.acks: asyncio.Queue = asyncio.Queue()
+
+    async def write(self, m) -> None:
+        self.acks.put_nowait(wire.server_message(LaneAck.of(wire.site_message_from_proto(m))))
+
+    async def read(self):
+        return await self.acks.get()
+
+
+def test_lanes_settle_on_every_ack_and_forget_a_settled_round():
+    async def go():
+        lanes = Lanes([], [_EchoCall(), _EchoCall()])
+        for r in (3, 4):
+            for g in range(5):
+                await lanes.send(g % 2, DeltaParity(r, g, b"\x01"))
+        await lanes.settled()
+        assert not lanes.in_flight and len(lanes.acked) == 10
+        lanes.forget(3)                           # nothing of a settled round stays behind
+        assert {a.round for a in lanes.acked} == {4} and len(lanes.acked) == 5
+        await lanes.close()
+    asyncio.run(go())

@@ -80,6 +80,10 @@ class Lanes:
             await self.changed.wait()
         self._raise_failure()
 
+    def forget(self, round_: int) -> None:
+        """A push of `round_` is settled: its acks are no longer asked about (a long run's would pile up)."""
+        self.acked = {a for a in self.acked if a.round != round_}
+
     def _raise_failure(self) -> None:
         if self.failure is not None:
             raise self.failure
@@ -96,6 +100,8 @@ class Lanes:
                 if not isinstance(msg, LaneAck) or self.in_flight[msg] <= 0:
                     raise ProtocolError(f"lane {lane}: the PS acknowledged {msg}, which is not in flight on it")
                 self.in_flight[msg] -= 1
+                if not self.in_flight[msg]:
+                    del self.in_flight[msg]
                 self.acked.add(msg)
                 self.changed.set()
         except asyncio.CancelledError:

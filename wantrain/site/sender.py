@@ -110,5 +110,7 @@ class Sender:
         return {t.index for t, g in zip(again, gone) if not g}
 
     async def settled(self) -> None:
+        """Every message of this push taken by the PS (with lanes: acknowledged, then forgotten)."""
         if self.lanes is not None:
             await self.lanes.settled()
+            self.lanes.forget(self.round)
