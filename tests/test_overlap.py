@@ -10,6 +10,7 @@ import torch
 from wantrain.data import BatchSampler, load_run_data
 from wantrain.models import build_model
 from wantrain.replica import flat_copy, load_flat
+from wantrain.site.replica import Replica
 from wantrain.site.schedule import Schedule
 from wantrain.site.train import InnerLoop, Segment
 from wantrain.telemetry import rows
@@ -25,6 +26,12 @@ def _loop(cfg) -> InnerLoop:
     model = build_model(cfg.model.preset, tok.vocab_size, cfg.model.seed, torch.device("cpu"))
     sampler = BatchSampler(corpus.shard(0, 1), cfg.train.batch_size, cfg.model.block_size, 0)
     return InnerLoop(model, sampler, cfg.train, cfg.model.block_size, torch.device("cpu"))
+
+
+def _replica(model) -> Replica:
+    held = Replica()
+    held.build(model, 1, 4096)
+    return held
 
 
 def test_a_segment_in_pieces_takes_the_round_budget_of_steps_once():
@@ -50,11 +57,12 @@ def test_steps_ahead_move_onto_the_new_global_model():
 
     cfg = small_config()
     loop = _loop(cfg)
-    replica = flat_copy(loop.model)
+    held = _replica(loop.model)
+    replica = held.arrays
     sched = Schedule(loop, overlap=True, budget_s=0.0)
 
     async def scenario():
-        delta0, info0 = await sched.round(0, 0.0, replica, "h0")
+        delta0, info0 = await sched.round(0, 0.0, held)
         assert info0["steps_ahead"] == 0 and info0["steps"] == loop.t.inner_steps
         end0 = {k: replica[k] - delta0[k] for k in replica}
         assert sched.ahead is not None and sched.ahead.round == 1 and sched.base is not None
@@ -69,7 +77,7 @@ def test_steps_ahead_move_onto_the_new_global_model():
         for k in replica:   # parameters + (new global - end of round 0), nothing else
             np.testing.assert_allclose(moved[k], before[k] + (replica[k] - end0[k]), rtol=0, atol=1e-6)
         sched.base = None                         # moved: round 1 goes on from these steps
-        delta1, info1 = await sched.round(1, 0.0, replica, "h1")
+        delta1, info1 = await sched.round(1, 0.0, held)
         assert info1["steps"] == info1["steps_ahead"] == loop.t.inner_steps
         end1 = flat_copy(loop.model)
         for k in replica:
@@ -89,15 +97,15 @@ def test_sync_starts_every_round_from_the_replica():
 
     cfg = small_config()
     loop = _loop(cfg)
-    replica = flat_copy(loop.model)
+    held = _replica(loop.model)
     sched = Schedule(loop, overlap=False, budget_s=0.0)
 
     async def scenario():
-        await sched.round(0, 0.0, replica, "h0")
+        await sched.round(0, 0.0, held)
         assert sched.ahead is None
         drifted = flat_copy(loop.model)            # where round 0 ended: not where round 1 starts
         load_flat(loop.model, drifted)
-        _, info = await sched.round(1, 0.0, replica, "h1")
+        _, info = await sched.round(1, 0.0, held)
         assert info["steps_ahead"] == 0
 
     asyncio.run(scenario())

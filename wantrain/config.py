@@ -158,6 +158,12 @@ class TrainConfig:
     # (0: never).
     lanes: int = 0
     hedge_s: float = 0.0
+    # The downlink (recovery/downlink.py, docs/protocol.md 6): the PS sends a round's update with the
+    # critical chunks and the most energetic others, holding all but this share of its energy, before
+    # the result; the rest follows the next RoundStart, and a site trains without it, patching each
+    # chunk into its replica and into the parameters it trains as it lands (0: the whole update comes
+    # before the result). Only under the "sync" schedule on an unsharded PS; after the warm-up.
+    downlink_budget: float = 0.0
     reliable_rounds: int = 5         # the first rounds (warm-up) count no partial delta and never close early
     staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
     quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
@@ -200,6 +206,7 @@ class TrainConfig:
         _check(0 <= self.lanes <= MAX_LANES, f"{prefix}.lanes", f"must be 0 to {MAX_LANES} connections", self.lanes)
         _check(math.isfinite(self.hedge_s) and self.hedge_s >= 0, f"{prefix}.hedge_s", "must be >= 0 seconds",
                self.hedge_s)
+        _check(0 <= self.downlink_budget < 1, f"{prefix}.downlink_budget", "must be in [0, 1)", self.downlink_budget)
         _check(self.reliable_rounds >= 0, f"{prefix}.reliable_rounds", "must be >= 0", self.reliable_rounds)
         _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
         _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",
@@ -217,6 +224,13 @@ class TrainConfig:
         """Do rounds count the chunks of a delta that are in without the rest (on an unsharded PS,
         after the warm-up)? partial_deltas, under a late_policy that has a substitute for the rest."""
         return self.partial_deltas and self.late_policy in PARTIAL_POLICIES
+
+    @property
+    def patches_downlink(self) -> bool:
+        """Does the PS send part of an update after the next RoundStart (on an unsharded PS, after the
+        warm-up)? downlink_budget, under the sync schedule: steps taken ahead (overlap) are moved onto
+        the whole update, never onto part of it."""
+        return self.downlink_budget > 0 and self.schedule == "sync"
 
     @property
     def applies_late(self) -> bool:

@@ -138,6 +138,9 @@ class RoundResult:
     late_sites: tuple[str, ...] = field(default_factory=tuple)   # late deltas applied (late_policy)
     # Sites of which the round counted the chunks in at its deadline, and which (train.partial_deltas).
     partial_chunks: tuple[tuple[str, frozenset[int]], ...] = ()
+    # Update chunks that follow the result, after the next RoundStart (train.downlink_budget): the
+    # site trains without them and patches each in as it lands.
+    tail_chunks: int = 0
     # Only in a sharded PS's merged result (site/sharded.py), never on the wire: a site that some
     # shards counted and others did not, with the tensors whose part was counted.
     partial_sites: tuple[tuple[str, frozenset[str]], ...] = ()

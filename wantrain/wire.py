@@ -127,7 +127,8 @@ def server_message(obj: ServerMessage) -> pb.ServerMessage:
         return pb.ServerMessage(round_result=pb.RoundResult(
             round=obj.round, model_hash=obj.model_hash, sites=list(obj.sites), val_loss=obj.val_loss,
             late_sites=list(obj.late_sites),
-            partial=[pb.CountedChunks(site=s, chunks=sorted(c)) for s, c in obj.partial_chunks]))
+            partial=[pb.CountedChunks(site=s, chunks=sorted(c)) for s, c in obj.partial_chunks],
+            tail_chunks=obj.tail_chunks))
     if isinstance(obj, DeltaOutcome):
         return pb.ServerMessage(delta_outcome=pb.DeltaOutcome(round=obj.round, outcome=obj.outcome, reason=obj.reason))
     if isinstance(obj, ErrorMessage):
@@ -360,7 +361,8 @@ def server_message_from_proto(m: pb.ServerMessage) -> ServerMessage:
             if len(set(p.chunks)) != len(p.chunks) or any(i >= MAX_MANIFEST_CHUNKS for i in p.chunks):
                 raise ProtocolError(f"round result counts chunks of {p.site!r} twice or out of range")
         return RoundResult(r.round, _hash(r.model_hash, "round result model_hash"), tuple(r.sites), r.val_loss,
-                           tuple(r.late_sites), partial_chunks=tuple((p.site, frozenset(p.chunks)) for p in r.partial))
+                           tuple(r.late_sites), partial_chunks=tuple((p.site, frozenset(p.chunks)) for p in r.partial),
+                           tail_chunks=r.tail_chunks)
     if which == "delta_outcome":
         o = m.delta_outcome
         if o.outcome not in DELTA_OUTCOMES:

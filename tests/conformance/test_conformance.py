@@ -90,7 +90,9 @@ def test_example_plan():
 CONFIG = {   # section 9: a partial config; the PS fills in the defaults and sends them all
     "num_sites": 1, "sites": ["conformance"],
     "model": {"preset": "tiny", "block_size": 64},
-    "train": {"rounds": 2, "inner_steps": 2, "batch_size": 4, "eval_batches": 1, "warmup_steps": 1},
+    # round 1's update comes with a tail (3.6): past the warm-up (1 round), before the last
+    "train": {"rounds": 3, "inner_steps": 2, "batch_size": 4, "eval_batches": 1, "warmup_steps": 1,
+              "reliable_rounds": 1, "downlink_budget": 0.3},
     "codec": {"mode": "int8-huffman"},
 }
 
@@ -188,8 +190,9 @@ def test_two_rounds_from_the_spec_alone(ps):
         s.send(ready=pb.Ready(round=0, model_hash=replica.hash()))     # 3.3
         codec, train = config["codec"], config["train"]
         delta_plan = spec.plan(replica.sizes(), spec.chunk_elements(codec, fp32=codec["mode"] == "fp32"))
+        start = None
         for r in range(train["rounds"]):
-            start = s.recv().round_start                               # 3.4
+            start = start or s.recv().round_start                      # 3.4
             assert start.round == r and start.model_hash == replica.hash() and start.train_s == 0
             chunks = [spec.encode_chunk(pb.CHUNK_KIND_DELTA, r, i, len(delta_plan), p,
                                         (rng.standard_normal(p[2]) * 1e-3).astype(np.float32), codec)
@@ -212,9 +215,20 @@ def test_two_rounds_from_the_spec_alone(ps):
                     break
                 assert m.chunk.kind == pb.CHUNK_KIND_UPDATE and m.chunk.round == r, m
                 update.append(m.chunk)
+            result = m.round_result
+            start = None
+            tail = result.tail_chunks
+            assert (tail > 0) == (r == 1), result
+            while tail:                                                # 3.6: the update's tail
+                m = s.recv()
+                if m.WhichOneof("body") == "round_start":                # may come before the tail
+                    start = m.round_start
+                    continue
+                assert m.chunk.kind == pb.CHUNK_KIND_UPDATE and m.chunk.round == r, m
+                update.append(m.chunk)
+                tail -= 1
             assert [(c.tensor, c.offset, c.length) for c in sorted(update, key=lambda c: c.index)] == delta_plan
             replica.apply(update)
-            result = m.round_result
             assert result.round == r and list(result.sites) == ["conformance"]
             assert replica.hash() == result.model_hash                  # bit-identical to the PS
             s.send(hash_report=pb.HashReport(round=r, model_hash=replica.hash()))   # 3.7
@@ -225,6 +239,7 @@ def test_two_rounds_from_the_spec_alone(ps):
     events = [json.loads(line) for line in (tmp / "run" / "events.jsonl").read_text().splitlines()]   # 10
     assert all(e["v"] == 2 and {"seq", "kind", "t", "elapsed_s"} <= set(e) for e in events)
     checks = [e for e in events if e["kind"] == "hash_check"]
-    assert [(e["round"], e["ok"]) for e in checks] == [(0, True), (1, True)]
-    assert [e["round"] for e in events if e["kind"] == "round_end"] == [0, 1]
+    assert [(e["round"], e["ok"]) for e in checks] == [(0, True), (1, True), (2, True)]
+    assert [e["round"] for e in events if e["kind"] == "round_end"] == [0, 1, 2]
+    assert [e["round"] for e in events if e["kind"] == "update_split"] == [1]
     assert not [e for e in events if e["kind"] in ("quarantine", "error")]

@@ -15,6 +15,9 @@ The round-close policy, from the run config's `train`:
                       critical chunks are in, what is missing is within the budget, and nothing has
                       come from the members still missing chunks for a grace of a tenth of the
                       deadline (what is missing is late, not in flight)
+    downlink_budget   whether a round's update goes in a head and a tail, the tail after the next
+                      RoundStart (recovery/downlink.py): under the sync schedule, not in the
+                      warm-up nor the last round, not on a sharded PS
 
 `ClosePolicy` decides; the server acts on its decisions (its timers, the sites' outboxes, the commit).
 """
@@ -51,6 +54,11 @@ class ClosePolicy:
     def counts_partial(self, round_: int) -> bool:
         """Does round `round_` count the chunks of a delta that are in without the rest?"""
         return self.train.counts_partial and not self.in_warmup(round_) and not self.sharded
+
+    def splits_update(self, round_: int) -> bool:
+        """Does round `round_`'s update go in a head and a tail (train.downlink_budget)?"""
+        return (self.train.patches_downlink and not self.in_warmup(round_) and not self.sharded
+                and round_ + 1 < self.train.rounds)      # the last: every site ends holding the whole model
 
     WARMUP_EXTENSIONS = 2
 

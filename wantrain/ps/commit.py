@@ -29,6 +29,7 @@ from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError
 from ..config import RunConfig
 from ..faults import Stalls
 from ..messages import DeltaOutcome, RoundResult, TensorChunk
+from ..recovery.downlink import split_update, update_energies
 from ..screening import Screen, Verdict, counted, gram, norms_on_supports, parse_key, sum_of_squares
 from ..telemetry import Recorder
 from .downloads import Downloads
@@ -139,7 +140,8 @@ class Committed:
     """A committed round, for the server to act on: what every site hears, and who hears what first."""
     round: int                                  # the round committed (the ledger now stands after it)
     result: RoundResult
-    update: list[TensorChunk]                   # the encoded update, as every site applies it
+    update: list[TensorChunk]                   # the encoded update, as every site applies it, in sending order
+    tail: int                                   # its last chunks, sent after the next RoundStart (downlink_budget)
     outcomes: dict[str, DeltaOutcome]           # sites whose delta was rejected or clipped
     finished: bool                              # the run's last round
     late_shares: dict[str, float]               # zero-outside: members that missed it, their delta's share
@@ -157,11 +159,12 @@ class Committer:
         self.journal, self.checkpoints, self.recorder, self.stalls = journal, checkpoints, recorder, stalls
 
     async def commit(self, uploads: dict[str, Upload], stale: dict[str, Upload], late: dict[str, Upload],
-                     started_at: float, close: str = "complete", partial: bool = False) -> Committed:
+                     started_at: float, close: str = "complete", partial: bool = False, split: bool = False
+                     ) -> Committed:
         """Screen and aggregate the closed round (`uploads` of its members, `stale` late deltas kept
         for it, `late` the sites owing a delta, as it stands when the round ends; `close`: why it
         closed; `partial`: it counts the chunks in of a delta with a manifest), apply it and make it
-        durable."""
+        durable. `split`: its update goes in a head and a tail (recovery/downlink.py)."""
         round_ = self.ledger.round
         outside = self.cfg.train.zero_substitute      # zeros stand in (zero-outside, zero-carry)
         # Now, before any await: a late delta arriving meanwhile leaves `late` for the next round's
@@ -227,7 +230,22 @@ class Committer:
                              counted_chunks, side)
         self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
                                                     time.time() - started_at, aggregate_s, recovered))
-        return Committed(round_, result, update, outcomes(round_, verdicts), finished, shares, counted_chunks)
+        tail = 0
+        if split:
+            update, tail = await asyncio.to_thread(self._split, round_, update)
+        return Committed(round_, result, update, tail, outcomes(round_, verdicts), finished, shares, counted_chunks)
+
+    def _split(self, round_: int, update: list[TensorChunk]) -> tuple[list[TensorChunk], int]:
+        """The update in sending order, head then tail, and the tail's length; in a worker thread."""
+        energies = update_energies(update)
+        head, tail = split_update(update, energies, self.model.roles, self.cfg.train.downlink_budget)
+        total = sum(energies)
+        tail_energy = sum(energies[c.index] for c in tail)
+        self.recorder.emit("update_split", round=round_, head_chunks=len(head), tail_chunks=len(tail),
+                           tail_energy=tail_energy / total if total > 0 else 0.0,
+                           head_mb=sum(c.data.wire_bytes for c in head) / 1e6,
+                           tail_mb=sum(c.data.wire_bytes for c in tail) / 1e6)
+        return head + tail, len(tail)
 
     def _views(self, uploads: dict[str, Upload], stale: dict[str, Upload], partial: dict[str, Upload],
                taking: dict[str, frozenset[int]]) -> tuple[dict[str, tuple[Sequence[Extracted | None], float]],

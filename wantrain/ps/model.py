@@ -22,6 +22,7 @@ from ..data import eval_batches
 from ..messages import TensorChunk
 from ..models import build_model, count_parameters
 from ..outer import OuterNesterov
+from ..recovery import roles_of
 from ..replica import load_flat, named_params, values_hash
 from ..screening import l2_norm
 from ..shards import ShardLayout
@@ -41,6 +42,7 @@ class GlobalModel:
         self.val = [] if sharded else eval_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size,
                                                    cfg.train.eval_batches)
         self.layout = ShardLayout.balanced({k: p.numel() for k, p in named_params(self.model).items()}, shard[1])
+        self.roles = roles_of({k: tuple(p.shape) for k, p in named_params(self.model).items()})  # the downlink's order
         if sharded:       # the other shards' tensors: never read here, so not held either
             for name, p in named_params(self.model).items():
                 if self.layout.shard_of(name) != shard[0]:

@@ -22,6 +22,7 @@ ProtocolError or RejectedError for that site alone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -416,7 +417,8 @@ class ParameterServer:
             committed = await self.committer.commit({s: self.uploads[s] for s in sorted(self.in_round)},
                                                     self.rounds.take_stale(self.round), self.late,
                                                     self.rounds.started_at, self.rounds.close_reason,
-                                                    self.close_policy.counts_partial(self.round))
+                                                    self.close_policy.counts_partial(self.round),
+                                                    self.close_policy.splits_update(self.round))
         except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
             log.exception("round %d failed to commit", self.round)
             self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")
@@ -434,12 +436,15 @@ class ParameterServer:
         # Every site that holds the round's starting model applies the update, late ones included; a
         # site that comes back later holding that model gets it from the catch-up (no await between).
         self.catchup.add(c.round, c.update, c.result)
+        head = c.update[:len(c.update) - c.tail]
+        result = dataclasses.replace(c.result, tail_chunks=c.tail) if c.tail else c.result
         for name, link in self.links.items():
             if name in self.awaiting_model:               # rejoined during aggregation: gets the model
                 continue
-            for chunk in c.update:
+            for chunk in head:
                 link.outbox.put_nowait(chunk)
-            link.outbox.put_nowait(c.result)
+            link.outbox.put_nowait(result)
+        heard = [link for name, link in self.links.items() if name not in self.awaiting_model]
         if c.finished:
             self.told_finished.update(self.links)
         self.rounds.finish()
@@ -455,3 +460,6 @@ class ParameterServer:
             self.done.set()
         else:
             self.maybe_start_round()
+        for link in heard:                  # the update's tail: after the next RoundStart (recovery/downlink.py)
+            for chunk in c.update[len(head):]:
+                link.outbox.put_nowait(chunk)

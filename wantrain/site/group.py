@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import NoReturn
 
 import torch
@@ -87,13 +88,16 @@ def site_sampler(cfg: RunConfig, corpus, site_index: int, rank: int = 0) -> Batc
 class GroupInnerLoop(InnerLoop):
     """InnerLoop on every rank of a group: DDP forward and backward, steps in lockstep."""
 
+    takes_patches = False   # an update's tail waits for the next round: every rank must step alike
+
     def __init__(self, *args, **kw) -> None:
         super().__init__(*args, **kw)
         self.rank, self.world = group_rank()
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
 
-    def train(self, seg: Segment, stop: threading.Event | None = None, start_hash: str = "") -> None:
+    def train(self, seg: Segment, stop: threading.Event | None = None, start_hash: str = "",
+              patch: Callable[[], None] | None = None) -> None:       # (never given: takes_patches)
         if self.rank == 0:
             _command(("train", seg.round, seg.train_s, seg.steps, seg.compute_s, self.steps))
         with torch.no_grad():                    # rank 0's replica is the site's: everyone starts from it

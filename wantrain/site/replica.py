@@ -40,8 +40,9 @@ class Replica:
         self.round = 0                  # committed rounds the arrays hold
         self.part_hashes: list[str] = []   # the hash of each shard's part (one: the hash)
         self.hash = ""
-        self.expected_hash = ""         # what the download under way must hash to
+        self.expected_hash = ""         # what the download under way, or the update's tail, must hash to
         self.decode_s = 0.0             # the last update's decode and add
+        self.tail: set[int] = set()     # update chunks of round `round - 1` still to come (patched in)
 
     def build(self, model: torch.nn.Module, shards: int, chunk_elements: int) -> None:
         """Hold a copy of `model`'s parameters, split among `shards` as the PS splits them."""
@@ -54,9 +55,20 @@ class Replica:
     def built(self) -> bool:
         return bool(self.arrays)
 
+    @property
+    def whole(self) -> bool:
+        """Does it hold every chunk of the last update (no tail still to come)?"""
+        return not self.tail
+
+    @property
+    def promised_hash(self) -> str:
+        """The hash of the global model it holds, or will once the update's tail is in."""
+        return self.hash if self.whole else self.expected_hash
+
     def expect(self, round_: int, model_hash: str) -> None:
         """A model of `round_` is on its way (or, on a catch-up, the one held is that round's)."""
         self.round, self.expected_hash = round_, model_hash
+        self.tail = set()
 
     def place(self, c: TensorChunk) -> None:
         """One chunk of a model download, straight into the arrays (never a second copy of the model)."""
@@ -81,30 +93,76 @@ class Replica:
         log.info("site %s: model at round %d loaded (%s)", self.site, self.round, self.hash)
 
     def apply(self, parts: list[TensorChunk], result: RoundResult) -> None:
-        """Add a round's update, exactly as decoded; the replica moves to the next round."""
+        """Add a round's update, exactly as decoded; the replica moves to the next round. With a tail
+        (`result.tail_chunks`), `parts` is the update's head: the rest is patched in as it lands
+        (`patch`), and the hash waits for it."""
         if result.round != self.round:
             raise ProtocolError(f"result for round {result.round}, this replica is at round {self.round}")
+        if not self.whole:
+            raise ProtocolError(f"result for round {result.round} before the last {len(self.tail)} chunk(s) of "
+                                f"round {self.round - 1}'s update")
         t0 = time.perf_counter()
         parts = sorted(parts, key=lambda c: c.index)
-        if not parts or len(parts) != parts[0].count or any(c.round != result.round for c in parts):
-            raise ProtocolError(f"round {result.round}: got {len(parts)} update chunks, "
-                                f"expected {parts[0].count if parts else 'some'}")
+        count = parts[0].count if parts else 0
+        indices = {c.index for c in parts}
+        if (not parts or len(indices) != len(parts) or len(parts) + result.tail_chunks != count
+                or any(c.round != result.round or c.count != count for c in parts)):
+            raise ProtocolError(f"round {result.round}: got {len(parts)} update chunks and {result.tail_chunks} to "
+                                f"follow, expected {count or 'some'} in all")
         values = Codec.decode_many([c.data for c in parts])
-        try:
-            update = join_chunks([c.spec for c in parts], values, self.sizes)
-        except CodecError as e:
-            raise ProtocolError(f"from the PS: {e}") from None
-        for name, u in update.items():
-            if not np.all(np.isfinite(u)):
-                raise CorruptModelError(f"the update of round {result.round} from the parameter server holds NaN "
-                                        f"or Inf in {name!r}: the global model is corrupt; this site stops here")
-        add_update(self.arrays, update)
+        if result.tail_chunks:       # the head: chunks placed one by one (join_chunks wants every one)
+            for c, v in zip(parts, values):
+                self._add(c, v)
+        else:
+            try:
+                update = join_chunks([c.spec for c in parts], values, self.sizes)
+            except CodecError as e:
+                raise ProtocolError(f"from the PS: {e}") from None
+            for name, u in update.items():
+                self._check_finite(result.round, name, u)
+            add_update(self.arrays, update)
         self.decode_s = time.perf_counter() - t0
         self.round = result.round + 1
-        self._rehash()
-        if self.hash != result.model_hash:
+        self.tail = set(range(count)) - indices
+        self.expected_hash = result.model_hash
+        if self.whole:
+            self._rehash()
+            self._compare(result.round)
+        else:
+            self.hash = ""          # not a committed model's until the tail is in
+
+    def patch(self, c: TensorChunk) -> np.ndarray:
+        """One chunk of the last update's tail, added in place; returns its decoded values (which the
+        parameters being trained take too: schedule.py). The hash once the last is in."""
+        if c.round != self.round - 1 or c.index not in self.tail:
+            raise ProtocolError(f"update chunk {c.index} of round {c.round} is not one this site awaits "
+                                f"(round {self.round - 1}'s tail: {len(self.tail)} chunk(s) to come)")
+        (values,) = Codec.decode_many([c.data])
+        self._add(c, values)
+        self.tail.discard(c.index)
+        if self.whole:
+            self._rehash()
+            self._compare(c.round)
+        return values
+
+    def _add(self, c: TensorChunk, values: np.ndarray) -> None:
+        try:
+            check_fits(c.spec, values, self.sizes)
+        except CodecError as e:
+            raise ProtocolError(f"update chunk from the PS: {e}") from None
+        self._check_finite(c.round, c.spec.tensor, values)
+        self.arrays[c.spec.tensor][c.spec.offset: c.spec.offset + c.spec.length] += values
+
+    @staticmethod
+    def _check_finite(round_: int, name: str, values: np.ndarray) -> None:
+        if not np.all(np.isfinite(values)):
+            raise CorruptModelError(f"the update of round {round_} from the parameter server holds NaN "
+                                    f"or Inf in {name!r}: the global model is corrupt; this site stops here")
+
+    def _compare(self, round_: int) -> None:
+        if self.hash != self.expected_hash:
             log.error("site %s: replica hash %s differs from the PS's %s after round %d", self.site,
-                      self.hash, result.model_hash, result.round)
+                      self.hash, self.expected_hash, round_)
 
     def _rehash(self) -> None:
         self.part_hashes = self.layout.hashes(self.arrays)

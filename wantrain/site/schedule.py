@@ -16,6 +16,12 @@ it, and it is what is hashed); the model itself holds the parameters being train
              Nesterov momentum amplifies deltas that are a round late, and steps that go on from
              the site's own end point lean the way the next model moves.
 
+Under sync, a round may start before the last update's tail is in (train.downlink_budget,
+recovery/downlink.py): it starts from a copy of the replica, and each tail chunk, added to the
+replica as it lands, is added between two inner steps to the parameters being trained and to that
+copy alike, so the delta (copy - end) is still the steps taken, never the patch. A site of several
+processes (group.py) takes the patches at its next round instead: every rank must step alike.
+
 The replicas the PS and the sites compare are the same in both (only the sites' training differs),
 so the hash checks hold bit for bit. A round never takes more than its budget of steps or compute:
 a site whose update arrives later than a whole round of compute waits for it, so the training is
@@ -31,7 +37,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from ..codec import ChunkSpec
+from ..messages import TensorChunk
 from ..replica import flat_copy, load_flat, named_params
+from .replica import Replica
 from .train import InnerLoop, Segment
 
 __all__ = ["Schedule"]
@@ -46,10 +55,14 @@ class Schedule:
         self.base: dict[str, np.ndarray] | None = None   # where the steps ahead started (None once moved)
         self._stop = threading.Event()
         self._task: asyncio.Future | None = None
+        # The last update's tail (see the module's doc): what came since the round started, not yet
+        # in the parameters being trained, and the copy of the replica the round started from.
+        self._lock = threading.Lock()
+        self._patches: list[tuple[ChunkSpec, np.ndarray]] = []
+        self._start: dict[str, np.ndarray] | None = None
 
-    async def round(self, round_: int, train_s: float, replica: dict[str, np.ndarray], start_hash: str,
-                    stop: threading.Event | None = None, probe: Callable | None = None
-                    ) -> tuple[dict[str, np.ndarray], dict]:
+    async def round(self, round_: int, train_s: float, replica: Replica, stop: threading.Event | None = None,
+                    probe: Callable | None = None) -> tuple[dict[str, np.ndarray], dict]:
         """Round `round_`'s pseudo-gradient against `replica` (the global model it starts from) and its
         figures, with `steps_ahead` and `ahead_s` (compute seconds) taken before this call. Steps taken
         ahead count when they were moved onto that model; otherwise the round starts from it afresh.
@@ -57,19 +70,23 @@ class Schedule:
         while the model holds where the round ended (before any step ahead); what it returns is the
         figures' `probe`."""
         seg = self.ahead
+        start_hash = replica.promised_hash
         if seg is not None and seg.round == round_ and self.base is None:
             await self._pause()
             seg.train_s = train_s
             ahead = dict(steps_ahead=seg.steps, ahead_s=seg.compute_s)
+            start = replica.arrays
         else:
             ahead = dict(steps_ahead=0, ahead_s=0.0)
             await self.discard()
-            await asyncio.to_thread(load_flat, self.inner.model, replica)
+            start = await asyncio.to_thread(self._load, replica)
             seg = Segment(round_, train_s)
         self.ahead = None
-        await asyncio.to_thread(self.inner.train, seg, stop, start_hash)
-        end = await asyncio.to_thread(flat_copy, self.inner.model)
-        delta, info = await asyncio.to_thread(self.inner.delta, replica, end, seg, start_hash)
+        patch = self._take_patches if self.inner.takes_patches else None
+        await asyncio.to_thread(self.inner.train, seg, stop, start_hash, patch)
+        end = await asyncio.to_thread(self._end)
+        delta, info = await asyncio.to_thread(self.inner.delta, start, end, seg, start_hash)
+        self._start = None
         if probe is not None:
             info["probe"] = await asyncio.to_thread(probe, end, delta)
         if self.overlap:
@@ -77,6 +94,45 @@ class Schedule:
             self.ahead = Segment(round_ + 1, self.budget_s)
             self._resume(start_hash)
         return delta, {**info, **ahead}
+
+    def _load(self, replica: Replica) -> dict[str, np.ndarray]:
+        """Load the replica into the model; the arrays the round starts from (a copy while the last
+        update's tail is still to come: the replica's then change under the round)."""
+        with self._lock:
+            self._patches.clear()           # already in the replica, so in what is loaded
+            self._start = None if replica.whole else {k: v.copy() for k, v in replica.arrays.items()}
+            start = replica.arrays if self._start is None else self._start
+            load_flat(self.inner.model, start)
+            return start
+
+    def patch(self, replica: Replica, c: TensorChunk) -> None:
+        """A chunk of the last update's tail: into the replica, and (at the next step boundary) into
+        the round training from a copy of it, if one is. In a worker thread."""
+        with self._lock:
+            values = replica.patch(c)
+            if self._start is not None:
+                self._patches.append((c.spec, values))
+
+    def _take_patches(self) -> None:
+        """Between two inner steps (the training thread): the tail chunks come since, into the
+        parameters being trained and into the copy the round started from alike."""
+        with self._lock:
+            if not self._patches or self._start is None:
+                return
+            params = named_params(self.inner.model)
+            with torch.no_grad():
+                for spec, values in self._patches:
+                    part = slice(spec.offset, spec.offset + spec.length)
+                    self._start[spec.tensor][part] += values
+                    params[spec.tensor].view(-1)[part] += torch.from_numpy(values).to(params[spec.tensor].device)
+            self._patches.clear()
+
+    def _end(self) -> dict[str, np.ndarray]:
+        """Where the round ended, with the tail chunks come during its last step."""
+        if self.inner.takes_patches:
+            self._take_patches()
+        with self._lock:             # a patch after this is in the replica, and in the next round's start
+            return flat_copy(self.inner.model)
 
     async def moved_to(self, replica: dict[str, np.ndarray]) -> None:
         """The replica now holds the global model the steps ahead belong to: move them onto it."""

@@ -185,7 +185,10 @@ class Site:
                     self._loaded()[3].heard(msg)
                     continue
                 if isinstance(msg, TensorChunk) and msg.kind == UPDATE:
-                    update_parts.append(msg)
+                    if self.replica.whole:
+                        update_parts.append(msg)
+                    else:                       # the last update's tail, while the next round trains
+                        await self._patch(stream, msg)
                     continue
                 await self._end_round(msg if isinstance(msg, RoundResult) else None)
                 if isinstance(msg, Welcome):
@@ -211,15 +214,16 @@ class Site:
                         if self.round >= self._config().train.rounds:   # joined as the run ended: the final model
                             await self._finish()
                 elif isinstance(msg, RoundStart):
-                    if msg.model_hash != self.hash:
+                    if msg.model_hash != self.replica.promised_hash:
                         raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
-                                                   f"this replica has {self.hash}")
+                                                   f"this replica has {self.replica.promised_hash}")
                     self._start_round(stream, msg)
                 elif isinstance(msg, RoundResult):
                     await asyncio.to_thread(self._held().apply, update_parts, msg)
                     self._loaded()[3].settle(msg)
                     update_parts = []
-                    await stream.send(HashReport(msg.round, self.hash))
+                    if self.replica.whole:          # else once the update's tail is in (_patch)
+                        await stream.send(HashReport(msg.round, self.hash))
                     await self._flush_probes(stream)
                     if self.round >= self._config().train.rounds:
                         await self._finish()
@@ -230,6 +234,14 @@ class Site:
         finally:
             await self._abandon_round()
         await stream.close()
+
+    async def _patch(self, stream: Stream, c: TensorChunk) -> None:
+        """A chunk of the last update's tail: into the replica, and into the round training from it
+        (schedule.py); the hash report once the last is in."""
+        assert self.schedule is not None
+        await asyncio.to_thread(self.schedule.patch, self._held(), c)
+        if self.replica.whole:
+            await stream.send(HashReport(c.round, self.hash))
 
     # ------------------------------------------------------------ the round in hand
 
@@ -338,8 +350,7 @@ class Site:
         assert self.schedule is not None
         probe = self._probe if self._config().train.probe_every and round_ % self._config().train.probe_every == 0 \
             else None
-        delta, info = await self.schedule.round(round_, start.train_s, self._held().arrays, self.hash, hand.stop,
-                                                probe)
+        delta, info = await self.schedule.round(round_, start.train_s, self._held(), hand.stop, probe)
         wait_s = max(0.0, since_push_s - info.pop("ahead_s"))     # idle, not computing ahead
         if (sensitivity := info.pop("probe", None)) is not None:
             uplink.calibrate(sensitivity, delta)

@@ -13,6 +13,7 @@ import contextlib
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,15 +80,21 @@ class InnerLoop:
         load_flat(self.model, start)
         return delta, info
 
-    def train(self, seg: Segment, stop: threading.Event | None = None, start_hash: str = "") -> None:
+    takes_patches = True    # may the parameters change between two steps (schedule.py)? Not in a group
+
+    def train(self, seg: Segment, stop: threading.Event | None = None, start_hash: str = "",
+              patch: Callable[[], None] | None = None) -> None:
         """Inner steps from the current parameters until the segment's budget is spent (at least one
         step in a round) or `stop` is set: train_s > 0 steps until that much (emulated) compute time
-        has passed; otherwise it takes the configured inner_steps."""
+        has passed; otherwise it takes the configured inner_steps. `patch()` runs before each step
+        (the last update's tail, schedule.py)."""
         t = self.t
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda"
                     else contextlib.nullcontext())
         self.model.train()
         while self._keep_going(seg, stop):
+            if patch is not None:
+                patch()
             t_step = time.perf_counter()
             frac = seg.compute_s / seg.train_s if seg.train_s > 0 else seg.steps / t.inner_steps
             lr = lr_at(t, self.steps, seg.round + frac)

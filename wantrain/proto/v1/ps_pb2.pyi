@@ -237,20 +237,22 @@ class RoundMetrics(_message.Message):
     def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ..., steps_ahead: _Optional[int] = ..., hedged: _Optional[int] = ...) -> None: ...
 
 class RoundResult(_message.Message):
-    __slots__ = ("round", "model_hash", "sites", "val_loss", "late_sites", "partial")
+    __slots__ = ("round", "model_hash", "sites", "val_loss", "late_sites", "partial", "tail_chunks")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
     SITES_FIELD_NUMBER: _ClassVar[int]
     VAL_LOSS_FIELD_NUMBER: _ClassVar[int]
     LATE_SITES_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    TAIL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     round: int
     model_hash: str
     sites: _containers.RepeatedScalarFieldContainer[str]
     val_loss: float
     late_sites: _containers.RepeatedScalarFieldContainer[str]
     partial: _containers.RepeatedCompositeFieldContainer[CountedChunks]
-    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., val_loss: _Optional[float] = ..., late_sites: _Optional[_Iterable[str]] = ..., partial: _Optional[_Iterable[_Union[CountedChunks, _Mapping]]] = ...) -> None: ...
+    tail_chunks: int
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., sites: _Optional[_Iterable[str]] = ..., val_loss: _Optional[float] = ..., late_sites: _Optional[_Iterable[str]] = ..., partial: _Optional[_Iterable[_Union[CountedChunks, _Mapping]]] = ..., tail_chunks: _Optional[int] = ...) -> None: ...
 
 class CountedChunks(_message.Message):
     __slots__ = ("site", "chunks")
