@@ -42,6 +42,10 @@ Arms (issue 28's names in brackets):
                    not sent late and applied outside the momentum
     salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
                    the rest of the delta is then never applied, nor carried)
+    reliable-tail, salr-tail
+                   reliable and salr with the update's tail (train.downlink_budget 0.2): the low-energy
+                   fifth of each update's energy, ~36 % of its bytes on tiny, comes after the next
+                   RoundStart and is patched in while the sites train (where it can pay: --bandwidth)
 
 Figures per arm and condition: final validation loss, time to a target loss (and the whole curve,
 seconds against validation loss, in the results), p50 and p99 round time, megabytes both ways, and
@@ -81,6 +85,7 @@ from wantrain.telemetry import rows
 SALR = {"train.late_policy": "zero-outside", "train.partial_deltas": True, "train.critical_copies": True,
         "train.parity_share": 0.5, "train.parity_group_size": 8, "train.lanes": 4, "train.hedge_s": 1.0}
 LANES = 4
+TAIL = 0.2                       # the tail arms' train.downlink_budget: on tiny, ~36 % of an update's bytes
 RELIABLE_DEADLINE_S = 120.0      # the reliable arm's: far off, every chunk is waited for
 WHOLE = {"train.partial_deltas": False, "train.loss_budget": 0.0}    # a delta counts whole or not at all
 ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at the size's deadline
@@ -101,6 +106,8 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "salr-no-early": {**SALR, "train.loss_budget": 0.0},
     "salr-carry": {**SALR, "train.late_policy": "zero-carry", "train.loss_budget": 0.05},
     "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},
+    "reliable-tail": {**WHOLE, "train.late_policy": "zero-outside", "train.downlink_budget": TAIL},
+    "salr-tail": {**SALR, "train.loss_budget": 0.05, "train.downlink_budget": TAIL},
 }
 SIZES = {
     "quick": dict(rounds=5, inner_steps=4, reliable_rounds=1, losses=(0.05,), seeds=1, target=3.6, deadline_s=3.0,
@@ -127,6 +134,7 @@ class Link:
     packet_loss: float = 0.0        # the link's own loss: each TCP flow's rate capped by it (testbed/proxy.py)
     region: str = ""                # every site's region (its RTT to the PS's, testbed/regions), unlimited
                                     # bandwidth; "": the scenario's
+    bandwidth_mbps: float = 0.0     # every link's bandwidth each way, per connection (0: the scenario's)
 
     def apply(self, plan, seed: int):
         for k, name in enumerate(plan.names):
@@ -138,7 +146,8 @@ class Link:
             plan = plan.with_site(name, speed_factor=2.0, chunk_loss=self.loss, chunk_burst=self.burst,
                                   chunk_late_s=self.late_s, outages=outages, spikes_per_min=self.spikes_per_min,
                                   spike_min_ms=self.spike_ms, loss=self.packet_loss,
-                                  **({"region": self.region, "bandwidth_mbps": None} if self.region else {}))
+                                  **({"region": self.region, "bandwidth_mbps": None} if self.region else {}),
+                                  **({"bandwidth_mbps": self.bandwidth_mbps} if self.bandwidth_mbps else {}))
         return plan
 
     def disturbances(self) -> str:
@@ -150,21 +159,26 @@ class Link:
         if self.packet_loss or self.region:
             out.append(f"packet loss {self.packet_loss:.1%} on the link{' from ' + self.region if self.region else ''} "
                        f"(each TCP flow at most its Mathis rate)")
+        if self.bandwidth_mbps:
+            out.append(f"{self.bandwidth_mbps:g} Mbit/s each way per connection")
         return ", ".join(out) or "no blackouts or delay spikes"
 
 
-def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: Path) -> dict:
-    """One arm's run under one condition; its figures."""
+def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: Path, outer_lr: float = 0.0
+            ) -> dict:
+    """One arm's run under one condition (at `outer_lr`; 0: the default); its figures."""
     plan = link.apply(describe_scenario(scenario).replace(time_scale=1.0), seed)
+    lr = {"train.outer_lr": outer_lr} if outer_lr else {}
     cfg = RunConfig().replace(num_sites=len(plan.names), sites=plan.names, **{
         "model.preset": "tiny", "model.block_size": 64, "train.rounds": size["rounds"],
         "train.inner_steps": size["inner_steps"], "train.warmup_steps": size["inner_steps"], "train.seed": seed,
         "model.seed": seed,
         "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0,
-        "train.deadline_s": RELIABLE_DEADLINE_S if arm.startswith("reliable") else size["deadline_s"], **ARMS[arm]})
+        "train.deadline_s": RELIABLE_DEADLINE_S if arm.startswith("reliable") else size["deadline_s"], **ARMS[arm],
+        **lr})
     t0 = time.time()
     loss = link.loss
-    with Run(cfg, run_dir=folder / f"{arm}-{loss}-{seed}", site_threads=1, plan=plan) as run:
+    with Run(cfg, run_dir=folder / f"{arm}-{loss}-{seed}-{cfg.train.outer_lr}", site_threads=1, plan=plan) as run:
         for _ in run.follow(timeout_s=900):
             pass
         events = list(run.events)
@@ -176,7 +190,8 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
     round_s = [e["round_s"] for e in ends]
     return {"arm": arm, "chunk_loss": loss, "burst": link.burst, "blackout_every_s": link.blackout_every_s,
             "blackout_s": link.blackout_s, "spikes_per_min": link.spikes_per_min, "packet_loss": link.packet_loss,
-            "region": link.region, "seed": seed, "rounds": len(ends),
+            "region": link.region, "bandwidth_mbps": link.bandwidth_mbps, "seed": seed, "outer_lr": cfg.train.outer_lr,
+            "rounds": len(ends),
             "final_val_loss": float(np.mean([e["val_loss"] for e in ends[-3:]])),
             "reached": outcome.reached, "time_to_target_s": outcome.time_s if outcome.reached else None,
             "wall_s": round(time.time() - t0, 1), "p50_round_s": float(np.percentile(round_s, 50)),
@@ -186,6 +201,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
             "rebuilt": sum(e["rebuilt"] for e in rows(events, "site_round")),
             "hedged": sum(e["hedged"] for e in rows(events, "site_round")),
             "downlink_mb": len(plan.names) * sum(e["wire_bytes"] for e in ends) / 1e6,
+            "tail_mb": len(plan.names) * sum(e["tail_mb"] for e in rows(events, "update_split")),
             "closes": {c: sum(e["close"] == c for e in ends) for c in ("complete", "early", "deadline")},
             "substituted": sum(sum(e["substituted"].values()) for e in ends),
             "partial": sum(sum(e["partial"].values()) for e in ends),
@@ -223,6 +239,10 @@ def main() -> None:
     p.add_argument("--link-loss", type=float, default=0.0, metavar="P", help="the links' packet loss: each TCP "
                    "connection's rate at most its Mathis bound (where lanes help; give the RTT with --region)")
     p.add_argument("--region", default="", help="every site's region (its RTT to the PS's), bandwidth unlimited")
+    p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBPS",
+                   help="every link's bandwidth each way, per TCP connection (0: the scenario's)")
+    p.add_argument("--outer-lr", help="comma-separated outer learning rates, every arm at each (a sweep; "
+                   "default: the config's, 0.7)")
     p.add_argument("--scenario", default="loopback")
     p.add_argument("--keep-runs", help="keep each run's folder under this one (default: a temporary folder)")
     p.add_argument("--out", default="loss_recovery", help="result name under bench/results, or a path ending in .json")
@@ -237,9 +257,10 @@ def main() -> None:
     losses = [float(x) for x in args.loss.split(",")] if args.loss else list(size["losses"])
     blackouts = tuple(float(x) for x in args.blackouts.split(":")) if args.blackouts else (0.0, 0.0)
     spikes = tuple(float(x) for x in args.spikes.split(":")) if args.spikes else (0.0, 50.0)
-    link_loss = (args.link_loss, args.region)
+    link_loss = (args.link_loss, args.region, args.bandwidth)
     if len(blackouts) != 2 or len(spikes) != 2:
         p.error("--blackouts and --spikes take two numbers, as EVERY:SECONDS and PER_MIN:MS")
+    outer_lrs = [float(x) for x in args.outer_lr.split(",")] if args.outer_lr else [0.0]
     results = []
     with tempfile.TemporaryDirectory(prefix="wantrain-lr-") as tmp:
         if args.keep_runs:
@@ -247,27 +268,35 @@ def main() -> None:
         for loss in losses:
             for seed in range(args.first_seed, args.first_seed + (args.seeds or size["seeds"])):
                 for arm in arms:
-                    link = Link(loss, args.burst, late_s, *blackouts, *spikes, *link_loss)
-                    r = run_arm(arm, size, link, seed, args.scenario, Path(tmp))
-                    results.append(r)
-                    print(f"chunk loss {loss:.0%}, {arm}, seed {seed}: final {r['final_val_loss']:.4f}, p50/p99 round "
-                          f"{r['p50_round_s']:.2f}/{r['p99_round_s']:.2f} s, wall {r['wall_s']} s, closes {r['closes']}",
-                          flush=True)
+                    for lr in outer_lrs:
+                        link = Link(loss, args.burst, late_s, *blackouts, *spikes, *link_loss)
+                        r = run_arm(arm, size, link, seed, args.scenario, Path(tmp), lr)
+                        results.append(r)
+                        print(f"chunk loss {loss:.0%}, {arm}, outer lr {r['outer_lr']:g}, seed {seed}: final "
+                              f"{r['final_val_loss']:.4f}, p50/p99 round {r['p50_round_s']:.2f}/{r['p99_round_s']:.2f} "
+                              f"s, wall {r['wall_s']} s, closes {r['closes']}", flush=True)
     print()
     print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {size['deadline_s']} s "
           f"(reliable: none), lost chunks {late_s} s late, in bursts of {args.burst:g}; "
           f"{Link(0.0, args.burst, late_s, *blackouts, *spikes, *link_loss).disturbances()}")
     print(table(results, size["target"]))
-    seeds = {(r["arm"], r["chunk_loss"]) for r in results}
-    if len(seeds) < len(results):
+    seeds = {(r["arm"], r["chunk_loss"], r["outer_lr"]) for r in results}
+    if len(seeds) < len(results) or len(outer_lrs) > 1:
         for arm in arms:
             for loss in losses:
-                finals = [r["final_val_loss"] for r in results if (r["arm"], r["chunk_loss"]) == (arm, loss)]
-                print(f"{arm} at {loss:.0%}: final {statistics.mean(finals):.4f} over {len(finals)} seeds")
+                mean = {}
+                for lr in {r["outer_lr"] for r in results}:
+                    finals = [r["final_val_loss"] for r in results if (r["arm"], r["chunk_loss"], r["outer_lr"]) ==
+                              (arm, loss, lr)]
+                    mean[lr] = statistics.mean(finals)
+                    print(f"{arm} at {loss:.0%}, outer lr {lr:g}: final {mean[lr]:.4f} over {len(finals)} seeds")
+                if len(mean) > 1:
+                    print(f"  {arm} at {loss:.0%}: best outer lr {min(mean, key=mean.get):g}")
     save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "losses": losses,
                        "burst": args.burst, "late_s": late_s, "blackouts": blackouts, "spikes": spikes,
-                       "link_loss": link_loss,
-                       "deadline_s": size["deadline_s"], "arms": arms, "target": size["target"], "rows": results})
+                       "link_loss": link_loss[:2], "bandwidth_mbps": args.bandwidth,
+                       "deadline_s": size["deadline_s"], "arms": arms, "outer_lrs": outer_lrs, "target": size["target"],
+                       "rows": results})
 
 
 if __name__ == "__main__":
