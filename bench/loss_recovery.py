@@ -42,6 +42,9 @@ Arms (issue 28's names in brackets):
                    not sent late and applied outside the momentum
     salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
                    the rest of the delta is then never applied, nor carried)
+    salr-extend    salr with the bounded extension (train.extend_above 0.1): a round still missing more
+                   than a tenth of its importance at its deadline waits up to one deadline more
+                   (where it can pay: lost chunks coming back sooner, --late-s 2)
     reliable-tail, salr-tail
                    reliable and salr with the update's tail (train.downlink_budget 0.2): the low-energy
                    fifth of each update's energy, ~36 % of its bytes on tiny, comes after the next
@@ -106,6 +109,7 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "salr-no-early": {**SALR, "train.loss_budget": 0.0},
     "salr-carry": {**SALR, "train.late_policy": "zero-carry", "train.loss_budget": 0.05},
     "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},
+    "salr-extend": {**SALR, "train.loss_budget": 0.05, "train.extend_above": 0.1},
     "reliable-tail": {**WHOLE, "train.late_policy": "zero-outside", "train.downlink_budget": TAIL},
     "salr-tail": {**SALR, "train.loss_budget": 0.05, "train.downlink_budget": TAIL},
 }
@@ -202,7 +206,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
             "hedged": sum(e["hedged"] for e in rows(events, "site_round")),
             "downlink_mb": len(plan.names) * sum(e["wire_bytes"] for e in ends) / 1e6,
             "tail_mb": len(plan.names) * sum(e["tail_mb"] for e in rows(events, "update_split")),
-            "closes": {c: sum(e["close"] == c for e in ends) for c in ("complete", "early", "deadline")},
+            "closes": {c: sum(e["close"] == c for e in ends) for c in ("complete", "early", "deadline", "extended")},
             "substituted": sum(sum(e["substituted"].values()) for e in ends),
             "partial": sum(sum(e["partial"].values()) for e in ends),
             "reconciled": sum(sum(e["reconciled"].values()) for e in ends),
@@ -213,13 +217,14 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
 
 def table(results: list[dict], target: float) -> str:
     lines = [f"{'loss':>5} {'arm':<15} {'final':>7} {'to ' + str(target):>8} {'p50 s':>6} {'p99 s':>6} {'MB up':>6} "
-             f"{'MB dn':>6} {'closes c/e/d':>12} {'subst':>6} {'partial':>7} {'recon':>6} {'rebuilt':>7}"]
+             f"{'MB dn':>6} {'closes c/e/d/x':>14} {'subst':>6} {'partial':>7} {'recon':>6} {'rebuilt':>7}"]
     for r in results:
         t = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "-"
         c = r["closes"]
         lines.append(f"{r['chunk_loss']:>5.0%} {r['arm']:<15} {r['final_val_loss']:>7.4f} {t:>8} "
                      f"{r['p50_round_s']:>6.2f} {r['p99_round_s']:>6.2f} {r['uplink_mb']:>6.2f} {r['downlink_mb']:>6.2f} "
-                     f"{c['complete']:>4}/{c['early']}/{c['deadline']:<4} {r['substituted']:>6} {r['partial']:>7} "
+                     f"{c['complete']:>4}/{c['early']}/{c['deadline']}/{c.get('extended', 0):<4} {r['substituted']:>6} "
+                     f"{r['partial']:>7} "
                      f"{r['reconciled']:>6} {r['rebuilt']:>7}")
     return "\n".join(lines)
 

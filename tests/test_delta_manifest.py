@@ -245,6 +245,49 @@ def test_a_round_closes_early_once_what_is_missing_is_within_the_budget():
     assert closed and end["close"] == "early" and end["partial"]["b"] == partial_b + 3
 
 
+def _extended(more: bool):
+    """Two sites, a deadline of 2 s, train.extend_above 0.1: a's delta complete; of b's, at the
+    deadline, what holds 0.4 of its importance (0.2 of the round's: too much to go without). After
+    the deadline, with `more`, chunks until the round misses 0.05. Returns the PS's round_end."""
+    cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 2.0, "train.late_policy": "zero-outside",
+                                       "train.loss_budget": 0.02, "train.extend_above": 0.1,
+                                       "train.reliable_rounds": 0, "train.warmup_steps": 0})
+
+    async def scenario():
+        ps, b, b_manifest, b_msgs = await a_done_b_to_come(cfg)
+        ps.on_manifest(b, b_manifest)
+        order = sorted(range(len(b_msgs)), key=lambda i: (b_manifest.chunks[i].role != "critical",
+                                                          -b_manifest.chunks[i].importance))
+        held, sent = 1.0, 0
+
+        def send_until(wanted: float) -> None:
+            nonlocal held, sent
+            for i in order[sent:]:
+                if held <= wanted:
+                    break
+                ps.on_chunk(b, b_msgs[i])
+                held, sent = held - b_manifest.chunks[i].importance, sent + 1
+        send_until(0.4)
+        await asyncio.sleep(2.3)                  # the deadline passes: the round waits
+        assert ps.round == 0 and not ps.aggregating and ps.rounds.extensions == 1
+        if more:
+            send_until(0.1)
+        await asyncio.sleep(0.6 if more else 2.2)   # (more) the grace, a tenth of the deadline; else
+        if ps.round_task is not None:               # the deadline once more
+            await ps.round_task
+        return ps
+    ps = asyncio.run(scenario())
+    assert ps.round == 1
+    return rows_of(ps, "round_end")[-1]
+
+
+def test_a_round_missing_too_much_at_its_deadline_waits_one_deadline_more_at_most():
+    end = _extended(more=True)
+    assert end["close"] == "extended" and end["partial"]["b"] > 0
+    end = _extended(more=False)
+    assert end["close"] == "deadline" and end["partial"]["b"] > 0
+
+
 def test_a_partial_delta_the_screen_rejects_counts_as_zeros_and_the_round_commits(tmp_path):
     """Three sites; at the deadline b's manifest and half its chunks are in, and they point against
     a's and c's: the screen rejects them, zeros stand in for b, and the round commits and is told

@@ -131,6 +131,10 @@ class TrainConfig:
     # chunks are in and what is still missing holds at most this share of the round's importance
     # (each delta weighted by its tokens; 0: never early).
     loss_budget: float = 0.05
+    # With partial deltas, after the warm-up: a round that at its deadline still misses a critical
+    # chunk, or more than this share of its importance, from members that all sent their manifests
+    # waits up to one deadline more, closing ("extended") as soon as neither holds (0: never).
+    extend_above: float = 0.0
     # A delta's chunks protected on the wire (recovery/sending.py; docs/protocol.md 4a): each critical
     # chunk sent twice, and XOR parity over the most important other chunks that hold parity_share of
     # the delta's importance, in groups of parity_group_size (the PS rebuilds one lost member of a
@@ -196,6 +200,7 @@ class TrainConfig:
         _check(self.late_policy in LATE_POLICIES, f"{prefix}.late_policy", f"must be one of {LATE_POLICIES}",
                self.late_policy)
         _check(0 <= self.loss_budget < 1, f"{prefix}.loss_budget", "must be in [0, 1)", self.loss_budget)
+        _check(0 <= self.extend_above < 1, f"{prefix}.extend_above", "must be in [0, 1)", self.extend_above)
         _check(0 <= self.quorum_share <= 1, f"{prefix}.quorum_share", "must be in [0, 1]", self.quorum_share)
         _check(self.grace_factor >= 0, f"{prefix}.grace_factor", "must be >= 0", self.grace_factor)
         _check(self.probe_every >= 0, f"{prefix}.probe_every", "must be >= 0", self.probe_every)

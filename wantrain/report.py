@@ -253,6 +253,7 @@ _MARKERS = {
 # The loss-recovery decisions in round_end (docs/telemetry.md), marked where the round committed.
 _RECOVERY_MARKERS = {
     "closed_early": ("round closed early", "goldenrod", "triangle-right"),
+    "extended": ("round waited past its deadline", "darkorange", "triangle-left"),
     "counted_in_part": ("delta counted in part", "teal", "circle"),
     "reconciled": ("late chunks reconciled", "teal", "diamond-open"),
     "rebuilt": ("chunks rebuilt from parity", "seagreen", "square-open"),
@@ -277,6 +278,9 @@ def recovery_marks(events: list[dict]) -> list[dict]:
         if e.get("close") == "early":
             marks.append({"kind": "closed_early", "t": t, "text": f"round {r} closed early: what was missing was "
                                                                   f"within the loss budget"})
+        elif e.get("close") == "extended":
+            marks.append({"kind": "extended", "t": t, "text": f"round {r} waited past its deadline until what was "
+                                                              f"missing was within train.extend_above"})
         for site, n in e.get("partial", {}).items():
             marks.append({"kind": "counted_in_part", "t": t, "site": site,
                           "text": f"round {r}: {n} chunk(s) of {site}'s delta counted; zeros for the rest, to come"})

@@ -15,6 +15,10 @@ The round-close policy, from the run config's `train`:
                       critical chunks are in, what is missing is within the budget, and nothing has
                       come from the members still missing chunks for a grace of a tenth of the
                       deadline (what is missing is late, not in flight)
+    extend_above      whether a round past the warm-up waits beyond its deadline: one deadline more
+                      at most, while a critical chunk or more than this share of its importance is
+                      missing from members that all sent their manifests; it closes ("extended")
+                      as an early close does, once what is missing is within this share
     downlink_budget   whether a round's update goes in a head and a tail, the tail after the next
                       RoundStart (recovery/downlink.py): under the sync schedule, not in the
                       warm-up nor the last round, not on a sharded PS
@@ -63,20 +67,28 @@ class ClosePolicy:
     WARMUP_EXTENSIONS = 2
 
     def extends_deadline(self, round_: int) -> bool:
-        """At its deadline: does this warm-up round wait one deadline more for deltas still coming?"""
+        """At its deadline: does this round wait one deadline more for what is still coming? A warm-up
+        round for deltas still coming (twice at most); a later one for what matters (extend_above)."""
         r = self.rounds
+        if not (r.missing() and r.all_sending()):
+            return False
         if (self.train.counts_partial and not self.sharded and self.in_warmup(round_)
-                and r.extensions < self.WARMUP_EXTENSIONS and r.missing() and r.all_sending()):
+                and r.extensions < self.WARMUP_EXTENSIONS):
+            r.put_off_deadline()
+            return True
+        if (self.train.extend_above and self.counts_partial(round_) and not r.extensions
+                and r.missing_share() > self.train.extend_above):
             r.put_off_deadline()
             return True
         return False
 
     def within_budget(self, round_: int) -> bool:
         """Is what the running round still misses within train.loss_budget (every manifest and
-        critical chunk in)?"""
+        critical chunk in)? Within extend_above, in an extension past its deadline."""
         r = self.rounds
-        return (bool(self.train.loss_budget) and self.counts_partial(round_) and bool(r.members)
-                and not r.aggregating and r.missing_share() <= self.train.loss_budget)
+        budget = max(self.train.loss_budget, self.train.extend_above if r.extensions else 0.0)
+        return (bool(budget) and self.counts_partial(round_) and bool(r.members)
+                and not r.aggregating and r.missing_share() <= budget)
 
     @property
     def grace_s(self) -> float:

@@ -168,7 +168,7 @@ class RoundState:
         self.past_deadline = False
         self.early_from = math.inf            # when the round may close early (ps/closing.py)
         self.extensions = 0                   # deadlines put off for a warm-up round (ps/closing.py)
-        self.close_reason = ""                # "complete", "deadline" or "early", once closed
+        self.close_reason = ""                # "complete", "deadline", "early" or "extended", once closed
         self.last_members: set[str] = set()   # sites the last (or current) round started with
         self.aggregating = False
 
@@ -322,7 +322,8 @@ class RoundState:
         countable = arrived or (partial and any(self.uploads[s].counts_in_part for s in self.members))
         if arrived != self.members and not ((self.past_deadline or early) and countable):
             return False
-        self.close_reason = ("complete" if arrived == self.members else "deadline" if self.past_deadline else "early")
+        self.close_reason = ("complete" if arrived == self.members else "deadline" if self.past_deadline
+                             else "extended" if self.extensions else "early")
         for s in sorted(self.members - arrived):
             self.late[s] = self.uploads.pop(s)
         self.members = arrived

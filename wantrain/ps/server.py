@@ -263,8 +263,8 @@ class ParameterServer:
     def _on_deadline(self, round_: int) -> None:
         if round_ != self.round or self.aggregating or not self.in_round:
             return
-        if self.close_policy.extends_deadline(round_):      # warm-up: no loss tolerated (ps/closing.py)
-            log.info("round %d (warm-up): deadline put off %.1f s for %s, still sending", round_,
+        if self.close_policy.extends_deadline(round_):      # no loss tolerated, or too much missing (closing.py)
+            log.info("round %d: deadline put off %.1f s for %s, still sending", round_,
                      self.rounds.deadline_s, ", ".join(self.rounds.missing()))
             self._later(self.rounds.deadline_s, self._on_deadline, round_)
             return
