@@ -42,6 +42,8 @@ Arms (issue 28's names in brackets):
                    not sent late and applied outside the momentum
     salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
                    the rest of the delta is then never applied, nor carried)
+    salr-hedge-all salr hedging every chunk not acknowledged within 1 s, not only the protected ones
+                   (train.hedge_all): a lost chunk comes again on another lane, not a retransmission late
     salr-extend    salr with the bounded extension (train.extend_above 0.1): a round still missing more
                    than a tenth of its importance at its deadline waits up to one deadline more
                    (where it can pay: lost chunks coming back sooner, --late-s 2)
@@ -109,6 +111,7 @@ ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at th
     "salr-no-early": {**SALR, "train.loss_budget": 0.0},
     "salr-carry": {**SALR, "train.late_policy": "zero-carry", "train.loss_budget": 0.05},
     "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},
+    "salr-hedge-all": {**SALR, "train.loss_budget": 0.05, "train.hedge_all": True},
     "salr-extend": {**SALR, "train.loss_budget": 0.05, "train.extend_above": 0.1},
     "reliable-tail": {**WHOLE, "train.late_policy": "zero-outside", "train.downlink_budget": TAIL},
     "salr-tail": {**SALR, "train.loss_budget": 0.05, "train.downlink_budget": TAIL},

@@ -159,9 +159,11 @@ class TrainConfig:
     # ones: one lost segment then stalls one lane, not the whole delta (0: the Session carries all;
     # a sharded PS: no lanes). With lanes, a protected chunk (critical, or in a parity group) the PS
     # has not acknowledged hedge_s seconds after it went is sent again on another lane, once
-    # (0: never).
+    # (0: never); with hedge_all, every chunk not acknowledged then (a lost one need not wait for its
+    # retransmission, nor be stood in for).
     lanes: int = 0
     hedge_s: float = 0.0
+    hedge_all: bool = False
     # The downlink (recovery/downlink.py, docs/protocol.md 6): the PS sends a round's update with the
     # critical chunks and the most energetic others, holding all but this share of its energy, before
     # the result; the rest follows the next RoundStart, and a site trains without it, patching each

@@ -187,13 +187,15 @@ def check_manifest(cfg: RunConfig, up: Upload, m: Manifest, plan: list[ChunkSpec
 MAX_ARRIVALS = 3     # of one protected chunk: itself, its critical copy, a hedge (docs/protocol.md 4b)
 
 
-def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str) -> bool:
+def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str,
+                hedge_all: bool = False) -> bool:
     """Does chunk `c` belong in `up`? Caps it so that one upload holds at most one model's worth of
     delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
     each index once, but that a protected chunk (critical, in a parity group, or rebuilt from
     parity) may come up to MAX_ARRIVALS times in all: a critical copy, a hedge on another lane
-    (docs/protocol.md 4a, 4b). (A site has one upload per round it still owes: at most a few.) True
-    for a chunk not in yet; False for such a repeat."""
+    (docs/protocol.md 4a, 4b); with `hedge_all` (train.hedge_all), any other chunk of a delta with
+    a manifest twice: itself and a hedge. (A site has one upload per round it still owes: at most a
+    few.) True for a chunk not in yet; False for such a repeat."""
     if c.kind != DELTA:
         raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
     if up.metrics is not None:
@@ -215,11 +217,13 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
         raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas are "
                             f"{mode} (codec.mode)")
     said = up.manifest.chunks[c.index] if up.manifest is not None else None
-    if c.index in up.decoding and not (said is not None and up.repeats.get(c.index, 0) + 1 < MAX_ARRIVALS
-                                       and (said.role == "critical" or said.group >= 0 or c.index in up.rebuilt)):
-        raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice (only a protected chunk: "
-                            f"critical, in a parity group or rebuilt from parity, may come again, "
-                            f"{MAX_ARRIVALS} times in all)")
+    if c.index in up.decoding:
+        protected = said is not None and (said.role == "critical" or said.group >= 0 or c.index in up.rebuilt)
+        arrivals = MAX_ARRIVALS if protected else 2 if said is not None and hedge_all else 1
+        if up.repeats.get(c.index, 0) + 1 >= arrivals:
+            raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice (only a protected chunk: "
+                                f"critical, in a parity group or rebuilt from parity, may come again, "
+                                f"{MAX_ARRIVALS} times in all; with train.hedge_all, any other twice)")
     if c.data.wire_bytes > 4 * c.spec.length + 65536:
         raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
     if said is not None and (said.crc32, said.nbytes) != (checksum(c.data), c.data.wire_bytes):

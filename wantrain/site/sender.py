@@ -83,9 +83,10 @@ class Sender:
         return item in self.lanes.acked
 
     async def hedge(self, manifest: Manifest, order: list[Transmission], lost: set[int], hedge_s: float,
-                    loss: ChunkLoss | None, mean_bytes: float) -> set[int]:
-        """Send again, once, each protected chunk not acknowledged `hedge_s` after the delta started
-        that the PS cannot rebuild; returns the chunks hedged (and not lost on purpose again)."""
+                    loss: ChunkLoss | None, mean_bytes: float, every_chunk: bool = False) -> set[int]:
+        """Send again, once, each protected chunk (`every_chunk`: each chunk) not acknowledged `hedge_s`
+        after the delta started that the PS cannot rebuild; returns the chunks hedged (and not lost on
+        purpose again)."""
         assert self.lanes is not None
         wait = self.started + hedge_s - time.perf_counter()
         if not lost:            # nothing lost on purpose: hedge only what is slow
@@ -98,7 +99,8 @@ class Sender:
             await asyncio.sleep(wait)
         unacked = [n for n, t in enumerate(order) if not self._acked(t)]
         entries = manifest.chunks
-        todo = [i for i in to_resend(manifest, order, unacked) if entries[i].role == "critical" or entries[i].group >= 0]
+        todo = [i for i in to_resend(manifest, order, unacked)
+                if every_chunk or entries[i].role == "critical" or entries[i].group >= 0]
         if not todo:
             return set()
         again = [Transmission("chunk", i) for i in todo]
