@@ -53,8 +53,10 @@ Arms (issue 28's names in brackets):
                    RoundStart and is patched in while the sites train (where it can pay: --bandwidth)
 
 Figures per arm and condition: final validation loss, time to a target loss (and the whole curve,
-seconds against validation loss, in the results), p50 and p99 round time, megabytes both ways, and
-what the PS substituted and reconciled (round_end's recovery fields).
+seconds against validation loss, in the results), p50 and p99 round time, megabytes both ways (the
+deltas' and updates' as the PS counted them; `link_up_mb` and `link_down_mb`: everything each link
+carried, as the testbed counted it), and what the PS substituted and reconciled (round_end's
+recovery fields).
 
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
@@ -208,6 +210,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
             "rebuilt": sum(e["rebuilt"] for e in rows(events, "site_round")),
             "hedged": sum(e["hedged"] for e in rows(events, "site_round")),
             "downlink_mb": len(plan.names) * sum(e["wire_bytes"] for e in ends) / 1e6,
+            **link_mb(events),
             "tail_mb": len(plan.names) * sum(e["tail_mb"] for e in rows(events, "update_split")),
             "closes": {c: sum(e["close"] == c for e in ends) for c in ("complete", "early", "deadline", "extended")},
             "substituted": sum(sum(e["substituted"].values()) for e in ends),
@@ -218,14 +221,26 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
             "curve": outcome.curve}
 
 
+def link_mb(events: list[dict]) -> dict:
+    """The bytes every site's link carried each way, as its testbed proxy counted them (everything on
+    the wire: the model's download, deltas, copies, parity, hedges, tails, updates, probes, gRPC's
+    framing; not what the chunk-loss injector dropped, which never left the site)."""
+    up: dict[str, int] = {}
+    down: dict[str, int] = {}
+    for e in rows(events, "link"):
+        up[e["site"]] = max(up.get(e["site"], 0), e["bytes_up"])
+        down[e["site"]] = max(down.get(e["site"], 0), e["bytes_down"])
+    return {"link_up_mb": sum(up.values()) / 1e6, "link_down_mb": sum(down.values()) / 1e6}
+
+
 def table(results: list[dict], target: float) -> str:
-    lines = [f"{'loss':>5} {'arm':<15} {'final':>7} {'to ' + str(target):>8} {'p50 s':>6} {'p99 s':>6} {'MB up':>6} "
-             f"{'MB dn':>6} {'closes c/e/d/x':>14} {'subst':>6} {'partial':>7} {'recon':>6} {'rebuilt':>7}"]
+    lines = [f"{'loss':>5} {'arm':<15} {'final':>7} {'to ' + str(target):>8} {'p50 s':>6} {'p99 s':>6} {'up MB':>6} "
+             f"{'dn MB':>6} {'closes c/e/d/x':>14} {'subst':>6} {'partial':>7} {'recon':>6} {'rebuilt':>7}"]
     for r in results:
         t = f"{r['time_to_target_s']:.1f}" if r["time_to_target_s"] is not None else "-"
         c = r["closes"]
         lines.append(f"{r['chunk_loss']:>5.0%} {r['arm']:<15} {r['final_val_loss']:>7.4f} {t:>8} "
-                     f"{r['p50_round_s']:>6.2f} {r['p99_round_s']:>6.2f} {r['uplink_mb']:>6.2f} {r['downlink_mb']:>6.2f} "
+                     f"{r['p50_round_s']:>6.2f} {r['p99_round_s']:>6.2f} {r['link_up_mb']:>6.2f} {r['link_down_mb']:>6.2f} "
                      f"{c['complete']:>4}/{c['early']}/{c['deadline']}/{c.get('extended', 0):<4} {r['substituted']:>6} "
                      f"{r['partial']:>7} "
                      f"{r['reconciled']:>6} {r['rebuilt']:>7}")

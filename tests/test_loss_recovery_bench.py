@@ -31,3 +31,5 @@ def test_quick_loss_recovery_bench_counts_what_came_and_waits_less(tmp_path):
     # A reliable round waits for its late chunks (4.5 s); SALR's close by the deadline (3 s) or earlier.
     assert salr["p50_round_s"] < reliable["p50_round_s"], (salr["p50_round_s"], reliable["p50_round_s"])
     assert "salr" in proc.stdout and "reliable" in proc.stdout
+    for r in (reliable, salr):          # what the links carried, as the testbed counted it: the model and more
+        assert r["link_down_mb"] > r["downlink_mb"] > 0 and r["link_up_mb"] > 0.5 * r["uplink_mb"] > 0, r
