@@ -11,7 +11,7 @@ import pytest
 from wantrain.codec import Codec, encode_arrays
 from wantrain.config import CodecConfig
 from wantrain.messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
-from wantrain.recovery import Transmission
+from wantrain.recovery import Transmission, build_manifest, roles_of, transmissions
 from wantrain import wire
 from wantrain.report import timeline_figure
 from wantrain.site.lanes import Lanes
@@ -84,6 +84,33 @@ def test_a_chunks_copy_and_hedge_each_take_another_lane():
     assert on[5] == (1, "TensorChunk", 0)                  # the one lane chunk 0 had not taken
     assert all(isinstance(m, (TensorChunk, DeltaParity, Manifest)) and m.round == 7 for _, m in lanes.sent)
     assert all(m.kind == DELTA for _, m in lanes.sent if isinstance(m, TensorChunk))
+
+
+def test_a_hedge_sends_again_only_protected_chunks_unless_hedge_all():
+    # Every transmission acknowledged but the last plain chunk's (no parity: not protected) and
+    # the first critical chunk's: a hedge sends the critical one again, and the plain one only
+    # under train.hedge_all.
+    rng = np.random.default_rng(1)
+    arrays = {"h.w": rng.standard_normal(30000).astype(np.float32).reshape(100, 300),
+              "h.b": rng.standard_normal(300).astype(np.float32)}
+    chunks, decoded = encode_arrays({k: v.ravel() for k, v in arrays.items()}, Codec(CodecConfig(chunk_bytes=4096)),
+                                    None)
+    manifest = build_manifest(0, chunks, decoded, roles_of({k: v.shape for k, v in arrays.items()}))
+    order = transmissions(manifest)
+    critical = min(manifest.critical())
+    plain = order[-1].index
+    assert manifest.chunks[plain].role != "critical" and manifest.chunks[plain].group < 0
+
+    def hedged(every_chunk: bool) -> tuple[set[int], list[int]]:
+        lanes = _Lanes(3)
+        lanes.acked = {LaneAck.of(TensorChunk(DELTA, 0, t.index, len(chunks), *chunks[t.index]))
+                       for t in order if t.index not in (critical, plain)}
+        out = Sender(None, lanes, 0, chunks, {})
+        again = asyncio.run(out.hedge(manifest, order, {plain}, 0.0, None, 1.0, every_chunk))
+        return again, [m.index for _, m in lanes.sent]
+
+    assert hedged(False) == ({critical}, [critical])
+    assert hedged(True) == ({critical, plain}, [critical, plain])
 
 
 class _EchoCall:
