@@ -60,7 +60,8 @@ recovery fields).
 
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
-`--blackouts 40:2` takes every link down 2 s in every 40; `--spikes 2:300` adds two delay spikes
+`--deadline 0` lets the PS derive each round's deadline from the arrivals it timed (1.5 x the
+typical one) instead of a fixed one; `--blackouts 40:2` takes every link down 2 s in every 40; `--spikes 2:300` adds two delay spikes
 a minute of at least 300 ms (testbed/trace.py); `--link-loss 0.01 --region "West Europe"` gives
 every link 1 % packet loss and that region's RTT to the PS (85 ms), bandwidth unlimited, which caps
 each TCP connection at its Mathis rate (testbed/proxy.py): where lanes (several connections) carry
@@ -173,6 +174,17 @@ class Link:
         return ", ".join(out) or "no blackouts or delay spikes"
 
 
+DERIVED = {"train.deadline_s": 0.0, "train.deadline_factor": 1.5, "train.deadline_min_s": 0.5}
+
+
+def deadline(arm: str, seconds: float) -> dict:
+    """An arm's deadline: the reliable arms' far off; the others' `seconds` after a round's start, or
+    (0) derived by the PS from the arrivals it timed, 1.5 x the typical one (ps/rounds.py)."""
+    if arm.startswith("reliable"):
+        return {"train.deadline_s": RELIABLE_DEADLINE_S}
+    return {"train.deadline_s": seconds} if seconds else DERIVED
+
+
 def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: Path, outer_lr: float = 0.0
             ) -> dict:
     """One arm's run under one condition (at `outer_lr`; 0: the default); its figures."""
@@ -183,7 +195,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
         "train.inner_steps": size["inner_steps"], "train.warmup_steps": size["inner_steps"], "train.seed": seed,
         "model.seed": seed,
         "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0,
-        "train.deadline_s": RELIABLE_DEADLINE_S if arm.startswith("reliable") else size["deadline_s"], **ARMS[arm],
+        **deadline(arm, size["deadline_s"]), **ARMS[arm],
         **lr})
     t0 = time.time()
     loss = link.loss
@@ -264,6 +276,8 @@ def main() -> None:
     p.add_argument("--region", default="", help="every site's region (its RTT to the PS's), bandwidth unlimited")
     p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBPS",
                    help="every link's bandwidth each way, per TCP connection (0: the scenario's)")
+    p.add_argument("--deadline", type=float, help="seconds after a round's start the deadline arms close it "
+                   "(full: 4, quick: 3; 0: derived from the arrivals, 1.5 x the typical one)")
     p.add_argument("--outer-lr", help="comma-separated outer learning rates, every arm at each (a sweep; "
                    "default: the config's, 0.7)")
     p.add_argument("--scenario", default="loopback")
@@ -273,6 +287,8 @@ def main() -> None:
     size = dict(SIZES["quick" if args.quick else "full"])
     if args.target is not None:
         size["target"] = args.target
+    if args.deadline is not None:
+        size["deadline_s"] = args.deadline
     arms = args.arms.split(",") if args.arms else list(size["arms"])
     late_s = args.late_s if args.late_s is not None else size["late_s"]
     if unknown := set(arms) - set(ARMS):
@@ -299,7 +315,8 @@ def main() -> None:
                               f"{r['final_val_loss']:.4f}, p50/p99 round {r['p50_round_s']:.2f}/{r['p99_round_s']:.2f} "
                               f"s, wall {r['wall_s']} s, closes {r['closes']}", flush=True)
     print()
-    print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {size['deadline_s']} s "
+    closes = f"{size['deadline_s']} s" if size["deadline_s"] else "derived"
+    print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {closes} "
           f"(reliable: none), lost chunks {late_s} s late, in bursts of {args.burst:g}; "
           f"{Link(0.0, args.burst, late_s, *blackouts, *spikes, *link_loss).disturbances()}")
     print(table(results, size["target"]))
