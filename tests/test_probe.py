@@ -14,6 +14,7 @@ from wantrain.models import build_model
 from wantrain.recovery import DEFAULT_ROLE_WEIGHTS, roles_of
 from wantrain.recovery.probe import role_energy, role_sensitivity, role_weights
 from wantrain.replica import flat_copy, named_params
+from wantrain.site.replica import Replica
 from wantrain.site.schedule import Schedule
 from wantrain.site.train import InnerLoop
 from wantrain.site.uplink import Uplink
@@ -37,7 +38,9 @@ def _setup(overlap=False):
 
 def test_the_probe_measures_each_role_of_a_real_delta_and_puts_the_model_back():
     cfg, loop, roles, sched = _setup()
-    start = flat_copy(loop.model)
+    held = Replica()
+    held.build(loop.model, 1, 4096)
+    start = held.arrays
     seen = {}
 
     def probe(end, delta):
@@ -48,7 +51,7 @@ def test_the_probe_measures_each_role_of_a_real_delta_and_puts_the_model_back():
                                   loop.held_out)
         return sens, zeroed
 
-    delta, info = asyncio.run(sched.round(0, 0.0, start, "h0", probe=probe))
+    delta, info = asyncio.run(sched.round(0, 0.0, held, probe=probe))
     sens, zeroed = info["probe"]
     assert set(sens) == set(roles.values()) and all(np.isfinite(v) and v >= 0 for v in sens.values())
     assert sum(sens.values()) > 0                       # undoing a round's change costs the held-out loss
