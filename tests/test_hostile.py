@@ -6,6 +6,7 @@ Each attack gets the right gRPC status, the PS stays up, and the global model is
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import queue
@@ -29,6 +30,7 @@ from wantrain.launch.argv import ps_args
 from .helpers import Proc, free_port, small_config
 
 TOKENS = {"a": "token-of-a-0123456789", "b": "token-of-b-9876543210"}
+JOINS_SENT: collections.Counter[str] = collections.Counter()    # well-formed Joins with a true token, by site
 
 
 class _Raw(bytes):
@@ -51,6 +53,7 @@ class HandSite:
             self.out.put(_Raw(first))
         else:
             self.out.put(wire.site_message(Join(name, protocol_version=version, token=token, **join)))
+            JOINS_SENT[name] += TOKENS.get(name) == token
         session = self.ch.stream_stream("/wantrain.v1.ParameterServer/Session", request_serializer=_serialize,
                                         response_deserializer=pb.ServerMessage.FromString)
         self.stream = session(iter(self.out.get, None), timeout=60)
@@ -364,7 +367,9 @@ def test_what_peers_sent_stays_bounded_in_the_log_and_the_events(server):
     assert not any("\x1b" in ln or "\x07" in ln for ln in log_lines + event_lines)
     assert "Traceback" not in proc.text()
     downloads = [e for e in rows(read_events(tmp / "run"), "join") if e["site"] == "a"]
-    assert len(downloads) < 60     # one per test above (finding 4: not one per hash report)
+    # finding 4: a join (a model download) for each Join a sent, never one per hash report; whether a
+    # probe that hangs up at once is logged as joined depends on timing, so this bounds, not counts
+    assert 0 < len(downloads) <= JOINS_SENT["a"] < 200
 
 
 @pytest.mark.timeout(60)
