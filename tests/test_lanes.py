@@ -4,6 +4,7 @@ real gRPC in this process (tests/harness.py). The hostile side of a lane is test
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -54,7 +55,7 @@ class _Lanes:
     """Lanes that write nothing and remember which lane each message went on."""
 
     def __init__(self, n: int) -> None:
-        self.n, self.sent, self.acked = n, [], set()
+        self.n, self.sent, self.acked, self.last_ack_at = n, [], set(), 0.0
 
     def __len__(self) -> int:
         return self.n
@@ -103,14 +104,57 @@ def test_a_hedge_sends_again_only_protected_chunks_unless_hedge_all():
 
     def hedged(every_chunk: bool) -> tuple[set[int], list[int]]:
         lanes = _Lanes(3)
-        lanes.acked = {LaneAck.of(TensorChunk(DELTA, 0, t.index, len(chunks), *chunks[t.index]))
-                       for t in order if t.index not in (critical, plain)}
         out = Sender(None, lanes, 0, chunks, {})
-        again = asyncio.run(out.hedge(manifest, order, {plain}, 0.0, None, 1.0, every_chunk))
+        for t in order:
+            asyncio.run(out.send(t, lost=t.index == plain))
+        lanes.sent.clear()
+        lanes.acked = {ack(t.index) for t in order if t.index not in (critical, plain)}
+        again = asyncio.run(out.hedge(manifest, order, 0.0, None, 1.0, every_chunk))
         return again, [m.index for _, m in lanes.sent]
+
+    def ack(i: int) -> LaneAck:
+        return LaneAck.of(TensorChunk(DELTA, 0, i, len(chunks), *chunks[i]))
 
     assert hedged(False) == ({critical}, [critical])
     assert hedged(True) == ({critical, plain}, [critical, plain])
+
+
+class _SlowLanes(_Lanes):
+    """Lanes on a slow link: the acks of what is still queued come while the hedge looks away."""
+
+    def __init__(self, n: int, later: set) -> None:
+        super().__init__(n)
+        self.later = later
+
+    def raise_failure(self) -> None:
+        self.acked |= self.later
+        self.last_ack_at = time.perf_counter()
+
+
+def test_a_hedge_sends_again_what_was_overtaken_not_what_is_queued():
+    # A delta sent over 2 s (a slow link paces the writes): everything sent up to 1.2 s is in but the
+    # chunk sent at 0.3 s, acks still coming; what was sent after 1.2 s is queued, not lost. With
+    # hedge_s 0.5 and every chunk hedged, only the overtaken chunk goes again.
+    rng = np.random.default_rng(2)
+    chunks, decoded = encode_arrays({"h.w": rng.standard_normal(100000).astype(np.float32)},
+                                    Codec(CodecConfig(chunk_bytes=2048)), None)
+    manifest = build_manifest(0, chunks, decoded, roles_of({"h.w": (250, 400)}))
+    order = transmissions(manifest)
+    assert len(order) >= 20
+    acks = [LaneAck.of(TensorChunk(DELTA, 0, t.index, len(chunks), *chunks[t.index])) for t in order]
+    lanes = _SlowLanes(4, set(acks[13:]))
+    out = Sender(None, lanes, 0, chunks, {})
+    for t in order:
+        asyncio.run(out.send(t))
+    base = time.perf_counter() - 3.0
+    out.started = base
+    for n, t in enumerate(order):
+        out.sent_at[t] = base + 0.1 * n
+    lanes.sent.clear()
+    lanes.acked = set(acks[:13]) - {acks[3]}
+    lanes.last_ack_at = time.perf_counter()
+    again = asyncio.run(out.hedge(manifest, order, 0.5, None, 1.0, every_chunk=True))
+    assert again == {order[3].index} and [m.index for _, m in lanes.sent] == [order[3].index]
 
 
 class _EchoCall:

@@ -158,9 +158,10 @@ class TrainConfig:
     # chunks and parities over, a critical chunk's copy and a parity group's members on different
     # ones: one lost segment then stalls one lane, not the whole delta (0: the Session carries all;
     # a sharded PS: no lanes). With lanes, a protected chunk (critical, or in a parity group) the PS
-    # has not acknowledged hedge_s seconds after it went is sent again on another lane, once
-    # (0: never); with hedge_all, every chunk not acknowledged then (a lost one need not wait for its
-    # retransmission, nor be stood in for).
+    # has not acknowledged is sent again on another lane, once, from hedge_s seconds after the delta
+    # started, when something sent hedge_s after it was acknowledged or no ack came for hedge_s
+    # (0: never); with hedge_all, any such chunk (a lost one need not wait for its retransmission,
+    # nor be stood in for).
     lanes: int = 0
     hedge_s: float = 0.0
     hedge_all: bool = False

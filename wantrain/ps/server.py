@@ -438,13 +438,12 @@ class ParameterServer:
         self.catchup.add(c.round, c.update, c.result)
         head = c.update[:len(c.update) - c.tail]
         result = dataclasses.replace(c.result, tail_chunks=c.tail) if c.tail else c.result
-        for name, link in self.links.items():
-            if name in self.awaiting_model:               # rejoined during aggregation: gets the model
-                continue
+        # a site that rejoined during the aggregation gets the model instead
+        heard = [link for name, link in self.links.items() if name not in self.awaiting_model]
+        for link in heard:
             for chunk in head:
                 link.outbox.put_nowait(chunk)
             link.outbox.put_nowait(result)
-        heard = [link for name, link in self.links.items() if name not in self.awaiting_model]
         if c.finished:
             self.told_finished.update(self.links)
         self.rounds.finish()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 
 import grpc
@@ -38,6 +39,7 @@ class Lanes:
         self.writing = [asyncio.Lock() for _ in calls]
         self.in_flight: Counter[Item] = Counter()      # written and not acked yet
         self.acked: set[Item] = set()                  # acked at least once
+        self.last_ack_at = 0.0                         # time.perf_counter() of the latest ack
         self.changed = asyncio.Event()                 # an ack came, or a lane failed
         self.failure: Exception | None = None
         self.readers = [asyncio.create_task(self._read(i)) for i in range(len(calls))]
@@ -58,7 +60,7 @@ class Lanes:
 
     async def send(self, lane: int, msg: Manifest | TensorChunk | DeltaParity) -> Item:
         """Write `msg` on lane `lane`; what its ack will name."""
-        self._raise_failure()
+        self.raise_failure()
         item = LaneAck.of(msg)
         self.in_flight[item] += 1
         async with self.writing[lane]:
@@ -68,23 +70,24 @@ class Lanes:
     async def until_acked(self, item: Item) -> None:
         """Wait for the first ack of `item`."""
         while item not in self.acked:
-            self._raise_failure()
+            self.raise_failure()
             self.changed.clear()
             await self.changed.wait()
 
     async def settled(self) -> None:
         """Wait until everything written has been acked (ConnectionLostError if a lane failed)."""
         while +self.in_flight:
-            self._raise_failure()
+            self.raise_failure()
             self.changed.clear()
             await self.changed.wait()
-        self._raise_failure()
+        self.raise_failure()
 
     def forget(self, round_: int) -> None:
         """A push of `round_` is settled: its acks are no longer asked about (a long run's would pile up)."""
         self.acked = {a for a in self.acked if a.round != round_}
 
-    def _raise_failure(self) -> None:
+    def raise_failure(self) -> None:
+        """ConnectionLostError (or why the PS refused) if a lane has failed."""
         if self.failure is not None:
             raise self.failure
 
@@ -103,6 +106,7 @@ class Lanes:
                 if not self.in_flight[msg]:
                     del self.in_flight[msg]
                 self.acked.add(msg)
+                self.last_ack_at = time.perf_counter()
                 self.changed.set()
         except asyncio.CancelledError:
             raise

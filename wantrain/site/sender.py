@@ -5,7 +5,8 @@ message goes on the Session, in order. With lanes (lanes.py) the manifest goes f
 is acknowledged before any chunk leaves (the PS must hold it before the chunks it describes), then
 the transmissions go round the lanes, a critical chunk's copy on another lane than its first copy;
 `hedge` sends again, on a lane it has not used, each protected chunk (critical, or in a parity
-group) the PS still lacks and cannot rebuild `hedge_s` after the delta started; `settled` waits
+group) the PS still lacks and cannot rebuild, from `hedge_s` after the delta started, once
+something sent after it was acknowledged or the acks have stopped; `settled` waits
 for every ack before the caller sends the round's metrics on the Session.
 
 A transmission lost on purpose (the chunk-loss injector) is counted as sent on its lane and never
@@ -15,6 +16,8 @@ written, so it is never acknowledged, as a lost one would not be.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
 
 import numpy as np
@@ -33,6 +36,7 @@ class Sender:
         self.stream, self.lanes, self.round = stream, lanes, round_
         self.chunks, self.parity = chunks, parity
         self.used: dict[int, set[int]] = {}     # chunk -> lanes it went on
+        self.sent_at: dict[Transmission, float] = {}    # first sent (or lost on purpose), perf_counter
         self.next_lane = 0
         self.hedged = 0
         self.started = time.perf_counter()
@@ -67,6 +71,7 @@ class Sender:
 
     async def send(self, t: Transmission, lost: bool = False) -> None:
         """Write one transmission (or, `lost`, count it as gone on its lane without writing it)."""
+        self.sent_at.setdefault(t, time.perf_counter())
         if self.lanes is None:
             if not lost:
                 await self.stream.send(self.message(t))
@@ -82,34 +87,50 @@ class Sender:
         item = LaneAck(self.round, "parity", t.index) if t.kind == "parity" else LaneAck(self.round, "chunk", t.index)
         return item in self.lanes.acked
 
-    async def hedge(self, manifest: Manifest, order: list[Transmission], lost: set[int], hedge_s: float,
-                    loss: ChunkLoss | None, mean_bytes: float, every_chunk: bool = False) -> set[int]:
-        """Send again, once, each protected chunk (`every_chunk`: each chunk) not acknowledged `hedge_s`
-        after the delta started that the PS cannot rebuild; returns the chunks hedged (and not lost on
-        purpose again)."""
+    async def hedge(self, manifest: Manifest, order: list[Transmission], hedge_s: float, loss: ChunkLoss | None,
+                    mean_bytes: float, every_chunk: bool = False) -> set[int]:
+        """Send again, once, each protected chunk (`every_chunk`: each chunk) the PS has neither
+        acknowledged nor can rebuild, from `hedge_s` after the delta started, once it looks lost
+        rather than queued (TCP's RACK and tail-loss probe, by chunk): something sent `hedge_s` or
+        more after it has been acknowledged (on another lane: a lane is in order), or no ack has come
+        for `hedge_s` (the delta's last ones; `hedge_s` should be longer than a chunk takes on the
+        wire). On a slow link every chunk waits its turn past `hedge_s`, and only one held that long
+        behind the rest goes again. Returns the chunks hedged (and not lost
+        on purpose again). A transmission lost on purpose is judged by the acks alone, as a real loss
+        would be."""
         assert self.lanes is not None
-        wait = self.started + hedge_s - time.perf_counter()
-        if not lost:            # nothing lost on purpose: hedge only what is slow
-            try:
-                await asyncio.wait_for(self.lanes.settled(), max(0.0, wait))
-                return set()
-            except asyncio.TimeoutError:
-                pass
-        elif wait > 0:
-            await asyncio.sleep(wait)
-        unacked = [n for n, t in enumerate(order) if not self._acked(t)]
         entries = manifest.chunks
-        todo = [i for i in to_resend(manifest, order, unacked)
-                if every_chunk or entries[i].role == "critical" or entries[i].group >= 0]
-        if not todo:
-            return set()
-        again = [Transmission("chunk", i) for i in todo]
-        gone = (loss.mask([self.size(t) for t in again], mean_bytes) if loss is not None
-                else np.zeros(len(again), bool))
-        for t, g in zip(again, gone):
-            await self.send(t, lost=bool(g))
-        self.hedged += len(again)
-        return {t.index for t, g in zip(again, gone) if not g}
+        hedged: dict[int, bool] = {}           # chunk -> its hedge was written (not lost on purpose)
+        while True:
+            unacked = [n for n, t in enumerate(order) if not self._acked(t)]
+            wanted = [i for i in to_resend(manifest, order, unacked)
+                      if i not in hedged and (every_chunk or entries[i].role == "critical" or entries[i].group >= 0)]
+            if not wanted:
+                return {i for i, written in hedged.items() if written}
+            now = time.perf_counter()
+            if now < self.started + hedge_s:     # until then, only wait: for every ack, or the time
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.lanes.settled(), self.started + hedge_s - now)
+                if all(self._acked(t) for t in order):
+                    continue
+                await asyncio.sleep(self.started + hedge_s - time.perf_counter())
+                continue
+            quiet = now - max(self.started, self.lanes.last_ack_at) >= hedge_s
+            newest = max((self.sent_at[t] for t in order if self._acked(t)), default=-math.inf)
+            overtaken = {order[n].index for n in unacked
+                         if order[n].kind != "parity" and self.sent_at[order[n]] <= newest - hedge_s}
+            todo = [i for i in wanted if quiet or i in overtaken]
+            if todo:
+                again = [Transmission("chunk", i) for i in todo]
+                gone = (loss.mask([self.size(t) for t in again], mean_bytes) if loss is not None
+                        else np.zeros(len(again), bool))
+                for t, g in zip(again, gone):
+                    await self.send(t, lost=bool(g))
+                    hedged[t.index] = not g
+                self.hedged += len(again)
+                continue
+            await asyncio.sleep(max(0.05, hedge_s / 4))      # a look a few times per hedge_s: O(chunks) each
+            self.lanes.raise_failure()
 
     async def settled(self) -> None:
         """Every message of this push taken by the PS (with lanes: acknowledged, then forgotten)."""

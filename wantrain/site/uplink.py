@@ -93,7 +93,7 @@ class Uplink:
                 await self.stalls.asleep("push", round_)
         late = to_resend(manifest, order, lost) if lost else []   # what the PS cannot rebuild
         if out.lanes is not None and t.hedge_s > 0:
-            hedged = await out.hedge(manifest, order, lost, t.hedge_s, self.loss, float(np.mean(sizes)), t.hedge_all)
+            hedged = await out.hedge(manifest, order, t.hedge_s, self.loss, float(np.mean(sizes)), t.hedge_all)
             late = [i for i in late if i not in hedged]
         if lost:
             log.warning("site %s: %d of the %d transmissions of round %d lost on purpose (chunk loss); %d chunk(s) "
