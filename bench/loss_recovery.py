@@ -57,7 +57,9 @@ seconds against validation loss, in the results), p50 and p99 round time (over e
 past the warm-up rounds, which every arm spends waiting for every chunk alike), megabytes both ways (the
 deltas' and updates' as the PS counted them; `link_up_mb` and `link_down_mb`: everything each link
 carried, as the testbed counted it), and what the PS substituted and reconciled (round_end's
-recovery fields).
+recovery fields). The rows go to bench/results/NAME.json (`--out`); beside it, the run folder NAME/
+holds table.md (each arm against B0 of the same condition and seed, at its best outer learning
+rate: bench/lr_report.py) and curves.html (validation loss against time).
 
     python bench/loss_recovery.py [--quick] [--loss 0.01,0.05] [--burst 1] [--seeds 1] [--arms salr,reliable]
 
@@ -84,6 +86,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_to
+import lr_report
 
 from wantrain.config import RunConfig
 from wantrain.plan import Outage
@@ -325,9 +328,10 @@ def main() -> None:
                               f"s, wall {r['wall_s']} s, closes {r['closes']}", flush=True)
     print()
     closes = f"{size['deadline_s']} s" if size["deadline_s"] else "derived"
-    print(f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {closes} "
-          f"(reliable: none), lost chunks {late_s} s late, in bursts of {args.burst:g}; "
-          f"{Link(0.0, args.burst, late_s, *blackouts, *spikes, *link_loss).disturbances()}")
+    header = (f"{args.scenario}, {size['rounds']} rounds of {size['inner_steps']} inner steps, deadline {closes} "
+              f"(reliable: none), lost chunks {late_s} s late, in bursts of {args.burst:g}; "
+              f"{Link(0.0, args.burst, late_s, *blackouts, *spikes, *link_loss).disturbances()}")
+    print(header)
     print(table(results, size["target"]))
     seeds = {(r["arm"], r["chunk_loss"], r["outer_lr"]) for r in results}
     if len(seeds) < len(results) or len(outer_lrs) > 1:
@@ -341,11 +345,14 @@ def main() -> None:
                     print(f"{arm} at {loss:.0%}, outer lr {lr:g}: final {mean[lr]:.4f} over {len(finals)} seeds")
                 if len(mean) > 1:
                     print(f"  {arm} at {loss:.0%}: best outer lr {min(mean, key=mean.get):g}")
-    save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "losses": losses,
+    path = save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "losses": losses,
                        "burst": args.burst, "late_s": late_s, "blackouts": blackouts, "spikes": spikes,
                        "link_loss": link_loss[:2], "bandwidth_mbps": args.bandwidth,
                        "deadline_s": size["deadline_s"], "arms": arms, "outer_lrs": outer_lrs, "target": size["target"],
                        "rows": results})
+    folder = path.with_suffix("")
+    lr_report.write(folder, results, size["target"], header)
+    print(f"\n{lr_report.markdown(results, size['target'])}\n\nresults: {path}; table and curves: {folder}/")
 
 
 if __name__ == "__main__":

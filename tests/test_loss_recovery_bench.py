@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))           # the bench's summary: bench/lr_report.py
+import lr_report  # noqa: E402
 
 
 @pytest.mark.timeout(400)
@@ -32,3 +34,30 @@ def test_quick_loss_recovery_bench_counts_what_came_and_closes_without_the_rest(
     assert "salr" in proc.stdout and "reliable" in proc.stdout
     for r in (reliable, salr):          # what the links carried, as the testbed counted it: the model and more
         assert r["link_down_mb"] > r["downlink_mb"] > 0 and r["link_up_mb"] > 0.5 * r["uplink_mb"] > 0, r
+    table = (tmp_path / "loss_recovery" / "table.md").read_text()      # the run folder, beside the rows
+    assert "| 5 % | salr | 0.7 | 1 |" in table and "| 5 % | reliable | 0.7 | 1 |" in table
+    assert (tmp_path / "loss_recovery" / "curves.html").stat().st_size > 0
+    assert (tmp_path / "loss_recovery" / "plotly.min.js").exists()       # the page opens offline
+
+
+def _row(arm: str, seed: int, final: float, to_target: float | None, p99: float, up: float, lr: float = 0.7) -> dict:
+    return dict(arm=arm, seed=seed, outer_lr=lr, final_val_loss=final, reached=to_target is not None,
+                time_to_target_s=to_target, p50_after_warmup_s=p99 / 2, p99_after_warmup_s=p99, link_up_mb=up,
+                chunk_loss=0.05, burst=1.0, blackout_every_s=0.0, blackout_s=0.0, spikes_per_min=0.0,
+                packet_loss=0.0, region="", bandwidth_mbps=0.0, curve=[(1.0, 3.0), (2.0, 2.4)],
+                closes=dict(complete=3, early=1, deadline=12, extended=0))
+
+
+def test_the_summary_pairs_each_run_with_b0_of_its_seed_at_each_arms_best_rate():
+    rows = [_row("reliable", 0, 2.0, 100.0, 10.0, 40.0), _row("reliable", 1, 2.5, 120.0, 12.0, 40.0),
+            _row("salr", 1, 2.5 * 1.02, 40.0, 3.0, 44.0), _row("salr", 0, 2.0 * 1.01, None, 5.0, 42.0),
+            _row("salr", 0, 9.0, 10.0, 1.0, 40.0, lr=1.0), _row("salr", 1, 9.0, 10.0, 1.0, 40.0, lr=1.0)]
+    by_arm = {e["arm"]: e for e in lr_report.summary(rows)}
+    salr = by_arm["salr"]
+    assert salr["outer_lr"] == 0.7 and salr["seeds"] == salr["paired"] == 2      # lr 1.0 diverged: not shown
+    assert salr["gap_pct"][0] == pytest.approx(1.5) and salr["gap_pct"][1] == pytest.approx(0.7071, abs=1e-4)
+    assert salr["speedup"] == (pytest.approx(3.0), 0.0) and salr["never"] == 1     # seed 1 only: 120 / 40
+    assert salr["p99_ratio"] == pytest.approx((10 / 5 + 12 / 3) / 2) and salr["up_ratio"] == pytest.approx(1.075)
+    assert by_arm["reliable"]["gap_pct"] == (0.0, 0.0)
+    assert "| 5 % | salr | 0.7 | 2 | 2.2850 ±0.3748 | +1.50 % ±0.71 | 3.00x (1 never) |" in lr_report.markdown(rows, 2.4)
+
