@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 
 import numpy as np
@@ -36,7 +35,6 @@ class Sender:
         self.stream, self.lanes, self.round = stream, lanes, round_
         self.chunks, self.parity = chunks, parity
         self.used: dict[int, set[int]] = {}     # chunk -> lanes it went on
-        self.sent_at: dict[Transmission, float] = {}    # first sent (or lost on purpose), perf_counter
         self.next_lane = 0
         self.hedged = 0
         self.started = time.perf_counter()
@@ -71,7 +69,6 @@ class Sender:
 
     async def send(self, t: Transmission, lost: bool = False) -> None:
         """Write one transmission (or, `lost`, count it as gone on its lane without writing it)."""
-        self.sent_at.setdefault(t, time.perf_counter())
         if self.lanes is None:
             if not lost:
                 await self.stream.send(self.message(t))
@@ -91,13 +88,13 @@ class Sender:
                     mean_bytes: float, every_chunk: bool = False) -> set[int]:
         """Send again, once, each protected chunk (`every_chunk`: each chunk) the PS has neither
         acknowledged nor can rebuild, from `hedge_s` after the delta started, once it looks lost
-        rather than queued (TCP's RACK and tail-loss probe, by chunk): something sent `hedge_s` or
-        more after it has been acknowledged (on another lane: a lane is in order), or no ack has come
-        for `hedge_s` (the delta's last ones; `hedge_s` should be longer than a chunk takes on the
-        wire). On a slow link every chunk waits its turn past `hedge_s`, and only one held that long
-        behind the rest goes again. Returns the chunks hedged (and not lost
-        on purpose again). A transmission lost on purpose is judged by the acks alone, as a real loss
-        would be."""
+        rather than queued (TCP's fast retransmit and tail-loss probe, by chunk): more of what was
+        sent after it has been acknowledged than lanes running side by side reorder (2 per lane, or
+        all of it near the end: a lane is in order, so another lane passed it), or no ack has come
+        for `hedge_s` (`hedge_s` should be longer than a chunk takes on the wire). On a slow link the
+        chunks waiting their turn are acknowledged in about the order they went, and only one passed
+        by the rest goes again. Returns the chunks hedged (and not lost on purpose again). A
+        transmission lost on purpose is judged by the acks alone, as a real loss would be."""
         assert self.lanes is not None
         entries = manifest.chunks
         hedged: dict[int, bool] = {}           # chunk -> its hedge was written (not lost on purpose)
@@ -116,9 +113,10 @@ class Sender:
                 await asyncio.sleep(self.started + hedge_s - time.perf_counter())
                 continue
             quiet = now - max(self.started, self.lanes.last_ack_at) >= hedge_s
-            newest = max((self.sent_at[t] for t in order if self._acked(t)), default=-math.inf)
-            overtaken = {order[n].index for n in unacked
-                         if order[n].kind != "parity" and self.sent_at[order[n]] <= newest - hedge_s}
+            acked_after = np.cumsum([self._acked(t) for t in reversed(order)])[::-1]    # at n: of n..end
+            reorder = 2 * len(self.lanes)           # lanes run side by side: a few may pass it anyway
+            overtaken = {order[n].index for n in unacked if order[n].kind != "parity" and n + 1 < len(order)
+                         and acked_after[n + 1] >= min(reorder, len(order) - n - 1)}
             todo = [i for i in wanted if quiet or i in overtaken]
             if todo:
                 again = [Transmission("chunk", i) for i in todo]
