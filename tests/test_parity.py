@@ -38,7 +38,7 @@ def protected(ps, round_=0, share=1.0):
 async def commit(lost=(), send_parity=True, extra=(), share=1.0, hedge_all=False):
     """One site's round 0 with chunks `lost` never sent, then `extra` messages before the metrics;
     the PS's round, hash and site_round event."""
-    ps = ParameterServer(small_config(num_sites=1, **{"train.hedge_all": hedge_all}), run_dir=None)
+    ps = ParameterServer(small_config(num_sites=1, **{"train.hedge_all": hedge_all, "train.lanes": 2}), run_dir=None)
     a = enter(ps, Join("a"))
     drain(a)
     manifest, msgs, m, parity = protected(ps, share=share)
@@ -95,7 +95,8 @@ def test_a_critical_chunk_may_come_three_times_and_no_more():
     assert asyncio.run(commit(extra=[plain]))[:2] == whole[:2]       # in a parity group: protected
     with pytest.raises(ProtocolError, match="arrived twice"):        # in none: once only
         asyncio.run(commit(extra=[plain], share=0.0, send_parity=False))
-    # train.hedge_all: any chunk may be hedged, so come twice, never three times
+    # train.hedge_all (a site with lanes): any chunk may be hedged, so come twice, never three times;
+    # without lanes no site hedges, and a plain chunk comes once (tests/test_hostile.py)
     assert asyncio.run(commit(extra=[plain], share=0.0, send_parity=False, hedge_all=True))[:2] == whole[:2]
     with pytest.raises(ProtocolError, match="arrived twice"):
         asyncio.run(commit(extra=[plain, plain], share=0.0, send_parity=False, hedge_all=True))

@@ -285,7 +285,8 @@ class ParameterServer:
     def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         up = self.rounds.upload_for(link.name, c.round, self.round)
-        if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.mode, self.cfg.train.hedge_all):
+        if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.mode,
+                           self.cfg.train.hedges_every_chunk):
             up.add_repeat(c)            # a second copy: the first is in
             return
         up.add(link.name, c)
