@@ -245,6 +245,31 @@ def test_a_round_closes_early_once_what_is_missing_is_within_the_budget():
     assert closed and end["close"] == "early" and end["partial"]["b"] == partial_b + 3
 
 
+def test_an_early_close_waits_for_a_delta_whose_every_chunk_is_in():
+    """b's every chunk is in, its metrics not yet (a busy PS checks them slowly): nothing is missing,
+    but closing now would count b's whole delta as a partial one and its metrics as late. The round
+    waits past the grace, then completes when they come."""
+    cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 5.0, "train.late_policy": "zero-outside",
+                                       "train.partial_deltas": True, "train.reliable_rounds": 0,
+                                       "train.warmup_steps": 0})
+
+    async def scenario():
+        ps, b, b_manifest, b_msgs = await a_done_b_to_come(cfg)
+        _, _, b_metrics = delta_with_manifest(ps, 0, seed=2)
+        ps.on_manifest(b, b_manifest)
+        for c in b_msgs:
+            ps.on_chunk(b, c)
+        await asyncio.sleep(1.0)                 # twice the grace (a tenth of the deadline)
+        waited = ps.round == 0 and not ps.aggregating
+        await ps.on_metrics(b, b_metrics)
+        await ps.round_task
+        return ps, waited
+
+    ps, waited = asyncio.run(scenario())
+    end = rows_of(ps, "round_end")[-1]
+    assert waited and end["close"] == "complete" and end["sites"] == ["a", "b"] and not end["partial"]
+
+
 def _extended(more: bool):
     """Two sites, a deadline of 2 s, train.extend_above 0.1: a's delta complete; of b's, at the
     deadline, what holds 0.4 of its importance (0.2 of the round's: too much to go without). After

@@ -107,6 +107,8 @@ class ClosePolicy:
         (None: what is missing is over the budget)? `now` is time.time(), `clock` perf_counter()."""
         if not self.rounds.early_armed or not self.within_budget(round_):
             return None
+        if self.rounds.completing():     # closing now would make a whole delta a partial one
+            return self.grace_s
         return max(0.0, self.rounds.early_from - now, self.grace_s - self.rounds.quiet_for(clock))
 
     def closes_early(self, round_: int, now: float, clock: float) -> bool:

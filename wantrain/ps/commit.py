@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,7 @@ from .ledger import Ledger
 from .model import GlobalModel
 from .rounds import stale_weight
 from .state import CheckpointWriter, commit_record, substitute_of
-from .uploads import Upload, assemble_part
+from .uploads import Checked, Upload, assemble_part
 
 __all__ = ["Committer", "Committed", "weights", "judge", "outcomes", "recovery", "round_end", "zero_outside"]
 
@@ -171,9 +172,12 @@ class Committer:
         # side, and a chunk arriving meanwhile joins the rest of its partial delta.
         missing = sorted(s for s, up in late.items() if up.round == round_)
         missed = sorted(late)
-        taking = {s: frozenset(late[s].decoding) for s in missing if partial and late[s].counts_in_part}
+        # The chunks a partial delta counts, as they stand now: its metrics, arriving while the views
+        # are built, empty the Upload's own dict (on_metrics).
+        decoding = {s: dict(late[s].decoding) for s in missing if partial and late[s].counts_in_part}
+        taking = {s: frozenset(d) for s, d in decoding.items()}
         parts_of = {s: late[s] for s in taking}
-        views, refused = await asyncio.to_thread(self._views, uploads, stale, parts_of, taking)
+        views, refused = await asyncio.to_thread(self._views, uploads, stale, parts_of, decoding)
         for site, why in refused.items():
             del parts_of[site]
             self.recorder.emit("quarantine", round=round_, site=site, message=why, action="rejected")
@@ -248,11 +252,11 @@ class Committer:
         return head + tail, len(tail)
 
     def _views(self, uploads: dict[str, Upload], stale: dict[str, Upload], partial: dict[str, Upload],
-               taking: dict[str, frozenset[int]]) -> tuple[dict[str, tuple[Sequence[Extracted | None], float]],
-                                                          dict[str, str]]:
+               decoding: dict[str, dict[int, Future[Checked]]]
+               ) -> tuple[dict[str, tuple[Sequence[Extracted | None], float]], dict[str, str]]:
         """Each delta as the round takes it, its chunks and norm (keys in the order uploads, stale,
         partial): a late delta whose round counted some chunks without the rest (`counted`) gives
-        only the rest; a partial one, the chunks `taking` names, checked (assemble_part), or why
+        only the rest; a partial one, the chunks in `decoding`, checked (assemble_part), or why
         they are refused. In a worker thread."""
         views: dict[str, tuple[Sequence[Extracted | None], float]] = {k: (up.checked, up.norm)
                                                                       for k, up in uploads.items()}
@@ -263,7 +267,9 @@ class Committer:
         refused = {}
         for site, up in partial.items():
             try:
-                views[site] = assemble_part(self.cfg, site, up, taking[site], self.model.norm, self.model.num_params)
+                assert up.manifest is not None          # counts_in_part
+                views[site] = assemble_part(self.cfg, site, up.manifest, decoding[site], self.model.norm,
+                                            self.model.num_params)
             except (NonFiniteDeltaError, DeltaRejectedError, ProtocolError) as e:
                 refused[site] = str(e)
         return views, refused

@@ -287,6 +287,11 @@ class RoundState:
             missing += up.manifest.tokens * up.missing_importance
         return missing / total if total else math.inf
 
+    def completing(self) -> bool:
+        """Has a member sent every chunk of its delta, its metrics still to come or being checked?
+        Its delta is about to be complete: an early close waits for it (the deadline does not)."""
+        return any(self.uploads[s].all_chunks_in for s in self.members)
+
     def quiet_for(self, now: float) -> float:
         """How long (perf_counter seconds before `now`) no chunk has come from any member whose delta
         is not complete: what is missing then is not merely in flight."""

@@ -141,6 +141,11 @@ class Upload:
         return TensorChunk(DELTA, self.round, i, len(plan), plan[i], data)
 
     @property
+    def all_chunks_in(self) -> bool:
+        """Every chunk is in and its metrics are yet to be checked (on_metrics): about to complete."""
+        return self.metrics is None and self.count > 0 and len(self.decoding) == self.count
+
+    @property
     def counts_in_part(self) -> bool:
         """May a round count the chunks in of this delta without the rest (train.partial_deltas)? It
         has a manifest and some chunks, and its site tolerates loss (not `whole_only`)."""
@@ -291,19 +296,20 @@ def assemble(cfg: RunConfig, site: str, up: Upload, steps: int, param_norm: floa
     return parts, norm
 
 
-def assemble_part(cfg: RunConfig, site: str, up: Upload, chunks: frozenset[int], param_norm: float,
-                  num_params: int) -> tuple[list[Extracted | None], float]:
-    """The chunks `chunks` of a delta still coming (it has a manifest), checked as `assemble` checks a
-    whole one: each decodable and finite, their norm within the bound for the steps the manifest
-    claims; None where a chunk is not taken. Blocks until they are decoded; runs off the event loop."""
-    assert up.manifest is not None
-    parts: list[Extracted | None] = [None] * len(up.manifest.chunks)
+def assemble_part(cfg: RunConfig, site: str, manifest: Manifest, decoding: dict[int, Future[Checked]],
+                  param_norm: float, num_params: int) -> tuple[list[Extracted | None], float]:
+    """The chunks `decoding` of a delta still coming (as its Upload held them when its round
+    closed: the Upload's own dict is emptied if its metrics come meanwhile), checked as `assemble`
+    checks a whole one: each decodable and finite, their norm within the bound for the steps
+    `manifest` claims; None where a chunk is not taken. Blocks until they are decoded; runs off the
+    event loop."""
+    parts: list[Extracted | None] = [None] * len(manifest.chunks)
     squares = []
-    for i in sorted(chunks):
-        parts[i], sq = up.decoding[i].result()      # raises the chunk's error
+    for i in sorted(decoding):
+        parts[i], sq = decoding[i].result()      # raises the chunk's error
         squares.append(sq)
     norm = math.sqrt(math.fsum(squares))
-    _check_norm(cfg, site, norm, up.manifest.steps, param_norm, num_params, up.round)
+    _check_norm(cfg, site, norm, manifest.steps, param_norm, num_params, manifest.round)
     return parts, norm
 
 
