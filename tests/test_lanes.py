@@ -16,7 +16,7 @@ from wantrain.recovery import Transmission, build_manifest, roles_of, transmissi
 from wantrain import wire
 from wantrain.report import timeline_figure
 from wantrain.site.lanes import Lanes
-from wantrain.site.sender import Sender
+from wantrain.site.sender import MAX_HEDGES, Sender
 from wantrain.telemetry import rows
 
 from .cluster import check_run
@@ -52,17 +52,24 @@ def test_deltas_over_lanes_commit_every_round_with_replicas_equal(tmp_path):
 
 
 class _Lanes:
-    """Lanes that write nothing and remember which lane each message went on."""
+    """Lanes that write nothing and remember which lane each message went on; the PS acknowledges
+    each at once, but never a chunk in `deaf`."""
 
-    def __init__(self, n: int) -> None:
-        self.n, self.sent, self.acked, self.last_ack_at = n, [], set(), 0.0
+    def __init__(self, n: int, deaf: frozenset[int] = frozenset()) -> None:
+        self.n, self.sent, self.acked, self.last_ack_at, self.deaf = n, [], set(), 0.0, deaf
 
     def __len__(self) -> int:
         return self.n
 
     async def send(self, lane: int, msg) -> LaneAck:
         self.sent.append((lane, msg))
+        if getattr(msg, "index", None) not in self.deaf:
+            self.acked.add(LaneAck.of(msg))
+            self.last_ack_at = time.perf_counter()
         return LaneAck.of(msg)
+
+    def raise_failure(self) -> None:
+        pass
 
 
 def test_a_chunks_copy_and_hedge_each_take_another_lane():
@@ -117,6 +124,29 @@ def test_a_hedge_sends_again_only_protected_chunks_unless_hedge_all():
 
     assert hedged(False) == ({critical}, [critical])
     assert hedged(True) == ({critical, plain}, [critical, plain])
+
+
+def test_a_hedge_that_looks_lost_goes_again_on_another_lane_a_few_times_at_most():
+    # Every chunk acknowledged but one, whose every copy is lost: it is hedged once the acks have
+    # stopped for hedge_s, then again each time its hedge has had hedge_s, MAX_HEDGES times in
+    # all, each time on a lane it has not taken; then the hedging ends.
+    rng = np.random.default_rng(3)
+    chunks, decoded = encode_arrays({"h.w": rng.standard_normal(40000).astype(np.float32)},
+                                    Codec(CodecConfig(chunk_bytes=4096)), None)
+    manifest = build_manifest(0, chunks, decoded, roles_of({"h.w": (100, 400)}))
+    order = transmissions(manifest)
+    deaf = order[len(order) // 2].index
+    lanes = _Lanes(4, deaf=frozenset({deaf}))
+    out = Sender(None, lanes, 0, chunks, {})
+
+    async def go():
+        for t in order:
+            await out.send(t)
+        out.started = time.perf_counter() - 1.0
+        return await out.hedge(manifest, order, 0.05, None, 1.0, every_chunk=True)
+    again = asyncio.run(go())
+    on = [lane for lane, m in lanes.sent if m.index == deaf]
+    assert again == {deaf} and len(on) == 1 + MAX_HEDGES and len(set(on)) == 4 and out.hedged == MAX_HEDGES
 
 
 class _SlowLanes(_Lanes):

@@ -5,8 +5,9 @@ message goes on the Session, in order. With lanes (lanes.py) the manifest goes f
 is acknowledged before any chunk leaves (the PS must hold it before the chunks it describes), then
 the transmissions go round the lanes, a critical chunk's copy on another lane than its first copy;
 `hedge` sends again, on a lane it has not used, each protected chunk (critical, or in a parity
-group) the PS still lacks and cannot rebuild, from `hedge_s` after the delta started, once
-something sent after it was acknowledged or the acks have stopped; `settled` waits
+group; with hedge_all every chunk) the PS still lacks and cannot rebuild, from `hedge_s` after the
+delta started, once enough sent after it was acknowledged or the acks have stopped, and again
+(up to MAX_HEDGES times) if its hedge looks lost in turn; `settled` waits
 for every ack before the caller sends the round's metrics on the Session.
 
 A transmission lost on purpose (the chunk-loss injector) is counted as sent on its lane and never
@@ -25,7 +26,9 @@ from ..messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
 from ..recovery import ChunkLoss, Transmission, to_resend
 from .lanes import Lanes
 
-__all__ = ["Sender"]
+__all__ = ["Sender", "MAX_HEDGES"]
+
+MAX_HEDGES = 3      # times one chunk is hedged at most: with 4 lanes, each copy on a lane of its own
 
 
 class Sender:
@@ -86,24 +89,30 @@ class Sender:
 
     async def hedge(self, manifest: Manifest, order: list[Transmission], hedge_s: float, loss: ChunkLoss | None,
                     mean_bytes: float, every_chunk: bool = False) -> set[int]:
-        """Send again, once, each protected chunk (`every_chunk`: each chunk) the PS has neither
-        acknowledged nor can rebuild, from `hedge_s` after the delta started, once it looks lost
-        rather than queued (TCP's fast retransmit and tail-loss probe, by chunk): more of what was
-        sent after it has been acknowledged than lanes running side by side reorder (2 per lane, or
-        all of it near the end: a lane is in order, so another lane passed it), or no ack has come
-        for `hedge_s` (`hedge_s` should be longer than a chunk takes on the wire). On a slow link the
-        chunks waiting their turn are acknowledged in about the order they went, and only one passed
-        by the rest goes again. Returns the chunks hedged (and not lost on purpose again). A
-        transmission lost on purpose is judged by the acks alone, as a real loss would be."""
+        """Send again each protected chunk (`every_chunk`: each chunk) the PS has neither acknowledged
+        nor can rebuild, from `hedge_s` after the delta started, once its latest transmission looks
+        lost rather than queued (TCP's fast retransmit and tail-loss probe, by chunk): more of what
+        was sent after it has been acknowledged than lanes running side by side reorder (2 per lane,
+        or all of it near the end: a lane is in order, so another lane passed it), or no ack has
+        come, nor a hedge gone, for `hedge_s` (`hedge_s` should be longer than a chunk takes on the
+        wire). A hedge still not acknowledged when the acks stop again goes again, MAX_HEDGES times
+        a chunk at most, each on a lane the chunk has not used while there is one. On a slow link the chunks waiting their
+        turn are acknowledged in about the order they went, and only one passed by the rest goes
+        again. Returns the chunks with a hedge written (not lost on purpose). A transmission lost on
+        purpose is judged by the acks alone, as a real loss would be."""
         assert self.lanes is not None
         entries = manifest.chunks
-        hedged: dict[int, bool] = {}           # chunk -> its hedge was written (not lost on purpose)
+        sent = list(order)                     # every transmission so far, the hedges last
+        hedges: dict[int, int] = {}            # chunk -> times it was hedged
+        written: set[int] = set()              # chunks with a hedge written
+        hedged_at = self.started
         while True:
-            unacked = [n for n, t in enumerate(order) if not self._acked(t)]
-            wanted = [i for i in to_resend(manifest, order, unacked)
-                      if i not in hedged and (every_chunk or entries[i].role == "critical" or entries[i].group >= 0)]
+            acked = [self._acked(t) for t in sent]
+            unacked = [n for n in range(len(order)) if not acked[n]]
+            wanted = [i for i in to_resend(manifest, order, unacked) if hedges.get(i, 0) < MAX_HEDGES
+                      and (every_chunk or entries[i].role == "critical" or entries[i].group >= 0)]
             if not wanted:
-                return {i for i, written in hedged.items() if written}
+                return written
             now = time.perf_counter()
             if now < self.started + hedge_s:     # until then, only wait: for every ack, or the time
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -112,22 +121,29 @@ class Sender:
                     continue
                 await asyncio.sleep(self.started + hedge_s - time.perf_counter())
                 continue
-            quiet = now - max(self.started, self.lanes.last_ack_at) >= hedge_s
-            acked_after = np.cumsum([self._acked(t) for t in reversed(order)])[::-1]    # at n: of n..end
+            quiet = now - max(hedged_at, self.lanes.last_ack_at) >= hedge_s
+            # Passed by: judged on the delta's own transmissions (a hedge on an idle lane passes
+            # what is queued on the others), so a chunk already hedged goes again on quiet alone.
+            acked_after = np.cumsum(acked[len(order) - 1::-1])[::-1]     # at n: of order[n:]
+            latest = {t.index: n for n, t in enumerate(order) if t.kind != "parity"}
             reorder = 2 * len(self.lanes)           # lanes run side by side: a few may pass it anyway
-            overtaken = {order[n].index for n in unacked if order[n].kind != "parity" and n + 1 < len(order)
-                         and acked_after[n + 1] >= min(reorder, len(order) - n - 1)}
-            todo = [i for i in wanted if quiet or i in overtaken]
+            passed = {i for i in wanted if i not in hedges and latest[i] + 1 < len(order)
+                      and acked_after[latest[i] + 1] >= min(reorder, len(order) - latest[i] - 1)}
+            todo = [i for i in wanted if quiet or i in passed]
             if todo:
                 again = [Transmission("chunk", i) for i in todo]
                 gone = (loss.mask([self.size(t) for t in again], mean_bytes) if loss is not None
                         else np.zeros(len(again), bool))
                 for t, g in zip(again, gone):
                     await self.send(t, lost=bool(g))
-                    hedged[t.index] = not g
+                    sent.append(t)
+                    hedges[t.index] = hedges.get(t.index, 0) + 1
+                    if not g:
+                        written.add(t.index)
                 self.hedged += len(again)
+                hedged_at = time.perf_counter()
                 continue
-            await asyncio.sleep(max(0.05, hedge_s / 4))      # a look a few times per hedge_s: O(chunks) each
+            await asyncio.sleep(max(0.05, hedge_s / 4))      # a look a few times per hedge_s: O(sent) each
             self.lanes.raise_failure()
 
     async def settled(self) -> None:
