@@ -12,11 +12,11 @@ import pytest
 from wantrain.codec import Codec, encode_arrays
 from wantrain.config import CodecConfig
 from wantrain.messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
-from wantrain.recovery import Transmission, build_manifest, roles_of, transmissions
+from wantrain.recovery import MAX_HEDGES, Transmission, build_manifest, roles_of, transmissions
 from wantrain import wire
 from wantrain.report import timeline_figure
 from wantrain.site.lanes import Lanes
-from wantrain.site.sender import MAX_HEDGES, Sender
+from wantrain.site.sender import Sender
 from wantrain.telemetry import rows
 
 from .cluster import check_run

@@ -12,7 +12,7 @@ import pytest
 from wantrain.errors import ProtocolError
 from wantrain.messages import DeltaParity, Join
 from wantrain.ps import ParameterServer
-from wantrain.recovery import ChunkLoss, protect, roles_of, xor_parity
+from wantrain.recovery import MAX_HEDGES, ChunkLoss, protect, roles_of, xor_parity
 from wantrain.replica import named_params
 from wantrain.site.uplink import Uplink
 
@@ -80,7 +80,7 @@ def test_two_members_lost_from_a_group_are_not_rebuilt():
         asyncio.run(commit(lost=set(group[:2])))
 
 
-def test_a_critical_chunk_may_come_three_times_and_no_more():
+def test_a_protected_chunk_may_come_with_its_copy_and_hedges_and_no_more():
     ps = ParameterServer(small_config(num_sites=1), run_dir=None)
     manifest, msgs, _, _ = protected(ps)
     critical = msgs[min(manifest.critical())]
@@ -88,18 +88,20 @@ def test_a_critical_chunk_may_come_three_times_and_no_more():
     round_, hash_, site_round = asyncio.run(commit(extra=[critical]))
     assert (round_, hash_) == whole[:2]
     assert site_round["protection_bytes"] == whole[2]["protection_bytes"] + critical.data.wire_bytes
-    assert asyncio.run(commit(extra=[critical, critical]))[:2] == whole[:2]     # a copy and a hedge
-    with pytest.raises(ProtocolError, match="arrived twice"):
-        asyncio.run(commit(extra=[critical, critical, critical]))
+    hedges = [critical] * (1 + MAX_HEDGES)                   # a copy and every hedge a site sends
+    assert asyncio.run(commit(extra=hedges))[:2] == whole[:2]
+    with pytest.raises(ProtocolError, match=f"arrived {MAX_HEDGES + 3} times"):
+        asyncio.run(commit(extra=hedges + [critical]))
     plain = msgs[next(c.index for c in manifest.chunks if c.role != "critical")]
     assert asyncio.run(commit(extra=[plain]))[:2] == whole[:2]       # in a parity group: protected
     with pytest.raises(ProtocolError, match="arrived twice"):        # in none: once only
         asyncio.run(commit(extra=[plain], share=0.0, send_parity=False))
-    # train.hedge_all (a site with lanes): any chunk may be hedged, so come twice, never three times;
-    # without lanes no site hedges, and a plain chunk comes once (tests/test_hostile.py)
-    assert asyncio.run(commit(extra=[plain], share=0.0, send_parity=False, hedge_all=True))[:2] == whole[:2]
-    with pytest.raises(ProtocolError, match="arrived twice"):
-        asyncio.run(commit(extra=[plain, plain], share=0.0, send_parity=False, hedge_all=True))
+    # train.hedge_all (a site with lanes): any chunk may be hedged, so come with its hedges, never
+    # more; without lanes no site hedges, and a plain chunk comes once (tests/test_hostile.py)
+    assert asyncio.run(commit(extra=[plain] * MAX_HEDGES, share=0.0, send_parity=False,
+                              hedge_all=True))[:2] == whole[:2]
+    with pytest.raises(ProtocolError, match=f"arrived {MAX_HEDGES + 2} times"):
+        asyncio.run(commit(extra=[plain] * (MAX_HEDGES + 1), share=0.0, send_parity=False, hedge_all=True))
 
 
 def test_a_parity_that_does_not_belong_is_refused_and_changes_nothing():

@@ -30,6 +30,7 @@ from ..config import CodecConfig, RunConfig
 from ..errors import CodecError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError, WantrainError
 from ..messages import DELTA, DeltaParity, Manifest, RoundMetrics, TensorChunk
 from ..recovery.manifest import checksum
+from ..recovery.sending import MAX_HEDGES
 from ..recovery.parity import rebuild
 from ..screening import check_weight, max_delta_scale, sum_of_squares
 
@@ -189,7 +190,10 @@ def check_manifest(cfg: RunConfig, up: Upload, m: Manifest, plan: list[ChunkSpec
     check_weight(cfg, f"the manifest of round {m.round}", m.steps, m.tokens, up.train_s)
 
 
-MAX_ARRIVALS = 3     # of one protected chunk: itself, its critical copy, a hedge (docs/protocol.md 4b)
+# Of one protected chunk: itself, its critical copy, its hedges (docs/protocol.md 4a, 4b); of any
+# other, where sites hedge every chunk: itself and its hedges.
+MAX_ARRIVALS = 2 + MAX_HEDGES
+MAX_HEDGED_ARRIVALS = 1 + MAX_HEDGES
 
 
 def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str,
@@ -197,10 +201,11 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
     """Does chunk `c` belong in `up`? Caps it so that one upload holds at most one model's worth of
     delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
     each index once, but that a protected chunk (critical, in a parity group, or rebuilt from
-    parity) may come up to MAX_ARRIVALS times in all: a critical copy, a hedge on another lane
+    parity) may come up to MAX_ARRIVALS times in all: a critical copy, hedges on other lanes
     (docs/protocol.md 4a, 4b); with `hedge_all` (train.hedge_all), any other chunk of a delta with
-    a manifest twice: itself and a hedge. (A site has one upload per round it still owes: at most a
-    few.) True for a chunk not in yet; False for such a repeat."""
+    a manifest MAX_HEDGED_ARRIVALS times: itself and its hedges. A repeat is counted, not kept.
+    (A site has one upload per round it still owes: at most a few.) True for a chunk not in yet;
+    False for such a repeat."""
     if c.kind != DELTA:
         raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
     if up.metrics is not None:
@@ -224,11 +229,13 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
     said = up.manifest.chunks[c.index] if up.manifest is not None else None
     if c.index in up.decoding:
         protected = said is not None and (said.role == "critical" or said.group >= 0 or c.index in up.rebuilt)
-        arrivals = MAX_ARRIVALS if protected else 2 if said is not None and hedge_all else 1
-        if up.repeats.get(c.index, 0) + 1 >= arrivals:
-            raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived twice (only a protected chunk: "
-                                f"critical, in a parity group or rebuilt from parity, may come again, "
-                                f"{MAX_ARRIVALS} times in all; with train.hedge_all, any other twice)")
+        arrivals = MAX_ARRIVALS if protected else MAX_HEDGED_ARRIVALS if said is not None and hedge_all else 1
+        if (times := up.repeats.get(c.index, 0) + 2) > arrivals:
+            said_times = "twice" if times == 2 else f"{times} times"
+            raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived {said_times} (only a protected "
+                                f"chunk: critical, in a parity group or rebuilt from parity, may come again, "
+                                f"{MAX_ARRIVALS} times in all; with train.hedge_all, any other {MAX_HEDGED_ARRIVALS} "
+                                f"times)")
     if c.data.wire_bytes > 4 * c.spec.length + 65536:
         raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
     if said is not None and (said.crc32, said.nbytes) != (checksum(c.data), c.data.wire_bytes):

@@ -8,8 +8,8 @@ from .injector import ChunkLoss, GilbertElliott
 from .manifest import DEFAULT_ROLE_WEIGHTS, ChunkEntry, Manifest, build_manifest, promote, protect
 from .parity import rebuild, xor_parity
 from .roles import ROLES, role_of, roles_of
-from .sending import Transmission, overhead_bytes, still_missing, to_resend, transmissions
+from .sending import MAX_HEDGES, Transmission, overhead_bytes, still_missing, to_resend, transmissions
 
-__all__ = ["ROLES", "role_of", "roles_of", "xor_parity", "rebuild", "ChunkLoss", "GilbertElliott",
+__all__ = ["MAX_HEDGES", "ROLES", "role_of", "roles_of", "xor_parity", "rebuild", "ChunkLoss", "GilbertElliott",
            "ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect", "promote",
            "Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes"]

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 
 from .manifest import Manifest
 
-__all__ = ["Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes"]
+__all__ = ["Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes", "MAX_HEDGES"]
+
+MAX_HEDGES = 3      # times a site hedges one chunk at most (site/sender.py); the PS takes that many repeats
 
 
 @dataclass(frozen=True)

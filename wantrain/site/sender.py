@@ -23,12 +23,10 @@ import time
 import numpy as np
 
 from ..messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
-from ..recovery import ChunkLoss, Transmission, to_resend
+from ..recovery import MAX_HEDGES, ChunkLoss, Transmission, to_resend
 from .lanes import Lanes
 
-__all__ = ["Sender", "MAX_HEDGES"]
-
-MAX_HEDGES = 3      # times one chunk is hedged at most: with 4 lanes, each copy on a lane of its own
+__all__ = ["Sender"]
 
 
 class Sender:
