@@ -126,7 +126,7 @@ class RoundMetrics:
     data_position: int = 0    # batches drawn from the shard so far, this round included
     wait_s: float = 0.0       # idle (not computing) between the previous push and this round's start
     steps_ahead: int = 0      # of `steps`, those taken before the RoundStart (overlap schedule)
-    hedged: int = 0           # protected chunks sent again on another lane (train.hedge_s)
+    hedged: int = 0           # hedges: chunks sent again on another lane, once per hedge (train.hedge_s)
 
 
 @dataclass(frozen=True)
