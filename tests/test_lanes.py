@@ -16,7 +16,7 @@ from wantrain.recovery import MAX_HEDGES, Transmission, build_manifest, roles_of
 from wantrain import wire
 from wantrain.report import timeline_figure
 from wantrain.site.lanes import Lanes
-from wantrain.site.sender import Sender
+from wantrain.site.sender import HEDGE_FLOOR_S, Sender
 from wantrain.telemetry import rows
 
 from .cluster import check_run
@@ -57,6 +57,7 @@ class _Lanes:
 
     def __init__(self, n: int, deaf: frozenset[int] = frozenset()) -> None:
         self.n, self.sent, self.acked, self.last_ack_at, self.deaf = n, [], set(), 0.0, deaf
+        self.ack_times: list[float] = []
 
     def __len__(self) -> int:
         return self.n
@@ -66,6 +67,7 @@ class _Lanes:
         if getattr(msg, "index", None) not in self.deaf:
             self.acked.add(LaneAck.of(msg))
             self.last_ack_at = time.perf_counter()
+            self.ack_times.append(self.last_ack_at)
         return LaneAck.of(msg)
 
     def raise_failure(self) -> None:
@@ -147,6 +149,22 @@ def test_a_hedge_that_looks_lost_goes_again_on_another_lane_a_few_times_at_most(
     again = asyncio.run(go())
     on = [lane for lane, m in lanes.sent if m.index == deaf]
     assert again == {deaf} and len(on) == 1 + MAX_HEDGES and len(set(on)) == 4 and out.hedged == MAX_HEDGES
+
+
+def test_the_silence_taken_for_a_loss_follows_the_pace_of_the_acks():
+    lanes = _Lanes(2)
+    out = Sender(None, lanes, 0, [], {})
+    out.started, out.rtt_s = 100.0, 0.01
+    assert out.quiet_s(1.0, until=200.0) == 1.0                 # no ack yet: hedge_s
+    lanes.ack_times = [100.02, 100.05, 100.06]                  # loopback: a few ms apart
+    assert out.quiet_s(1.0, until=200.0) == HEDGE_FLOOR_S
+    lanes.ack_times += [100.31, 100.32]                         # one gap of 0.25 s (a slow chunk)
+    assert out.quiet_s(1.0, until=200.0) == pytest.approx(0.75)
+    assert out.quiet_s(1.0, until=100.1) == HEDGE_FLOOR_S       # ... after the first hedge: not the flow's
+    lanes.ack_times += [101.0]                                  # 0.68 s: a slow link
+    assert out.quiet_s(1.0, until=200.0) == 1.0                 # never past hedge_s
+    out.rtt_s = 0.3                                             # a long path: 2 round trips at least
+    assert out.quiet_s(1.0, until=100.1) == pytest.approx(0.6)
 
 
 class _SlowLanes(_Lanes):

@@ -158,10 +158,10 @@ class TrainConfig:
     # chunks and parities over, a critical chunk's copy and a parity group's members on different
     # ones: one lost segment then stalls one lane, not the whole delta (0: the Session carries all;
     # a sharded PS: no lanes). With lanes, a protected chunk (critical, or in a parity group) the PS
-    # has not acknowledged is sent again on another lane, once, from hedge_s seconds after the delta
-    # started, once more of what went after it was acknowledged than lanes reorder, or no ack came
-    # for hedge_s (0: never); with hedge_all, any such chunk (a lost one need not wait for its retransmission,
-    # nor be stood in for). The defaults: no lanes (on a clean link they only add connections); with
+    # has not acknowledged is sent again on another lane, up to 3 times, once more of what went
+    # after it was acknowledged than lanes reorder, or no ack came for longer than the acks' pace
+    # explains, hedge_s seconds at most (0: never); with hedge_all, any such chunk (a lost one need
+    # not wait for its retransmission, nor be stood in for). The defaults: no lanes (on a clean link they only add connections); with
     # lanes, hedge every chunk from 1 s (bench/loss_recovery.py, 1-10 % of chunks lost, a fixed 4 s
     # deadline, 2 seeds: final loss within 0.1-0.9 % of waiting for every chunk, against 1.4-2.1 %
     # hedging the protected ones alone; a derived deadline, 2-3 seeds: within 0.13 %).

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 
 import grpc
 
@@ -40,6 +40,7 @@ class Lanes:
         self.in_flight: Counter[Item] = Counter()      # written and not acked yet
         self.acked: set[Item] = set()                  # acked at least once
         self.last_ack_at = 0.0                         # time.perf_counter() of the latest ack
+        self.ack_times: deque[float] = deque(maxlen=4096)   # time.perf_counter() of the latest acks
         self.changed = asyncio.Event()                 # an ack came, or a lane failed
         self.failure: Exception | None = None
         self.readers = [asyncio.create_task(self._read(i)) for i in range(len(calls))]
@@ -107,6 +108,7 @@ class Lanes:
                     del self.in_flight[msg]
                 self.acked.add(msg)
                 self.last_ack_at = time.perf_counter()
+                self.ack_times.append(self.last_ack_at)
                 self.changed.set()
         except asyncio.CancelledError:
             raise

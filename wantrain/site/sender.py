@@ -5,9 +5,9 @@ message goes on the Session, in order. With lanes (lanes.py) the manifest goes f
 is acknowledged before any chunk leaves (the PS must hold it before the chunks it describes), then
 the transmissions go round the lanes, a critical chunk's copy on another lane than its first copy;
 `hedge` sends again, on a lane it has not used, each protected chunk (critical, or in a parity
-group; with hedge_all every chunk) the PS still lacks and cannot rebuild, from `hedge_s` after the
-delta started, once enough sent after it was acknowledged or the acks have stopped, and again
-(up to MAX_HEDGES times) if its hedge looks lost in turn; `settled` waits
+group; with hedge_all every chunk) the PS still lacks and cannot rebuild, once enough sent after
+it was acknowledged or the acks have stopped for longer than their pace explains (at most
+`hedge_s`), and again (up to MAX_HEDGES times) if its hedge looks lost in turn; `settled` waits
 for every ack before the caller sends the round's metrics on the Session.
 
 A transmission lost on purpose (the chunk-loss injector) is counted as sent on its lane and never
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 
 import numpy as np
@@ -26,7 +27,10 @@ from ..messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
 from ..recovery import MAX_HEDGES, ChunkLoss, Transmission, to_resend
 from .lanes import Lanes
 
-__all__ = ["Sender"]
+__all__ = ["Sender", "HEDGE_FLOOR_S"]
+
+HEDGE_FLOOR_S = 0.2     # the shortest silence taken for a loss (Linux's least retransmission timeout)
+LOOK_S = 0.05           # the hedge's shortest look interval
 
 
 class Sender:
@@ -39,6 +43,7 @@ class Sender:
         self.next_lane = 0
         self.hedged = 0
         self.started = time.perf_counter()
+        self.rtt_s = 0.0          # the manifest's: written to acknowledged
 
     def message(self, t: Transmission) -> TensorChunk | DeltaParity:
         if t.kind == "parity":
@@ -53,8 +58,10 @@ class Sender:
         if self.lanes is None:
             await self.stream.send(m)
             return
+        t0 = time.perf_counter()
         await self.lanes.until_acked(await self.lanes.send(0, m))
         self.started = time.perf_counter()
+        self.rtt_s = self.started - t0
 
     def _lane_for(self, t: Transmission) -> int:
         assert self.lanes is not None
@@ -85,25 +92,36 @@ class Sender:
         item = LaneAck(self.round, "parity", t.index) if t.kind == "parity" else LaneAck(self.round, "chunk", t.index)
         return item in self.lanes.acked
 
+    def quiet_s(self, hedge_s: float, until: float) -> float:
+        """How long without an ack means lost, not queued: 3 x the longest gap between this push's
+        acks before `until` (its first hedge: the silence a loss makes is no gap of the flow; on a
+        slow link a chunk's time on the wire spaces them), at least 2 x the manifest's round trip
+        and HEDGE_FLOOR_S, at most `hedge_s` (and that until an ack comes)."""
+        assert self.lanes is not None
+        times = [self.started] + [t for t in self.lanes.ack_times if self.started < t <= until]
+        gap = max(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else hedge_s
+        return min(hedge_s, max(HEDGE_FLOOR_S, 2 * self.rtt_s, 3 * gap))
+
     async def hedge(self, manifest: Manifest, order: list[Transmission], hedge_s: float, loss: ChunkLoss | None,
                     mean_bytes: float, every_chunk: bool = False) -> set[int]:
         """Send again each protected chunk (`every_chunk`: each chunk) the PS has neither acknowledged
-        nor can rebuild, from `hedge_s` after the delta started, once its latest transmission looks
-        lost rather than queued (TCP's fast retransmit and tail-loss probe, by chunk): more of what
-        was sent after it has been acknowledged than lanes running side by side reorder (2 per lane,
-        or all of it near the end: a lane is in order, so another lane passed it), or no ack has
-        come, nor a hedge gone, for `hedge_s` (`hedge_s` should be longer than a chunk takes on the
-        wire). A hedge still not acknowledged when the acks stop again goes again, MAX_HEDGES times
-        a chunk at most, each on a lane the chunk has not used while there is one. On a slow link the chunks waiting their
-        turn are acknowledged in about the order they went, and only one passed by the rest goes
-        again. Returns the chunks with a hedge written (not lost on purpose). A transmission lost on
-        purpose is judged by the acks alone, as a real loss would be."""
+        nor can rebuild, once its latest transmission looks lost rather than queued (TCP's fast
+        retransmit and tail-loss probe, by chunk): from `quiet_s` after the delta started, more of
+        what was sent after it has been acknowledged than lanes running side by side reorder (2 per
+        lane, or all of it near the end: a lane is in order, so another lane passed it), or no ack
+        has come, nor a hedge gone, for `quiet_s`: `hedge_s` at most, less where the acks have come
+        faster (quiet_s). A hedge still not acknowledged when the acks stop again goes again,
+        MAX_HEDGES times a chunk at most, each on a lane the chunk has not used while there is one.
+        On a slow link the chunks waiting their turn are acknowledged in about the order they went,
+        and only one passed by the rest goes again. Returns the chunks with a hedge written (not
+        lost on purpose). A transmission lost on purpose is judged by the acks alone, as a real loss
+        would be."""
         assert self.lanes is not None
         entries = manifest.chunks
         sent = list(order)                     # every transmission so far, the hedges last
         hedges: dict[int, int] = {}            # chunk -> times it was hedged
         written: set[int] = set()              # chunks with a hedge written
-        hedged_at = self.started
+        hedged_at, first_hedge_at = self.started, math.inf
         while True:
             acked = [self._acked(t) for t in sent]
             unacked = [n for n in range(len(order)) if not acked[n]]
@@ -112,14 +130,12 @@ class Sender:
             if not wanted:
                 return written
             now = time.perf_counter()
-            if now < self.started + hedge_s:     # until then, only wait: for every ack, or the time
+            quiet_s = self.quiet_s(hedge_s, min(now, first_hedge_at))
+            if now < self.started + quiet_s:     # until then, only wait: for every ack, or the time
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.lanes.settled(), self.started + hedge_s - now)
-                if all(self._acked(t) for t in order):
-                    continue
-                await asyncio.sleep(self.started + hedge_s - time.perf_counter())
+                    await asyncio.wait_for(self.lanes.settled(), min(LOOK_S, self.started + quiet_s - now))
                 continue
-            quiet = now - max(hedged_at, self.lanes.last_ack_at) >= hedge_s
+            quiet = now - max(hedged_at, self.lanes.last_ack_at) >= quiet_s
             # Passed by: judged on the delta's own transmissions (a hedge on an idle lane passes
             # what is queued on the others), so a chunk already hedged goes again on quiet alone.
             acked_after = np.cumsum(acked[len(order) - 1::-1])[::-1]     # at n: of order[n:]
@@ -140,8 +156,9 @@ class Sender:
                         written.add(t.index)
                 self.hedged += len(again)
                 hedged_at = time.perf_counter()
+                first_hedge_at = min(first_hedge_at, now)
                 continue
-            await asyncio.sleep(max(0.05, hedge_s / 4))      # a look a few times per hedge_s: O(sent) each
+            await asyncio.sleep(max(LOOK_S, quiet_s / 4))      # a look a few times per quiet_s: O(sent) each
             self.lanes.raise_failure()
 
     async def settled(self) -> None:
