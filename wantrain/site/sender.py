@@ -118,13 +118,12 @@ class Sender:
         would be."""
         assert self.lanes is not None
         entries = manifest.chunks
-        sent = list(order)                     # every transmission so far, the hedges last
         hedges: dict[int, int] = {}            # chunk -> times it was hedged
         written: set[int] = set()              # chunks with a hedge written
         hedged_at, first_hedge_at = self.started, math.inf
         while True:
-            acked = [self._acked(t) for t in sent]
-            unacked = [n for n in range(len(order)) if not acked[n]]
+            acked = [self._acked(t) for t in order]
+            unacked = [n for n, a in enumerate(acked) if not a]
             wanted = [i for i in to_resend(manifest, order, unacked) if hedges.get(i, 0) < MAX_HEDGES
                       and (every_chunk or entries[i].role == "critical" or entries[i].group >= 0)]
             if not wanted:
@@ -138,7 +137,7 @@ class Sender:
             quiet = now - max(hedged_at, self.lanes.last_ack_at) >= quiet_s
             # Passed by: judged on the delta's own transmissions (a hedge on an idle lane passes
             # what is queued on the others), so a chunk already hedged goes again on quiet alone.
-            acked_after = np.cumsum(acked[len(order) - 1::-1])[::-1]     # at n: of order[n:]
+            acked_after = np.cumsum(acked[::-1])[::-1]      # at n: of order[n:]
             latest = {t.index: n for n, t in enumerate(order) if t.kind != "parity"}
             reorder = 2 * len(self.lanes)           # lanes run side by side: a few may pass it anyway
             passed = {i for i in wanted if i not in hedges and latest[i] + 1 < len(order)
@@ -150,7 +149,6 @@ class Sender:
                         else np.zeros(len(again), bool))
                 for t, g in zip(again, gone):
                     await self.send(t, lost=bool(g))
-                    sent.append(t)
                     hedges[t.index] = hedges.get(t.index, 0) + 1
                     if not g:
                         written.add(t.index)
@@ -158,7 +156,7 @@ class Sender:
                 hedged_at = time.perf_counter()
                 first_hedge_at = min(first_hedge_at, now)
                 continue
-            await asyncio.sleep(max(LOOK_S, quiet_s / 4))      # a look a few times per quiet_s: O(sent) each
+            await asyncio.sleep(max(LOOK_S, quiet_s / 4))      # a look a few times per quiet_s: O(order) each
             self.lanes.raise_failure()
 
     async def settled(self) -> None:
