@@ -128,15 +128,20 @@ def test_a_hedge_sends_again_only_protected_chunks_unless_hedge_all():
     assert hedged(True) == ({critical, plain}, [critical, plain])
 
 
+def _one_matrix_delta(seed: int, shape: tuple[int, int], chunk_bytes: int):
+    """A delta of one weight matrix "h.w" of `shape`: its chunks, manifest and transmissions."""
+    rng = np.random.default_rng(seed)
+    chunks, decoded = encode_arrays({"h.w": rng.standard_normal(shape[0] * shape[1]).astype(np.float32)},
+                                    Codec(CodecConfig(chunk_bytes=chunk_bytes)), None)
+    manifest = build_manifest(0, chunks, decoded, roles_of({"h.w": shape}))
+    return chunks, manifest, transmissions(manifest)
+
+
 def test_a_hedge_that_looks_lost_goes_again_on_another_lane_a_few_times_at_most():
     # Every chunk acknowledged but one, whose every copy is lost: it is hedged once the acks have
     # stopped for hedge_s, then again each time its hedge has had hedge_s, MAX_HEDGES times in
     # all, each time on a lane it has not taken; then the hedging ends.
-    rng = np.random.default_rng(3)
-    chunks, decoded = encode_arrays({"h.w": rng.standard_normal(40000).astype(np.float32)},
-                                    Codec(CodecConfig(chunk_bytes=4096)), None)
-    manifest = build_manifest(0, chunks, decoded, roles_of({"h.w": (100, 400)}))
-    order = transmissions(manifest)
+    chunks, manifest, order = _one_matrix_delta(3, (100, 400), chunk_bytes=4096)
     deaf = order[len(order) // 2].index
     lanes = _Lanes(4, deaf=frozenset({deaf}))
     out = Sender(None, lanes, 0, chunks, {})
@@ -184,11 +189,7 @@ def test_a_hedge_sends_again_what_was_passed_by_not_what_is_queued():
     # transmissions all but two are in; the rest are queued, acks still coming. The one passed by
     # 9 later ones goes again; the one passed by 2 (lanes side by side reorder that much) and the
     # queued ones do not, and their acks come.
-    rng = np.random.default_rng(2)
-    chunks, decoded = encode_arrays({"h.w": rng.standard_normal(100000).astype(np.float32)},
-                                    Codec(CodecConfig(chunk_bytes=2048)), None)
-    manifest = build_manifest(0, chunks, decoded, roles_of({"h.w": (250, 400)}))
-    order = transmissions(manifest)
+    chunks, manifest, order = _one_matrix_delta(2, (250, 400), chunk_bytes=2048)
     assert len(order) >= 20
     acks = [LaneAck.of(TensorChunk(DELTA, 0, t.index, len(chunks), *chunks[t.index])) for t in order]
     lanes = _SlowLanes(4, set(acks[13:]) | {acks[10]})
