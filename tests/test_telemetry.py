@@ -52,3 +52,16 @@ def test_a_restarted_recorder_keeps_the_runs_clock(tmp_path):
     assert again.start == first.start
     assert again.emit("restart", round=0)["elapsed_s"] >= 100.0
     assert Recorder(tmp_path / "new.jsonl").start == pytest.approx(time.time(), abs=5)   # a new run starts now
+
+
+def test_a_restarted_recorder_cuts_the_event_a_killed_ps_left_half_written(tmp_path):
+    path = tmp_path / "events.jsonl"
+    first = Recorder(path)
+    first.emit("run_start", run_id="r", config={}, num_params=1)
+    first.emit("restart", round=0)
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"v": 1, "seq": 2, "kind": "round_st')      # SIGKILL mid-write
+    again = Recorder(path)                                  # the restarted PS
+    again.emit("restart", round=1)
+    assert [e["kind"] for e in read_events(path)] == ["run_start", "restart", "restart"]
+    assert path.read_bytes().startswith(whole) and len(again.events) == 3

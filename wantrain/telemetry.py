@@ -70,11 +70,21 @@ class Recorder:
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if self.path.exists():  # a restarted PS continues the same log, and the same clock
+                self._drop_torn_line()
                 self.events = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
                 if self.events and start_time is None:
                     first = json.loads(self.events[0])
                     self.start = first["t"] - first["elapsed_s"]
             self._file = open(self.path, "a", buffering=1)
+
+    def _drop_torn_line(self) -> None:
+        """A PS killed mid-write leaves its last event half written: cut it off, so that what this
+        process appends starts on a line of its own (the half event was never recorded)."""
+        assert self.path is not None
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Record one of the PS's own events, now."""
