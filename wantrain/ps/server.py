@@ -1,8 +1,9 @@
 """The parameter server as a domain object: ParameterServer holds the global model and runs the rounds.
 
 It knows nothing of gRPC: each connected site is a `SiteLink` with an outbound queue of domain
-messages, and tests drive it directly; servicer.py turns a site's gRPC stream into calls of
-`handle()` and the site's queue back into wire messages.
+messages, owned with its comings and goings by `Sites` (sites.py), and tests drive it directly;
+servicer.py turns a site's gRPC stream into calls of `handle()` and the site's queue back into
+wire messages.
 
 A round: when every site is connected and has said it is Ready (its model loaded), the PS
 sends RoundStart; each site answers with its delta chunks and RoundMetrics. When every delta is
@@ -33,12 +34,11 @@ from ..checkpoint import CHECKPOINT_NAME, load_checkpoint
 from ..codec import Codec
 from ..config import CodecConfig, RunConfig
 from ..data import load_run_data
-from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError, Reject, RejectedError
+from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError
 from ..faults import Stalls
-from ..limits import Limits, safe_text
+from ..limits import Limits
 from ..memory import trim_heap
-from ..messages import (DeltaParity, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk,
-                        Welcome)
+from ..messages import DeltaParity, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk
 from ..screening import Screen, check_claims
 from ..telemetry import Recorder
 from .commit import Committed, Committer
@@ -46,7 +46,7 @@ from .downloads import Downloads
 from .model import GlobalModel
 from .closing import ClosePolicy
 from .rounds import RoundClock, RoundState
-from .sites import SiteLink, check_join
+from .sites import SiteLink, Sites
 from .journal import JOURNAL_DIR, Journal
 from .ledger import Ledger
 from .state import CheckpointWriter, come_up, snapshot
@@ -88,14 +88,11 @@ class ParameterServer:
         self.ledger = Ledger(run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], g.hash(),
                              float("nan") if saved is not None else g.evaluate())
 
-        self.links: dict[str, SiteLink] = {}  # connected now
         self.rounds = RoundState()
         self.close_policy = ClosePolicy(cfg.train, self.rounds, self.recorder, sharded=shard[1] > 1)
         self.last_commit_at = time.time()
         self._timers: list[asyncio.TimerHandle] = []
         self.round_task: asyncio.Task | None = None
-        self.awaiting_model: set[str] = set()
-        self.told_finished: set[str] = set()  # sites that know the run is over
         self.done = asyncio.Event()
         self.closing = asyncio.Event()         # the server is about to stop: end Watch streams
         # Durability (state.py): a journal record per round, full state every checkpoint_every rounds.
@@ -107,6 +104,7 @@ class ParameterServer:
         # Come up from disk, or begin the run's durable record (state.py).
         self.catchup = come_up(cfg, self.ledger, g, self.screen, saved, self.ckpt_path, self.journal,
                                self.checkpoints, self.recorder, self.corpus_summary)
+        self.sites = Sites(cfg, self.auth, self.limits, self.ledger, g, self.downloads, self.catchup, self.recorder)
         if saved is not None:
             self.rounds.last_members = set(self.registry)   # after a restart, give every site time to return
             if self.round >= cfg.train.rounds:
@@ -134,34 +132,16 @@ class ParameterServer:
     late = property(lambda self: self.rounds.late)
     aggregating = property(lambda self: self.rounds.aggregating)
 
+    # The connected sites (sites.py), by the names the servicer and tests read.
+    links = property(lambda self: self.sites.links)
+    awaiting_model = property(lambda self: self.sites.awaiting_model)
+    told_finished = property(lambda self: self.sites.told_finished)
+
     # ------------------------------------------------------------ site lifecycle
 
     def join(self, msg: Join) -> SiteLink:
-        """Admit a site or raise RejectedError; queues the Welcome and the model download."""
-        try:
-            check_join(msg, self.cfg, self.auth, self.links, self.registry, self.round if self.done.is_set() else None)
-        except RejectedError as e:
-            if e.code == Reject.RUN_FINISHED:
-                self.told_finished.add(msg.site)
-            raise
-        self.downloads.charge(msg.site)
-        # Named sites keep their place (and data shard) whatever order they join in.
-        index, resumed = self.ledger.enrol(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
-                                           else len(self.registry))
-        link = SiteLink(msg.site, index, msg.device, self.limits)
-        self.links[msg.site] = link
-        missed = self.catchup.for_join(msg, self.hashes) if resumed else None
-        self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed,
-                           data_position=self.data_positions.get(msg.site, 0), catchup=missed is not None)
-        log.info("site %s joined (index %d, %s)%s", msg.site, index, safe_text(msg.device, 64),
-                 " again" if resumed else "")
-        if missed is not None:     # it holds the model of resume_round: only the updates since follow
-            self.send_model(link, (msg.resume_round, missed))
-        elif self.aggregating:     # the model is about to change: send it after the round commits
-            self.awaiting_model.add(link.name)
-        else:
-            self.send_model(link)
-        return link
+        """Admit a site or raise RejectedError; queues the Welcome and the model download (sites.py)."""
+        return self.sites.join(msg, self.done.is_set(), self.aggregating)
 
     async def handle(self, link: SiteLink, msg) -> None:
         """One message from a joined site, after wire.py has checked its form; raises ProtocolError or
@@ -187,9 +167,7 @@ class ParameterServer:
 
     def on_ready(self, link: SiteLink, msg: Ready) -> None:
         """The site loaded its model: from now on it counts for rounds (and joins a running one)."""
-        link.check_ready(msg, self.hashes)
-        link.ready = True
-        self.recorder.emit("ready", site=link.name, round=msg.round, since_join_s=time.time() - link.joined_at)
+        self.sites.mark_ready(link, msg)
         if msg.round == self.round:      # else an update is on its way to it, then the next RoundStart
             self._admit_to_round(link)
         self.maybe_start_round()
@@ -203,29 +181,9 @@ class ParameterServer:
             link.outbox.put_nowait(RoundStart(self.round, self.hash, train_s))
 
     def leave(self, link: SiteLink, reason: str) -> None:
-        if self.links.get(link.name) is not link:
-            return
-        link.closed = True
-        del self.links[link.name]
-        self.rounds.drop(link.name)
-        self.recorder.emit("leave", site=link.name, reason=reason)
-        log.info("site %s left: %s", link.name, reason)
-        self._maybe_finish_round()        # the others may all be done already
-
-    def send_model(self, link: SiteLink, catchup: tuple[int, list] | None = None) -> None:
-        """The Welcome and the model; or, with `catchup` (the round of the model the site holds and the
-        messages since: catchup.py), a Welcome without model chunks and the updates of the rounds it missed."""
-        link.ready = False
-        link.base_round = self.round if catchup is None else catchup[0]
-        welcome = Welcome(self.run_id, link.index, self.cfg, link.base_round, self.hashes[link.base_round], 0,
-                          self.data_positions.get(link.name, 0), *self.global_model.shard)
-        if catchup is None:
-            link.outbox.put_nowait(self.downloads.start(link.name, welcome))
-            return
-        for m in (welcome, *catchup[1]):
-            link.outbox.put_nowait(m)
-        self.recorder.emit("catchup", site=link.name, round=catchup[0], rounds=self.catchup.next_round - catchup[0],
-                           mb=self.catchup.wire_bytes_since(catchup[0]) / 1e6, model_mb=4 * self.num_params / 1e6)
+        if self.sites.leave(link, reason):
+            self.rounds.drop(link.name)
+            self._maybe_finish_round()        # the others may all be done already
 
     # ------------------------------------------------------------ rounds
 
@@ -238,7 +196,7 @@ class ParameterServer:
         self._timers.append(loop.call_later(delay_s, fn, *args))
 
     def maybe_start_round(self) -> None:
-        ready = {name for name, link in self.links.items() if link.ready}
+        ready = self.sites.ready()
         # A site that owes the delta of a round it missed is not counted on (it may be dark: rounds.py);
         # it is present all the same, so the quorum does not wait for it.
         dark = ready & self.rounds.owing()
@@ -404,12 +362,7 @@ class ParameterServer:
             self._admit_to_round(link)    # a rejoined or dark site that caught up with the rounds it missed
             self.maybe_start_round()
         if not ok and link.ready:          # one resync at a time: reports during a download change nothing
-            self.recorder.emit("error", site=link.name, code="replica_mismatch",
-                               message=f"site {link.name} has hash {h.model_hash} after round {h.round}, "
-                                       f"the PS has {expected}; resyncing the site")
-            log.error("replica mismatch at %s after round %d; resyncing", link.name, h.round)
-            self.downloads.charge(link.name)
-            self.send_model(link)
+            self.sites.resync(link, h, expected)
 
     # ------------------------------------------------------------ commit
 
@@ -440,7 +393,7 @@ class ParameterServer:
         head = c.update[:len(c.update) - c.tail]
         result = dataclasses.replace(c.result, tail_chunks=c.tail) if c.tail else c.result
         # a site that rejoined during the aggregation gets the model instead
-        heard = [link for name, link in self.links.items() if name not in self.awaiting_model]
+        heard = self.sites.heard()
         for link in heard:
             for chunk in head:
                 link.outbox.put_nowait(chunk)
@@ -449,10 +402,7 @@ class ParameterServer:
             self.told_finished.update(self.links)
         self.rounds.finish()
         self.last_commit_at = time.time()
-        for name in sorted(self.awaiting_model):
-            if name in self.links:
-                self.send_model(self.links[name])
-        self.awaiting_model.clear()
+        self.sites.send_awaited_models()
         trim_heap()                             # the commit's scratch memory, back while the sites train
         if c.finished:
             self.recorder.emit("run_end", rounds=self.round, val_loss=self.val_loss)

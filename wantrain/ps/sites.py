@@ -1,21 +1,31 @@
-"""The sites connected to a parameter server: one `SiteLink` each, and the checks on what a site
-says about itself (may it join, may it open a lane, is its Ready true, is its hash report in
-order). The checks are pure: they raise RejectedError or ProtocolError and change nothing; the PS
-acts on them."""
+"""The sites connected to a parameter server: one `SiteLink` each; `Sites`, which owns them and how
+each comes and goes (admitted or refused on Join, sent the model or the updates it missed, resynced,
+gone when its stream ends); and the checks on what a site says about itself (may it join, may it
+open a lane, is its Ready true, is its hash report in order). The checks are pure: they raise
+RejectedError or ProtocolError and change nothing. The rounds (server.py) read which sites are
+ready and post to their outboxes; they never add or remove one."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
 from ..auth import Authenticator
 from ..config import RunConfig
 from ..errors import ProtocolError, Reject, RejectedError
-from ..limits import Limits, TokenBucket
-from ..messages import PROTOCOL_VERSION, HashReport, Join, LaneOpen, LinkProbe, Ready
+from ..limits import Limits, TokenBucket, safe_text
+from ..messages import PROTOCOL_VERSION, HashReport, Join, LaneOpen, LinkProbe, Ready, Welcome
+from ..telemetry import Recorder
+from .catchup import Catchup
+from .downloads import Downloads
+from .ledger import Ledger
+from .model import GlobalModel
 
-__all__ = ["SiteLink", "check_join", "check_lane"]
+__all__ = ["SiteLink", "Sites", "check_join", "check_lane"]
+
+log = logging.getLogger("wantrain.ps")
 
 
 @dataclass
@@ -65,6 +75,105 @@ class SiteLink:
             raise ProtocolError(f"hash report for round {h.round} after one for round {self.last_hash_round}")
         self.last_hash_round = h.round
         return self.ready or (self.base_round is not None and h.round >= self.base_round)
+
+
+class Sites:
+    """The connected sites by name, and their comings and goings. A site joins (or is refused),
+    gets the model, or only the updates it missed if it holds an earlier one, says Ready, may be
+    resynced after a hash mismatch, and leaves when its stream ends."""
+
+    def __init__(self, cfg: RunConfig, auth: Authenticator, limits: Limits, ledger: Ledger, model: GlobalModel,
+                 downloads: Downloads, catchup: Catchup, recorder: Recorder) -> None:
+        self.cfg, self.auth, self.limits = cfg, auth, limits
+        self.ledger, self.model, self.downloads, self.catchup, self.recorder = (ledger, model, downloads, catchup,
+                                                                               recorder)
+        self.links: dict[str, SiteLink] = {}    # connected now
+        self.awaiting_model: set[str] = set()   # joined while a round was aggregating: the model after it
+        self.told_finished: set[str] = set()    # sites that know the run is over
+
+    def join(self, msg: Join, finished: bool, aggregating: bool) -> SiteLink:
+        """Admit a site or raise RejectedError; queues the Welcome and the model download (or, while
+        a round is `aggregating`, holds it until the commit: `send_awaited_models`)."""
+        try:
+            check_join(msg, self.cfg, self.auth, self.links, self.ledger.registry,
+                       self.ledger.round if finished else None)
+        except RejectedError as e:
+            if e.code == Reject.RUN_FINISHED:
+                self.told_finished.add(msg.site)
+            raise
+        self.downloads.charge(msg.site)
+        # Named sites keep their place (and data shard) whatever order they join in.
+        index, resumed = self.ledger.enrol(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
+                                           else len(self.ledger.registry))
+        link = SiteLink(msg.site, index, msg.device, self.limits)
+        self.links[msg.site] = link
+        missed = self.catchup.for_join(msg, self.ledger.hashes) if resumed else None
+        self.recorder.emit("join", site=msg.site, site_index=index, device=msg.device, resumed=resumed,
+                           data_position=self.ledger.data_positions.get(msg.site, 0), catchup=missed is not None)
+        log.info("site %s joined (index %d, %s)%s", msg.site, index, safe_text(msg.device, 64),
+                 " again" if resumed else "")
+        if missed is not None:     # it holds the model of resume_round: only the updates since follow
+            self.send_model(link, (msg.resume_round, missed))
+        elif aggregating:          # the model is about to change: send it after the round commits
+            self.awaiting_model.add(link.name)
+        else:
+            self.send_model(link)
+        return link
+
+    def mark_ready(self, link: SiteLink, msg: Ready) -> None:
+        """The site loaded its model: from now on it counts for rounds."""
+        link.check_ready(msg, self.ledger.hashes)
+        link.ready = True
+        self.recorder.emit("ready", site=link.name, round=msg.round, since_join_s=time.time() - link.joined_at)
+
+    def ready(self) -> set[str]:
+        return {name for name, link in self.links.items() if link.ready}
+
+    def leave(self, link: SiteLink, reason: str) -> bool:
+        """Forget a site whose stream ended; False if `link` is no longer the site's (it rejoined)."""
+        if self.links.get(link.name) is not link:
+            return False
+        link.closed = True
+        del self.links[link.name]
+        self.recorder.emit("leave", site=link.name, reason=reason)
+        log.info("site %s left: %s", link.name, reason)
+        return True
+
+    def send_model(self, link: SiteLink, catchup: tuple[int, list] | None = None) -> None:
+        """The Welcome and the model; or, with `catchup` (the round of the model the site holds and the
+        messages since: catchup.py), a Welcome without model chunks and the updates of the rounds it missed."""
+        ledger = self.ledger
+        link.ready = False
+        link.base_round = ledger.round if catchup is None else catchup[0]
+        welcome = Welcome(ledger.run_id, link.index, self.cfg, link.base_round, ledger.hashes[link.base_round], 0,
+                          ledger.data_positions.get(link.name, 0), *self.model.shard)
+        if catchup is None:
+            link.outbox.put_nowait(self.downloads.start(link.name, welcome))
+            return
+        for m in (welcome, *catchup[1]):
+            link.outbox.put_nowait(m)
+        self.recorder.emit("catchup", site=link.name, round=catchup[0], rounds=self.catchup.next_round - catchup[0],
+                           mb=self.catchup.wire_bytes_since(catchup[0]) / 1e6, model_mb=4 * self.model.num_params / 1e6)
+
+    def resync(self, link: SiteLink, h: HashReport, expected: str | None) -> None:
+        """The site's replica differs from the PS's after round h.round: send it the model again."""
+        self.recorder.emit("error", site=link.name, code="replica_mismatch",
+                           message=f"site {link.name} has hash {h.model_hash} after round {h.round}, "
+                                   f"the PS has {expected}; resyncing the site")
+        log.error("replica mismatch at %s after round %d; resyncing", link.name, h.round)
+        self.downloads.charge(link.name)
+        self.send_model(link)
+
+    def heard(self) -> list[SiteLink]:
+        """The sites a committed round's update goes to: all but those waiting for the model."""
+        return [link for name, link in self.links.items() if name not in self.awaiting_model]
+
+    def send_awaited_models(self) -> None:
+        """After a commit: the model to each site that joined while the round was aggregating."""
+        for name in sorted(self.awaiting_model):
+            if name in self.links:
+                self.send_model(self.links[name])
+        self.awaiting_model.clear()
 
 
 def check_join(msg: Join, cfg: RunConfig, auth: Authenticator, connected: dict, registry: dict[str, int],
