@@ -82,16 +82,20 @@ def test_a_late_delta_is_reconciled_on_both_shards_and_every_replica_agrees(tmp_
     """Under the default late_policy (zero-outside) site b's delta of round 1 misses the deadline on
     both shards (its push stalls): each counts it as zeros, applies it once, at a later commit,
     outside the outer momentum, and every replica matches both shards' hashes at every check.
-    Rounds are 1 s compute budgets, so the rounds b is not counted in do not outrun its delta."""
+    b's chunks stop 3.3 s after its first, which comes at least 1 s (its compute budget) into the
+    round, so they miss the 4 s deadline by a little; a rests 1.5 s before training in rounds 2 and
+    3, so the two rounds that may still take b's delta last about 2.5 s each, not 1 s: a busy
+    machine's slower transfer must not let a shard commit them before b's delta is in (it would
+    then be more than MAX_STALENESS rounds old, and dropped)."""
     rounds = 5
-    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.deadline_s": 2.0,
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.deadline_s": 4.0,
                           "train.round_budget_s": 1.0, "train.quorum_wait_s": 1.0})
     assert cfg.train.late_policy == "zero-outside"
 
     async def go() -> InProcessCluster:
         async with InProcessCluster(cfg, tmp_path / "run", shards=2) as c:
-            c.start_site("a")
-            c.start_site("b", stalls=(("push@1", 2.0),))       # its round-1 chunks stop after the first
+            c.start_site("a", stalls=(("train@2", 1.5), ("train@3", 1.5)))
+            c.start_site("b", stalls=(("push@1", 3.3),))       # its round-1 chunks stop after the first
             await c.finish(60)
             return c
     c = asyncio.run(go())
