@@ -34,6 +34,22 @@ def test_the_fp32_codec_carries_a_whole_run(tmp_path):
     assert {s.hash for s in cluster.sites.values()} == {cluster.ps.hash}
 
 
+@pytest.mark.timeout(120)
+def test_top_k_deltas_and_int4_updates_keep_every_replica_identical(tmp_path):
+    """The encodings below 8 bits through the PS and the sites: deltas of 1/64 of each block,
+    updates in 4 bits (codec.update_mode), every site's replica the PS's after every round."""
+    cfg = small_config(sites=list(SITES), **{"codec.mode": "topk", "codec.update_mode": "int4-huffman",
+                                             "train.rounds": 3})
+    events, cluster = run_in_process(cfg, tmp_path / "run")
+    ends, checks = rows(events, "round_end"), rows(events, "hash_check")
+    assert len(ends) == 3 and not rows(events, "error") and not rows(events, "quarantine")
+    assert len(checks) == 9 and all(c["ok"] for c in checks)
+    assert {s.hash for s in cluster.sites.values()} == {cluster.ps.hash}
+    assert ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"]
+    for s in rows(events, "site_round"):          # a top-k delta: over 100x fewer bytes than fp32
+        assert s["received_wire_bytes"] == s["wire_bytes"] and s["ratio"] > 100, s
+
+
 def check_trained(events: list[dict], cfg) -> None:
     mode = cfg.codec.mode
     start, ends = rows(events, "run_start")[0], rows(events, "round_end")

@@ -119,7 +119,7 @@ def test_bad_delta_never_touches_the_model(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("mode", ["fp32", "int8-huffman"])
+@pytest.mark.parametrize("mode", ["fp32", "int8-huffman", "topk"])
 def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path, mode):
     from wantrain.codec import Encoded
 

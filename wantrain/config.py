@@ -21,7 +21,7 @@ from .presets import PRESETS
 __all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustConfig", "RunConfig", "CODEC_MODES", "SCHEDULES",
            "check_site_name"]
 
-CODEC_MODES = ("fp32", "int8", "int8-huffman")
+CODEC_MODES = ("fp32", "int8", "int8-huffman", "int4-huffman", "ternary-huffman", "sign", "topk")
 TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
 LATE_POLICIES = ("drop", "stale", "rescale", "zero-outside", "zero-carry")
@@ -267,12 +267,16 @@ class TrainConfig:
 class CodecConfig:
     """How deltas (uplink) and updates (downlink) are encoded."""
 
-    mode: str = "int8-huffman"        # "fp32" | "int8" | "int8-huffman"
-    quant_block: int = 4096           # elements per int8 scale
+    mode: str = "int8-huffman"        # "fp32" | "int8" | "int8-huffman"; below 8 bits (codec/formats.py):
+                                      # "int4-huffman" | "ternary-huffman" | "sign" | "topk"
+    quant_block: int = 4096           # elements per scale (and per top-k block)
     huffman_block: int = 2048         # symbols per independently decodable Huffman block
     huffman_tables: int = 2           # codes per chunk; each block picks one by its spread
     chunk_bytes: int = 1 << 20        # payload bytes per wire chunk (int8: elements)
     error_feedback: bool = True
+    update_mode: str = ""             # the PS's update, if not as `mode` (any of its values; "": as `mode`)
+    topk_density: float = 1 / 64      # "topk": the share of each block kept (its largest |values|) ...
+    topk_value_bits: int = 2          # ... each sent in 1 bit (sign) or 2 (sign and one of two sizes)
 
     def validate(self, prefix: str = "codec") -> None:
         _check(self.mode in CODEC_MODES, f"{prefix}.mode", f"must be one of {CODEC_MODES}", self.mode)
@@ -282,10 +286,20 @@ class CodecConfig:
         _check(1 <= self.huffman_tables <= 4, f"{prefix}.huffman_tables", "must be in [1, 4]", self.huffman_tables)
         _check(4096 <= self.chunk_bytes <= (1 << 20), f"{prefix}.chunk_bytes", "must be in [4096, 1048576]",
                self.chunk_bytes)
+        _check(self.update_mode in ("", *CODEC_MODES), f"{prefix}.update_mode", f"must be '' or one of {CODEC_MODES}",
+               self.update_mode)
+        _check(0 < self.topk_density <= 1, f"{prefix}.topk_density", "must be in (0, 1]", self.topk_density)
+        _check(self.topk_value_bits in (1, 2), f"{prefix}.topk_value_bits", "must be 1 or 2", self.topk_value_bits)
+
+    def for_update(self) -> CodecConfig:
+        """This codec with the update's mode: how the PS encodes its update (the two modes swapped,
+        so that its chunk plan stays the deltas')."""
+        return dataclasses.replace(self, mode=self.update_mode or self.mode, update_mode=self.mode)
 
     def chunk_elements(self) -> int:
-        """Elements per chunk: whole quantization blocks, at most chunk_bytes of payload."""
-        per_elem = 4 if self.mode == "fp32" else 1
+        """Elements per chunk (deltas and updates share the plan): whole quantization blocks, at
+        most chunk_bytes of payload either way."""
+        per_elem = 4 if "fp32" in (self.mode, self.update_mode) else 1
         n = self.chunk_bytes // per_elem
         return max(self.quant_block, n - n % self.quant_block)
 

@@ -63,3 +63,14 @@ def test_join_chunks_needs_exact_cover():
                       [ChunkSpec("a", 0, 6), ChunkSpec("c", 0, 2)]):                          # unknown
         with pytest.raises(CodecError, match="tensor"):
             join_chunks(bad_specs, [np.zeros(s.length, np.float32) for s in bad_specs], sizes)
+
+
+def test_the_update_may_travel_in_another_encoding_on_the_deltas_plan():
+    delta_side = CodecConfig(mode="fp32", update_mode="topk")
+    update_side = delta_side.for_update()
+    assert update_side.mode == "topk" and Codec(update_side).encode(np.ones(5000, np.float32))[0].encoding == "topk"
+    assert update_side.chunk_elements() == delta_side.chunk_elements() == CodecConfig(mode="fp32").chunk_elements()
+    assert CodecConfig(mode="int8", update_mode="fp32").chunk_elements() == CodecConfig(mode="fp32").chunk_elements()
+    assert CodecConfig(mode="topk").for_update().mode == "topk"            # "": as the deltas
+    with pytest.raises(ValueError, match="codec.update_mode"):
+        CodecConfig(update_mode="int3").validate()

@@ -136,13 +136,68 @@ def _lookup(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sym, ln
 
 
+def digits(packed: np.ndarray, base: int, per: int, n: int) -> np.ndarray:
+    """The first n symbols of bytes that hold `per` symbols of `base` each, the first lowest (5)."""
+    out = np.empty((packed.size, per), np.int64)
+    rest = packed.astype(np.int64)
+    assert np.all(rest < base ** per), "a byte that is no packing"
+    for j in range(per):
+        out[:, j], rest = rest % base, rest // base
+    return out.reshape(-1)[:n]
+
+
+def bits_msb_first(data: bytes) -> list[int]:
+    return [(byte >> (7 - j)) & 1 for byte in data for j in range(8)]
+
+
+def topk_q(length: int, block: int, payload: bytes) -> np.ndarray:
+    """The q of an ENCODING_TOPK payload (5)."""
+    version, b, r, zero, k, k_last, stream_bytes = struct.unpack_from("<BBBBIII", payload)
+    assert version == 1 and b in (1, 2) and r <= 24 and zero == 0
+    blocks = -(-length // block)
+    m = k * (blocks - 1) + k_last
+    stream = bits_msb_first(payload[16:16 + stream_bytes])
+    q, at, p = np.zeros(length, np.int64), 0, -1
+    positions = []
+    for _ in range(m):
+        unary = 0
+        while stream[at]:
+            unary, at = unary + 1, at + 1
+        at += 1
+        low = int("".join(map(str, stream[at:at + r])) or "0", 2)
+        at += r
+        p += 1 + (unary << r) + low
+        positions.append(p)
+    assert -(-at // 8) == stream_bytes and p < length
+    values = payload[16 + stream_bytes:]
+    if b == 1:
+        assert len(values) == -(-m // 8)
+        q[positions] = [1 if v else -1 for v in bits_msb_first(values)[:m]]
+    else:
+        assert len(values) == -(-m // 4)
+        q[positions] = np.array([-3, -2, 2, 3])[digits(np.frombuffer(values, np.uint8), 4, 4, m)]
+    return q
+
+
 def decode_chunk(c) -> np.ndarray:
     """A Chunk's float32 values (5)."""
     assert crc(c.scales, c.payload) == c.crc32, "CRC"
     if c.encoding == pb.ENCODING_FP32:
         return np.frombuffer(c.payload, "<f4").astype(np.float32)
-    q = (np.frombuffer(c.payload, np.int8) if c.encoding == pb.ENCODING_INT8
-         else huffman_decode(c.payload).view(np.int8))
+    if c.encoding == pb.ENCODING_INT8:
+        q = np.frombuffer(c.payload, np.int8)
+    elif c.encoding == pb.ENCODING_INT8_HUFFMAN:
+        q = huffman_decode(c.payload).view(np.int8)
+    elif c.encoding == pb.ENCODING_INT4_HUFFMAN:
+        q = digits(huffman_decode(c.payload), 15, 2, c.length) - 7
+    elif c.encoding == pb.ENCODING_TERNARY_HUFFMAN:
+        q = digits(huffman_decode(c.payload), 3, 5, c.length) - 1
+    elif c.encoding == pb.ENCODING_SIGN:
+        assert len(c.payload) == -(-c.length // 8)
+        q = np.array([1 if v else -1 for v in bits_msb_first(c.payload)[:c.length]])
+    else:
+        assert c.encoding == pb.ENCODING_TOPK, c.encoding
+        q = topk_q(c.length, c.quant_block, c.payload)
     assert q.size == c.length
     scales = np.frombuffer(c.scales, "<f4").astype(np.float32)
     return q.astype(np.float32) * np.repeat(scales, c.quant_block)[:c.length]   # one float32 multiply each

@@ -8,6 +8,7 @@ int8 + Huffman updates end with this replica bit-identical to the PS's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -52,6 +54,19 @@ def test_example_delta_chunk_decodes_to_its_values():
     assert (c.kind, c.tensor, c.length, c.encoding, c.quant_block, c.crc32) == (
         pb.CHUNK_KIND_DELTA, "w", 10, pb.ENCODING_INT8_HUFFMAN, 8, 791083444)
     assert list(spec.decode_chunk(c)) == [0, 0, 0.5, -0.5, 0, 1, 0, 0, -0.25, 0.25]
+
+
+GOLDEN_CODEC = Path(__file__).resolve().parents[1] / "codec" / "golden"
+
+
+@pytest.mark.parametrize("mode", ["int4-huffman", "ternary-huffman", "sign", "topk"])
+def test_chunks_below_8_bits_decode_from_the_spec_as_the_codec_decodes_them(mode):
+    """The codec's golden chunk of each encoding below 8 bits (tests/codec/test_golden.py), decoded
+    from section 5 alone: the values whose hash the codec's own decoder is held to."""
+    c = pb.SiteMessage.FromString((GOLDEN_CODEC / f"delta_{mode}.bin").read_bytes()).chunk
+    values = spec.decode_chunk(c).astype("<f4")
+    assert hashlib.sha256(values.tobytes()).hexdigest() == json.loads(
+        (GOLDEN_CODEC / "decoded_sha256.json").read_text())[mode]
 
 
 def test_example_manifest_describes_the_example_chunk():
@@ -189,7 +204,7 @@ def test_two_rounds_from_the_spec_alone(ps):
         assert welcome.model_chunks == len(model_plan)
         s.send(ready=pb.Ready(round=0, model_hash=replica.hash()))     # 3.3
         codec, train = config["codec"], config["train"]
-        delta_plan = spec.plan(replica.sizes(), spec.chunk_elements(codec, fp32=codec["mode"] == "fp32"))
+        delta_plan = spec.plan(replica.sizes(), spec.chunk_elements(codec, fp32="fp32" in (codec["mode"], codec.get("update_mode"))))
         start = None
         for r in range(train["rounds"]):
             start = start or s.recv().round_start                      # 3.4

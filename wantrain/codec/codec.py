@@ -1,4 +1,4 @@
-"""The codec: fp32, INT8, or INT8 + Huffman, on flat float32 arrays.
+"""The codec: fp32, INT8, INT8 + Huffman, or an encoding below 8 bits (formats.py), on flat float32 arrays.
 
 `Codec.encode` turns one chunk of numbers into an `Encoded` (what travels) and also returns
 exactly what the receiver will decode, so the sender can keep the error-feedback residual
@@ -18,6 +18,7 @@ from ..errors import CodecError
 from . import huffman
 from .chunks import ChunkSpec, plan_chunks
 from .feedback import ErrorFeedback
+from .formats import LOWBIT_ENCODINGS, compress_lowbit, decode_lowbit, payload_ok
 from .quantize import QMAX, dequantize_int8, num_blocks, quantize_int8
 
 __all__ = ["Encoded", "Extracted", "Codec", "EncodeStats", "encode_arrays"]
@@ -31,7 +32,7 @@ class Encoded:
 
     encoding: str        # one of ENCODINGS
     length: int          # elements
-    quant_block: int     # elements per scale (int8 encodings), 0 for fp32
+    quant_block: int     # elements per scale (int8 and lower encodings), 0 for fp32
     scales: bytes        # float32 LE, one per quantization block
     payload: bytes
 
@@ -55,9 +56,12 @@ class Encoded:
                 raise CodecError(f"fp32 chunk of {self.length} elements has {len(self.payload)} payload bytes")
             return
         if self.quant_block <= 0:
-            raise CodecError(f"int8 chunk has quantization block {self.quant_block}")
+            raise CodecError(f"{self.encoding} chunk has quantization block {self.quant_block}")
         if len(self.scales) != 4 * num_blocks(self.length, self.quant_block):
-            raise CodecError(f"int8 chunk of {self.length} elements has {len(self.scales)} bytes of scales")
+            raise CodecError(f"{self.encoding} chunk of {self.length} elements has {len(self.scales)} bytes of scales")
+        if self.encoding in LOWBIT_ENCODINGS and not payload_ok(self.encoding, self.length, self.payload):
+            raise CodecError(f"{self.encoding} chunk of {self.length} elements has a payload of "
+                             f"{len(self.payload)} bytes that cannot hold them")
         if self.encoding == "int8" and len(self.payload) != self.length:
             raise CodecError(f"int8 chunk of {self.length} elements has {len(self.payload)} payload bytes")
         if self.encoding == "int8-huffman" and huffman.payload_symbols(self.payload) != self.length:
@@ -121,6 +125,12 @@ class Codec:
         if mode == "fp32":
             enc = Encoded("fp32", x.size, 0, b"", x.astype("<f4").tobytes())
             sent = Extracted(x.copy(), None, 0)
+        elif mode in LOWBIT_ENCODINGS:
+            c = self.cfg
+            scales, payload, values = compress_lowbit(mode, x, c.quant_block, c.huffman_block, c.huffman_tables,
+                                                      c.topk_density, c.topk_value_bits)
+            enc = Encoded(mode, x.size, c.quant_block, scales, payload)
+            sent = Extracted(values, None, 0)
         else:
             q, scales = quantize_int8(x, self.cfg.quant_block)
             payload = (q.tobytes() if mode == "int8" else
@@ -140,6 +150,13 @@ class Codec:
         if mode == "fp32":
             enc = Encoded("fp32", x.numel(), 0, b"", x.cpu().numpy().astype("<f4").tobytes())
             sent = x.clone()
+        elif mode in LOWBIT_ENCODINGS:
+            from . import on_device_lowbit
+            c = self.cfg
+            scales, payload, sent = on_device_lowbit.compress_lowbit(mode, x, c.quant_block, c.huffman_block,
+                                                                     c.huffman_tables, c.topk_density,
+                                                                     c.topk_value_bits)
+            enc = Encoded(mode, x.numel(), c.quant_block, scales, payload)
         else:
             q, scales = on_device.quantize_int8(x, self.cfg.quant_block)
             payload = (q.cpu().numpy().tobytes() if mode == "int8" else
@@ -163,6 +180,9 @@ class Codec:
         for i, e in enumerate(encs):
             if e.encoding == "fp32":
                 out.append(torch.frombuffer(bytearray(e.payload), dtype=torch.float32).to(device))
+                continue
+            if e.encoding in LOWBIT_ENCODINGS:
+                out.append(torch.from_numpy(Codec.extract_many([e])[0].values()).to(device))
                 continue
             q = symbols[i].view(torch.int8) if i in symbols else torch.frombuffer(bytearray(e.payload), dtype=torch.int8).to(device)
             out.append(on_device.dequantize_int8(q, torch.from_numpy(e.scale_array()).to(device), e.quant_block))
@@ -188,6 +208,9 @@ class Codec:
                 out[i] = Extracted(np.frombuffer(e.payload, dtype="<f4").astype(np.float32), None, 0)
             elif e.encoding == "int8":
                 out[i] = Extracted.int8(e, np.frombuffer(e.payload, dtype=np.int8))
+            elif e.encoding in LOWBIT_ENCODINGS:
+                out[i] = Extracted(decode_lowbit(e.encoding, e.length, e.quant_block, e.scale_array(), e.payload),
+                                   None, 0)
         return out  # type: ignore[return-value]
 
     @staticmethod

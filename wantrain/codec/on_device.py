@@ -27,8 +27,9 @@ from .quantize import QMAX, TINY, num_blocks
 __all__ = ["quantize_int8", "dequantize_int8", "huffman_encode", "huffman_decode_many"]
 
 
-def quantize_int8(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """quantize.quantize_int8 on the tensor's device: (int8 symbols (n,), float32 scales (nblocks,))."""
+def quantize_int8(x: torch.Tensor, block: int, levels: int = QMAX) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize.quantize_int8 on the tensor's device: (int8 symbols (n,), float32 scales (nblocks,));
+    with `levels`, lowbit.quantize_levels (the same rule with another top)."""
     if x.dim() != 1 or x.dtype != torch.float32:
         raise CodecError(f"quantize_int8 wants a flat float32 tensor, got {x.dtype} {tuple(x.shape)}")
     if block <= 0:
@@ -38,9 +39,9 @@ def quantize_int8(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tens
     n, nb = x.numel(), num_blocks(x.numel(), block)
     blocks = torch.nn.functional.pad(x, (0, nb * block - n)).view(nb, block)     # zeros change no absmax
     absmax = blocks.abs().amax(dim=1)
-    scales = torch.where(absmax >= float(TINY), absmax / QMAX, torch.zeros_like(absmax))
+    scales = torch.where(absmax >= float(TINY), absmax / levels, torch.zeros_like(absmax))
     safe = torch.where(scales > 0, scales, torch.ones_like(scales))
-    q = torch.round(blocks / safe[:, None]).clamp_(-QMAX, QMAX).to(torch.int8)
+    q = torch.round(blocks / safe[:, None]).clamp_(-levels, levels).to(torch.int8)
     return q.view(-1)[:n], scales
 
 

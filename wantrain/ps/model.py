@@ -51,7 +51,7 @@ class GlobalModel:
         self.shapes = {k: v.size for k, v in self.views.items()}
         self.num_params = sum(self.shapes.values())
         self.plan = plan_chunks(self.shapes, cfg.codec.chunk_elements())   # every delta and update
-        self.codec = Codec(cfg.codec)
+        self.codec = Codec(cfg.codec.for_update())
         self.outer = OuterNesterov(cfg.train.outer_lr, cfg.train.outer_momentum)
         self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
         self.norm = self.l2_norm()

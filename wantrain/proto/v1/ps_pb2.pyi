@@ -12,6 +12,10 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENCODING_FP32: _ClassVar[Encoding]
     ENCODING_INT8: _ClassVar[Encoding]
     ENCODING_INT8_HUFFMAN: _ClassVar[Encoding]
+    ENCODING_INT4_HUFFMAN: _ClassVar[Encoding]
+    ENCODING_TERNARY_HUFFMAN: _ClassVar[Encoding]
+    ENCODING_SIGN: _ClassVar[Encoding]
+    ENCODING_TOPK: _ClassVar[Encoding]
 
 class ChunkKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -39,6 +43,10 @@ ENCODING_UNSPECIFIED: Encoding
 ENCODING_FP32: Encoding
 ENCODING_INT8: Encoding
 ENCODING_INT8_HUFFMAN: Encoding
+ENCODING_INT4_HUFFMAN: Encoding
+ENCODING_TERNARY_HUFFMAN: Encoding
+ENCODING_SIGN: Encoding
+ENCODING_TOPK: Encoding
 CHUNK_KIND_UNSPECIFIED: ChunkKind
 CHUNK_KIND_MODEL: ChunkKind
 CHUNK_KIND_DELTA: ChunkKind
