@@ -30,8 +30,9 @@ TERNARY_THRESHOLD = np.float32(0.7)
 
 
 def _checked(x: np.ndarray, block: int) -> np.ndarray:
+    """x, contiguous; CodecError unless it is a flat float32 array of finite values and block > 0."""
     if x.ndim != 1 or x.dtype != np.float32:
-        raise CodecError(f"a quantizer wants a flat float32 array, got {x.dtype} {x.shape}")
+        raise CodecError(f"the codec wants a flat float32 array, got {x.dtype} {x.shape}")
     if block <= 0:
         raise CodecError(f"quantization block must be positive, got {block}")
     if not np.all(np.isfinite(x)):
@@ -99,12 +100,7 @@ def select_topk(x: np.ndarray, block: int, density: float) -> tuple[np.ndarray, 
     lower position."""
     if not 0 < density <= 1:
         raise CodecError(f"top-k density must be in (0, 1], got {density}")
-    if x.ndim != 1 or x.dtype != np.float32:
-        raise CodecError(f"top-k wants a flat float32 array, got {x.dtype} {x.shape}")
-    if block <= 0:
-        raise CodecError(f"top-k block must be positive, got {block}")
-    if not np.all(np.isfinite(x)):
-        raise CodecError("cannot select among non-finite values")
+    x = _checked(x, block)
     nb = num_blocks(x.size, block)
     if nb == 0:
         return np.zeros(0, np.uint32), np.zeros(0, np.float32)
@@ -112,5 +108,5 @@ def select_topk(x: np.ndarray, block: int, density: float) -> tuple[np.ndarray, 
     positions = np.empty(k * (nb - 1) + k_last, np.uint32)
     from .lowbit_kernels import topk_blocks            # numba: only where something is selected
 
-    topk_blocks(np.ascontiguousarray(x).view(np.uint32), block, k, k_last, positions)
+    topk_blocks(x.view(np.uint32), block, k, k_last, positions)
     return positions, x[positions]
