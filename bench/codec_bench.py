@@ -4,7 +4,10 @@ Trains a model for a few AdamW steps (a real DiLoCo pseudo-gradient), then codes
 symbols with our Huffman stage and, side by side on the same bytes, with the numpy coder it
 replaced (bench/baseline_huffman.py: same format, payloads checked identical) and zstd level 1;
 raw fp32 and bf16 are the baselines. Speeds are per core (one thread), best of 5, except the
-decode "all threads" figure (the PS decodes a payload's blocks on every core).
+decode "all threads" figure (the PS decodes a payload's blocks on every core). Then every codec
+mode (config.CODEC_MODES, top-k at 1 and 2 value bits), whole, as a site runs it (error feedback
+included): bits per parameter (scales, tables and headers counted) and MB/s of float32 input per
+core, beside zstd level 1 on the same float32 bytes.
 
     python bench/codec_bench.py [--preset small] [--steps 30 100]
 """
@@ -12,6 +15,8 @@ decode "all threads" figure (the PS decodes a payload's blocks on every core).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -25,8 +30,9 @@ import zstandard  # noqa: E402
 from baseline_huffman import decode_many as numpy_decode_many  # noqa: E402
 from baseline_huffman import encode as numpy_encode  # noqa: E402
 
-from wantrain.config import CodecConfig  # noqa: E402
-from wantrain.codec_study import best_of, codec_stages, real_delta  # noqa: E402
+from wantrain.codec import Codec, ErrorFeedback, encode_arrays  # noqa: E402
+from wantrain.codec_study import best_of, codec_speed, codec_stages, real_delta  # noqa: E402
+from wantrain.config import CODEC_MODES, CodecConfig  # noqa: E402
 
 
 def measure(flat: np.ndarray, cfg: CodecConfig) -> dict:
@@ -60,6 +66,32 @@ def measure(flat: np.ndarray, cfg: CodecConfig) -> dict:
     return r
 
 
+def every_codec(delta: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per codec mode: bits per parameter and encode / decode MB/s of float32 input on one core;
+    and zstd level 1 on the same float32 bytes."""
+    n = sum(v.size for v in delta.values())
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})                   # one core: the decode pool sizes itself by it
+    try:
+        out = {}
+        for mode in CODEC_MODES:
+            for bits in ((1, 2) if mode == "topk" else (0,)):
+                cfg = dataclasses.replace(CodecConfig(), mode=mode, **({"topk_value_bits": bits} if bits else {}))
+                chunks, _ = encode_arrays(delta, Codec(cfg), ErrorFeedback())
+                name = f"{mode}, {bits}-bit values" if bits else mode
+                out[name] = {"bits_per_param": 8 * sum(e.wire_bytes for _, e in chunks) / n,
+                             **codec_speed(delta, cfg, repeats=5)}
+        raw = b"".join(v.astype("<f4").tobytes() for v in delta.values())
+        z = zstandard.ZstdCompressor(level=1).compress(raw)
+        out["zstd level 1 (fp32 bytes)"] = {
+            "bits_per_param": 8 * len(z) / n,
+            "encode_mb_s": len(raw) / 1e6 / best_of(lambda: zstandard.ZstdCompressor(level=1).compress(raw)),
+            "decode_mb_s": len(raw) / 1e6 / best_of(lambda: zstandard.ZstdDecompressor().decompress(z))}
+        return out
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="small")
@@ -84,6 +116,10 @@ def main() -> None:
               f"decode {r['speed_vs_numpy_before']['decode']:.2f}x")
         print(f"Huffman speed relative to zstd level 1: encode {r['speed_vs_zstd1']['encode']:.2f}x, "
               f"decode {r['speed_vs_zstd1']['decode']:.2f}x")
+        r["codecs"] = every_codec(d["delta"])
+        print(f"{'codec (one core, float32 in)':<30} {'bits/param':>10} {'encode MB/s':>12} {'decode MB/s':>12}")
+        for name, c in r["codecs"].items():
+            print(f"{name:<30} {c['bits_per_param']:>10.3f} {c['encode_mb_s']:>12.0f} {c['decode_mb_s']:>12.0f}")
     print("\nwrote", save("codec", {"config": cfg.__dict__, "results": results}))
 
 

@@ -4,7 +4,9 @@
 `codec_stages` puts it through the codec's two stages as the system does (one Huffman payload
 per wire chunk) and reports bits per parameter per stage, the entropy bound and speeds;
 `diloco_vs_sync` trains one model two ways in this process, DiLoCo as a wantrain run does it and
-per-step synchronous data parallelism, on the same shards, for several seeds (tutorial 00).
+per-step synchronous data parallelism, on the same shards, for several seeds (tutorial 00);
+`codec_run` trains DiLoCo with one codec both ways and counts every byte it sends, and
+`codec_speed` times a codec on a real delta (bench/codec_leaderboard.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from .config import CodecConfig, DataConfig, RunConfig
 from .cpu_pool import cores
 from .errors import CodecError
 
-__all__ = ["real_delta", "codec_stages", "best_of", "entropy_bits", "quantize_bits", "diloco_vs_sync"]
+__all__ = ["real_delta", "codec_stages", "best_of", "entropy_bits", "quantize_bits", "diloco_vs_sync", "codec_run",
+           "codec_speed"]
 
 
 def entropy_bits(counts: np.ndarray) -> float:
@@ -190,6 +193,47 @@ def diloco_vs_sync(cfg: RunConfig, seeds: tuple[int, ...] = (0, 1, 2), threads: 
     out["sync_bytes_per_site"] = out["raw_bytes"] * steps         # an fp32 gradient every step
     out["diloco_fp32_bytes_per_site"] = out["raw_bytes"] * t.rounds  # an fp32 delta every round
     return out
+
+
+def codec_run(cfg: RunConfig, seed: int, threads: int = 1, progress=None) -> dict:
+    """DiLoCo as `diloco_vs_sync` runs it, with `cfg.codec` for the sites' deltas and the PS's update
+    alike. Returns the validation loss before training and after each round, and per round the bits
+    per parameter each way as gRPC messages (wire.framed_bytes: payload, scales, every header and
+    table, the chunk's framing): up, the mean over the sites of one site's delta; down, the update
+    every site downloads. `progress(round)` is called after every round."""
+    import torch
+
+    from .data import load_run_data
+    from .inprocess import InProcessRun
+
+    torch.set_num_threads(threads)
+    run = cfg.replace(**{"model.seed": seed, "train.seed": seed})
+    tok, corpus = load_run_data(run.data)
+    ps = InProcessRun(run, tok, corpus)
+    n = ps.model.num_params
+    val, up = [ps.evaluate()], []
+    for r in range(run.train.rounds):
+        start = ps.start()
+        sent = {name: ps.train(name, r, start)[1] for name in ps.names}
+        up.append(8 * float(np.mean([s.framed_bytes for s in sent.values()])) / n)
+        ps.commit(r, sent)
+        val.append(ps.evaluate())
+        if progress:
+            progress(r)
+    return {"val": val, "up_bits": up, "down_bits": [8 * b / n for b in ps.update_framed_bytes], "params": n}
+
+
+def codec_speed(delta: dict[str, np.ndarray], cfg: CodecConfig, repeats: int = 3) -> dict:
+    """MB/s of float32 input a codec encodes (error feedback included) and decodes, the fastest of
+    `repeats`, on this process's cores (a caller pins it to one for per-core figures)."""
+    from .codec import Codec, ErrorFeedback, encode_arrays
+
+    codec = Codec(cfg)
+    mb = 4 * sum(v.size for v in delta.values()) / 1e6
+    chunks, _ = encode_arrays(delta, codec, ErrorFeedback())        # compiles what it needs, once
+    encoded = [e for _, e in chunks]
+    return {"encode_mb_s": mb / best_of(lambda: encode_arrays(delta, codec, ErrorFeedback()), repeats),
+            "decode_mb_s": mb / best_of(lambda: Codec.decode_many(encoded), repeats)}
 
 
 def _val_loss(model, batches) -> float:

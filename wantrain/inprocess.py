@@ -17,7 +17,9 @@ import numpy as np
 from .aggregate import Contribution
 from .codec import ChunkSpec, Codec, Encoded, EncodeStats, ErrorFeedback, Extracted, encode_arrays
 from .config import RunConfig
+from .messages import DELTA, TensorChunk
 from .screening import Screen, Verdict, counted, gram
+from .wire import framed_bytes
 
 __all__ = ["Sent", "InProcessRun"]
 
@@ -31,6 +33,7 @@ class Sent:
     wire_bytes: int = 0
     values: dict[str, np.ndarray] | None = None     # per tensor, the values the PS decodes
     encoded: list[tuple[ChunkSpec, Encoded]] | None = None   # the chunks as they went on the wire
+    framed_bytes: int = 0                            # those chunks as gRPC messages (wire.framed_bytes)
 
 
 class InProcessRun:
@@ -50,7 +53,8 @@ class InProcessRun:
         self.uplinks = {n: Codec(cfg.codec) for n in self.names}
         self.feedback = {n: ErrorFeedback() if cfg.codec.error_feedback else None for n in self.names}
         self.alerts: list[dict] = []
-        self.update_bytes: list[int] = []     # each committed round's encoded update
+        self.update_bytes: list[int] = []     # each committed round's encoded update (scales and payloads)
+        self.update_framed_bytes: list[int] = []   # ... as the gRPC messages every site downloads
 
     @staticmethod
     def site_names(cfg: RunConfig) -> list[str]:
@@ -77,7 +81,8 @@ class InProcessRun:
     def encode(delta: dict[str, np.ndarray], tokens: float, codec: Codec, feedback: ErrorFeedback | None) -> Sent:
         stats = EncodeStats()
         chunks, values = encode_arrays(delta, codec, feedback, stats)
-        return Sent(Codec.extract_many([e for _, e in chunks]), float(tokens), stats.wire_bytes, values, chunks)
+        framed = framed_bytes(TensorChunk(DELTA, 0, i, len(chunks), spec, e) for i, (spec, e) in enumerate(chunks))
+        return Sent(Codec.extract_many([e for _, e in chunks]), float(tokens), stats.wire_bytes, values, chunks, framed)
 
     def commit(self, round_: int, deltas: dict[str, Sent], lost: dict[str, frozenset[int]] | None = None,
                side: dict[str, Contribution] | None = None, substitute: str = "peer") -> dict[str, Verdict]:
@@ -91,8 +96,9 @@ class InProcessRun:
             if k in counts and chunks:
                 counts[k] = Contribution([None if i in chunks else p for i, p in enumerate(counts[k].parts)],
                                          counts[k].weight)
-        _, stats, _ = self.model.apply(round_, counts, side, substitute)
+        update, stats, _ = self.model.apply(round_, counts, side, substitute)
         self.update_bytes.append(stats.wire_bytes)       # the round's update, as every site downloads it
+        self.update_framed_bytes.append(framed_bytes(update))
         self.alerts += [dict(a, round=round_) for a in self.screen.record(round_, verdicts)]
         return verdicts
 
