@@ -35,19 +35,31 @@ def test_the_fp32_codec_carries_a_whole_run(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_top_k_deltas_and_int4_updates_keep_every_replica_identical(tmp_path):
-    """The encodings below 8 bits through the PS and the sites: deltas of 1/64 of each block,
-    updates in 4 bits (codec.update_mode), every site's replica the PS's after every round."""
-    cfg = small_config(sites=list(SITES), **{"codec.mode": "topk", "codec.update_mode": "int4-huffman",
-                                             "train.rounds": 3})
-    events, cluster = run_in_process(cfg, tmp_path / "run")
+def test_each_site_sends_in_its_own_encoding_and_every_replica_stays_identical(tmp_path):
+    """A site's codec is its own setting (`wantrain worker --codec`): one site sends top-k deltas
+    (1/64 of each block), one ternary, one the run's INT8 + Huffman; the PS's updates go in 4 bits
+    (codec.update_mode). Every site's replica is the PS's after every round."""
+    import asyncio
+
+    from .harness import InProcessCluster
+
+    cfg = small_config(sites=list(SITES), **{"codec.update_mode": "int4-huffman", "train.rounds": 3})
+    codecs = {"us-east": "topk", "eu-west": "ternary-huffman", "ap-southeast": ""}
+
+    async def go() -> tuple[list[dict], InProcessCluster]:
+        async with InProcessCluster(cfg, tmp_path / "run") as c:
+            for site, codec in codecs.items():
+                c.start_site(site, codec=codec)
+            return await c.finish(120), c
+    events, cluster = asyncio.run(go())
     ends, checks = rows(events, "round_end"), rows(events, "hash_check")
     assert len(ends) == 3 and not rows(events, "error") and not rows(events, "quarantine")
     assert len(checks) == 9 and all(c["ok"] for c in checks)
     assert {s.hash for s in cluster.sites.values()} == {cluster.ps.hash}
     assert ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"]
-    for s in rows(events, "site_round"):          # a top-k delta: over 100x fewer bytes than fp32
-        assert s["received_wire_bytes"] == s["wire_bytes"] and s["ratio"] > 100, s
+    for s in rows(events, "site_round"):
+        assert s["encoding"] == (codecs[s["site"]] or "int8-huffman") and s["received_wire_bytes"] == s["wire_bytes"]
+        assert s["ratio"] > {"topk": 100, "ternary-huffman": 15, "int8-huffman": 3.9}[s["encoding"]], s
 
 
 def check_trained(events: list[dict], cfg) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from wantrain.codec import Codec, EncodeStats, encode_arrays
+from wantrain.config import CodecConfig
 from wantrain.errors import ProtocolError, RejectedError
 from wantrain.messages import (DELTA, MODEL, UPDATE, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
                                Welcome)
@@ -211,3 +212,35 @@ def test_chunkwise_aggregation_equals_the_whole_model_reference(tmp_path):
         assert param_hash(ps.model) == ps.hash
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_a_delta_is_in_one_encoding_that_fits_the_plan(tmp_path):
+    """A site picks its delta's encoding, but all of a delta's chunks share it, and an fp32 chunk
+    does not fit a plan of one byte an element."""
+    from wantrain.codec import Codec, Encoded
+
+    async def scenario():
+        ps, a, msgs, m = one_site_round(tmp_path, **{"codec.mode": "int8-huffman"})
+        assert len(msgs) > 1
+        first, second = msgs[0], msgs[1]
+        values = Codec.decode_many([second.data])[0]
+        fp32 = Encoded("fp32", second.spec.length, 0, b"", values.astype("<f4").tobytes())
+        with pytest.raises(ProtocolError, match="may be int8, int8-huffman, int4-huffman"):
+            ps.on_chunk(a, TensorChunk(DELTA, 0, second.index, second.count, second.spec, fp32))
+        ps.on_chunk(a, first)
+        ternary, _ = Codec(CodecConfig(mode="ternary-huffman")).encode(values)
+        with pytest.raises(ProtocolError, match="encoded ternary-huffman, the delta's first int8-huffman"):
+            ps.on_chunk(a, TensorChunk(DELTA, 0, second.index, second.count, second.spec, ternary))
+        assert ps.uploads["a"].encoding == "int8-huffman"
+
+    asyncio.run(scenario())
+
+
+def test_a_site_refuses_an_encoding_the_runs_plan_cannot_carry():
+    from wantrain.errors import ConfigError
+    from wantrain.site.uplink import Uplink
+
+    with pytest.raises(ConfigError, match="codec 'fp32' is not one this run's deltas may be in"):
+        Uplink("a", small_config(), {}, mode="fp32")
+    assert Uplink("a", small_config(**{"codec.mode": "fp32"}), {}, mode="topk").codec.cfg.mode == "topk"

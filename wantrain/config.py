@@ -291,6 +291,15 @@ class CodecConfig:
         _check(0 < self.topk_density <= 1, f"{prefix}.topk_density", "must be in (0, 1]", self.topk_density)
         _check(self.topk_value_bits in (1, 2), f"{prefix}.topk_value_bits", "must be 1 or 2", self.topk_value_bits)
 
+    def delta_modes(self) -> tuple[str, ...]:
+        """The encodings a site may send its deltas in (a setting of that site): those whose chunks
+        fit the run's chunk plan, all of them on an fp32 plan (4 bytes an element), else all but fp32."""
+        return CODEC_MODES if "fp32" in (self.mode, self.update_mode) else tuple(m for m in CODEC_MODES if m != "fp32")
+
+    def for_site(self, mode: str = "") -> CodecConfig:
+        """How a site encodes its deltas: in `mode` ("": the run's), on the run's chunk plan."""
+        return dataclasses.replace(self, mode=mode or self.mode, update_mode=self.update_mode or self.mode)
+
     def for_update(self) -> CodecConfig:
         """This codec with the update's mode: how the PS encodes its update (the two modes swapped,
         so that its chunk plan stays the deltas')."""

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from ..config import CODEC_MODES
 from ..errors import ConfigError
 from ..faults import parse_stalls
 
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
                             threads=args.threads, connect_timeout_s=args.connect_timeout,
                             speed_factor=args.speed_factor, probe_interval_s=args.probe_interval,
                             link_rtt_ms=args.link_rtt_ms, link_mbps=args.link_mbps,
-                            chunk_loss=(args.chunk_loss, args.chunk_burst, args.chunk_late_s)))
+                            chunk_loss=(args.chunk_loss, args.chunk_burst, args.chunk_late_s), codec=args.codec))
     asyncio.run(site.run())
     logging.getLogger("wantrain.site").info("site %s finished after %d rounds", args.site, site.round)
     if world > 1:     # (on an error rank 0 just exits: torchrun then stops the other ranks)
@@ -73,6 +74,9 @@ def add_parser(sub) -> None:
                    help="processes of this site (one a GPU): a torch.distributed group under torchrun, DDP inner "
                         "steps, one replica (gloo on CPU, NCCL on CUDA)")
     w.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    w.add_argument("--codec", default="", choices=("", *CODEC_MODES), metavar="MODE",
+                   help="this site's delta encoding (default: the run's codec.mode); any that fits the run's "
+                        "chunk plan: fp32 only where the run's codec or update is fp32")
     w.add_argument("--connect-timeout", type=float, default=120.0, help="seconds to keep retrying an absent PS")
     w.add_argument("--speed-factor", type=float, default=1.0, help="> 1 pads each inner step to emulate a slower GPU")
     w.add_argument("--probe-interval", type=float, default=1.0, help="seconds between RTT probes (0: none)")

@@ -243,7 +243,7 @@ class ParameterServer:
     def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         up = self.rounds.upload_for(link.name, c.round, self.round)
-        if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.mode,
+        if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.delta_modes(),
                            self.cfg.train.hedges_every_chunk):
             up.add_repeat(c)            # a second copy: the first is in
             return
@@ -292,6 +292,7 @@ class ParameterServer:
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
                            received_wire_bytes=up.wire_bytes, upload_s=up.upload_s, delta_norm=norm,
+                           encoding=up.encoding,
                            rebuilt=len(up.rebuilt), protection_bytes=up.protection_bytes,
                            delta_to_model=norm / self.global_model.norm if self.global_model.norm else 0.0, **fields)
         if late:

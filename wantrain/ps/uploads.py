@@ -68,6 +68,7 @@ class Upload:
     rebuilt: set[int] = field(default_factory=set)     # chunks made from their group's parity
     repeats: dict[int, int] = field(default_factory=dict)   # chunk -> times it came again (a copy, a hedge)
     protection_bytes: int = 0      # copies and parity: bytes beyond the delta's own
+    encoding: str = ""             # its chunks' encoding, from its first (one delta, one encoding)
 
     @property
     def checked(self) -> list[Extracted]:
@@ -81,6 +82,7 @@ class Upload:
         if not self.decoding:
             self.first_chunk_at = self.last_chunk_at
         self.count = c.count
+        self.encoding = c.data.encoding
         self.decoding[c.index] = cpu_pool.submit(extract_chunk, site, c)
         if self.manifest is not None:
             entry = self.manifest.chunks[c.index]
@@ -116,10 +118,10 @@ class Upload:
             for i in self.groups[group]:
                 self.member_bytes.pop(i, None)
 
-    def rebuilt_chunk(self, group: int, plan: list[ChunkSpec], mode: str, quant_block: int) -> TensorChunk | None:
+    def rebuilt_chunk(self, group: int, plan: list[ChunkSpec], quant_block: int) -> TensorChunk | None:
         """The one member `group` lacks, made from its parity and the others, once they are all in
-        (None before). It is what the site would have sent if the rebuild is right: check_chunk
-        compares it with the manifest's CRC-32 and size."""
+        (None before), in the others' encoding. It is what the site would have sent if the rebuild is
+        right: check_chunk compares it with the manifest's CRC-32 and size."""
         lacking = self.lacks(group)
         if len(lacking) != 1 or group not in self.parities:
             return None
@@ -132,6 +134,7 @@ class Upload:
         except WantrainError as e:
             raise ProtocolError(f"the parity of group {group} of round {self.round} cannot rebuild chunk {i}: "
                                 f"{e}") from None
+        mode = self.encoding
         n_scales = 0 if mode == "fp32" else 4 * num_blocks(entry.length, quant_block)
         data = Encoded(mode, entry.length, 0 if mode == "fp32" else quant_block, raw[:n_scales], raw[n_scales:])
         try:
@@ -196,7 +199,7 @@ MAX_ARRIVALS = 2 + MAX_HEDGES
 MAX_HEDGED_ARRIVALS = 1 + MAX_HEDGES
 
 
-def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], mode: str,
+def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], modes: tuple[str, ...],
                 hedge_all: bool = False) -> bool:
     """Does chunk `c` belong in `up`? Caps it so that one upload holds at most one model's worth of
     delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
@@ -204,7 +207,8 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
     parity) may come up to MAX_ARRIVALS times in all: a critical copy, hedges on other lanes
     (docs/protocol.md 4a, 4b); with `hedge_all` (train.hedge_all), any other chunk of a delta with
     a manifest MAX_HEDGED_ARRIVALS times: itself and its hedges. A repeat is counted, not kept.
-    (A site has one upload per round it still owes: at most a few.) True for a chunk not in yet;
+    (A site has one upload per round it still owes: at most a few.) A delta's chunks share one of
+    `modes` (codec.delta_modes: a site's codec is its own setting). True for a chunk not in yet;
     False for such a repeat."""
     if c.kind != DELTA:
         raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
@@ -223,9 +227,12 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
         raise ProtocolError(f"delta chunk {c.index} covers {c.spec.tensor!r}[{c.spec.offset}:"
                             f"{c.spec.offset + c.spec.length}], the plan says "
                             f"{spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
-    if c.data.encoding != mode:
-        raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas are "
-                            f"{mode} (codec.mode)")
+    if c.data.encoding not in modes:
+        raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas may be "
+                            f"{', '.join(modes)} (on its chunk plan)")
+    if up.encoding and c.data.encoding != up.encoding:
+        raise ProtocolError(f"delta chunk {c.index} of round {c.round} is encoded {c.data.encoding}, the delta's "
+                            f"first {up.encoding} (a delta is in one encoding)")
     said = up.manifest.chunks[c.index] if up.manifest is not None else None
     if c.index in up.decoding:
         protected = said is not None and (said.role == "critical" or said.group >= 0 or c.index in up.rebuilt)
@@ -266,10 +273,10 @@ def rebuild_member(up: Upload, site: str, group: int, plan: list[ChunkSpec], sha
     """If `group` lacks one member and has its parity and the others, rebuild that member and take it
     as if it had come (check_chunk first: a parity that rebuilds a chunk unlike its manifest entry
     is refused)."""
-    if (c := up.rebuilt_chunk(group, plan, codec.mode, codec.quant_block)) is None:
+    if (c := up.rebuilt_chunk(group, plan, codec.quant_block)) is None:
         return
     try:
-        check_chunk(up, c, plan, shapes, codec.mode)
+        check_chunk(up, c, plan, shapes, codec.delta_modes())
     except ProtocolError as e:
         raise ProtocolError(f"the parity of group {group} of round {up.round} rebuilt a chunk that does not "
                             f"belong: {e}") from None

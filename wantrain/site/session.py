@@ -86,6 +86,7 @@ class SiteOptions:
     tls_server_name: str = ""      # check the PS's certificate for this name instead of the address's
     # Delta chunks lost on purpose (tests, benchmarks): (rate, mean burst, seconds a lost one comes late).
     chunk_loss: tuple[float, float, float] = (0.0, 1.0, 30.0)
+    codec: str = ""                # this site's delta encoding, one of the run's codec.delta_modes() ("": codec.mode)
 
 
 @dataclass(eq=False)
@@ -333,7 +334,8 @@ class Site:
             rate, burst, late_s = self.opts.chunk_loss
             self.uplink = Uplink(self.opts.name, w.config,
                                  roles_of({k: tuple(p.shape) for k, p in named_params(self.model).items()}), self.stalls,
-                                 ChunkLoss(rate, burst, seed=t.seed, link=self.opts.name) if rate > 0 else None, late_s)
+                                 ChunkLoss(rate, burst, seed=t.seed, link=self.opts.name) if rate > 0 else None, late_s,
+                                 mode=self.opts.codec)
             log.info("site %s: run %s, site index %d, %s on %s, data position %d", self.opts.name, w.run_id,
                      w.site_index, w.config.model.preset, self.device, w.data_position)
         self._held().expect(w.round, w.model_hash)

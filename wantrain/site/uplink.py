@@ -28,6 +28,7 @@ import numpy as np
 
 from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, plan_chunks
 from ..config import RunConfig
+from ..errors import ConfigError
 from ..faults import Stalls
 from ..messages import MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult
 from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, Transmission, build_manifest, promote, protect,
@@ -46,10 +47,15 @@ class Uplink:
     """One site's deltas: encoded with error feedback, pushed, and settled by the PS's results."""
 
     def __init__(self, site: str, cfg: RunConfig, roles: dict[str, str], stalls: Stalls | None = None,
-                 loss: ChunkLoss | None = None, late_s: float = 30.0) -> None:
+                 loss: ChunkLoss | None = None, late_s: float = 30.0, mode: str = "") -> None:
+        """`mode`: this site's delta encoding ("": the run's codec.mode); ConfigError if the run's
+        chunk plan cannot carry it."""
         self.site, self.cfg, self.roles = site, cfg, roles
         self.loss, self.late_s = loss, late_s        # chunks lost on purpose, sent late_s after the others
-        self.codec = Codec(cfg.codec)
+        if mode and mode not in cfg.codec.delta_modes():
+            raise ConfigError(f"site {site!r}: codec {mode!r} is not one this run's deltas may be in "
+                              f"({', '.join(cfg.codec.delta_modes())}: those that fit its chunk plan)")
+        self.codec = Codec(cfg.codec.for_site(mode))
         self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
         self.stalls = stalls or Stalls((), log)
         self.pending: dict[int, dict[str, np.ndarray]] = {}
