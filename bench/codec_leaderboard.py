@@ -6,7 +6,9 @@ same seeds, shards and steps for every codec. Per codec and seed it reports the 
 per round each way as gRPC messages (payload, scales, every header and table, the chunk's framing),
 the final validation loss (the mean of the last three evaluations) and its gap to fp32 DiLoCo of
 the same seed, and the codec's encode and decode MB/s of float32 input on one core, measured on a
-real delta beside zstd level 1 on the same bytes.
+real delta beside zstd level 1 on the same bytes. For the codecs that send some elements and not
+others: the least "sent or not" could cost a parameter, its order-0 entropy and its entropy given
+the same site's mask of the round before (both ends hold it: what context coding could reach).
 
     python bench/codec_leaderboard.py [--quick] [--presets tiny,small] [--seeds 3] [--rounds 12]
                                       [--codecs fp32,int8-huffman,topk-1b] [--jobs 2] [--out NAME]
@@ -69,7 +71,8 @@ def one_run(codec: str, preset: str, seed: int, size: dict) -> dict:
     x = codec_run(cfg, seed)
     return {"codec": codec, "preset": preset, "seed": seed, "params": x["params"], "val": x["val"],
             "final_val_loss": float(np.mean(x["val"][-LAST:])), "bits_per_param": float(np.mean(x["up_bits"])),
-            "downlink_bits_per_param": float(np.mean(x["down_bits"])), "seconds": time.perf_counter() - t0}
+            "downlink_bits_per_param": float(np.mean(x["down_bits"])), "mask_bits": x["mask_bits"],
+            "seconds": time.perf_counter() - t0}
 
 
 def speeds(codecs: list[str], preset: str, steps: int) -> dict[str, dict]:
@@ -118,22 +121,27 @@ def summary(rows: list[dict]) -> list[dict]:
                     "final": statistics.mean(r["final_val_loss"] for r in rs),
                     "gap": statistics.mean(gaps) if gaps else None,
                     "gap_sd": statistics.stdev(gaps) if len(gaps) > 1 else 0.0,
-                    "encode_mb_s": rs[0]["encode_mb_s"], "decode_mb_s": rs[0]["decode_mb_s"]})
+                    "encode_mb_s": rs[0]["encode_mb_s"], "decode_mb_s": rs[0]["decode_mb_s"],
+                    "mask_order0": statistics.mean(r["mask_bits"]["order0"] for r in rs),
+                    "mask_given_last": statistics.mean(r["mask_bits"]["given_last"] for r in rs)})
     return out
 
 
 def table(rows: list[dict], speed: dict[str, dict]) -> str:
     lines = ["| preset | codec | seeds | up bits/param | down bits/param | x fewer than fp32 | final loss "
-             "| gap to fp32 | encode MB/s | decode MB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| gap to fp32 | encode MB/s | decode MB/s | which-sent floor: alone / given last mask |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in summary(rows):
         gap = "-" if e["gap"] is None else f"{e['gap']:+.2f} %" + (f" ±{e['gap_sd']:.2f}" if e["gap_sd"] else "")
         lines.append(f"| {e['preset']} | {e['codec']} | {e['seeds']} | {e['bits_per_param']:.3f} "
                      f"| {e['downlink_bits_per_param']:.3f} | {32 / e['bits_per_param']:.1f} | {e['final']:.4f} "
-                     f"| {gap} | {e['encode_mb_s']:.0f} | {e['decode_mb_s']:.0f} |")
+                     f"| {gap} | {e['encode_mb_s']:.0f} | {e['decode_mb_s']:.0f} "
+                     + (f"| {e['mask_order0']:.3f} / {e['mask_given_last']:.3f} |"
+                        if CODECS[e["codec"]].get("codec.mode") == "topk" else "| - |"))
     if "zstd-1" in speed:
         z = speed["zstd-1"]
         lines.append(f"| (same delta) | zstd level 1 on fp32 | - | {z['bits_per_param']:.3f} | - "
-                     f"| {32 / z['bits_per_param']:.1f} | - | - | {z['encode_mb_s']:.0f} | {z['decode_mb_s']:.0f} |")
+                     f"| {32 / z['bits_per_param']:.1f} | - | - | {z['encode_mb_s']:.0f} | {z['decode_mb_s']:.0f} | - |")
     return "\n".join(lines)
 
 

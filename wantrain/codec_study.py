@@ -212,15 +212,36 @@ def codec_run(cfg: RunConfig, seed: int, threads: int = 1, progress=None) -> dic
     ps = InProcessRun(run, tok, corpus)
     n = ps.model.num_params
     val, up = [ps.evaluate()], []
+    masks: dict[str, np.ndarray] = {}
+    pairs = np.zeros((2, 2), np.int64)          # (kept last round, kept now): counts over sites and rounds
     for r in range(run.train.rounds):
         start = ps.start()
         sent = {name: ps.train(name, r, start)[1] for name in ps.names}
         up.append(8 * float(np.mean([s.framed_bytes for s in sent.values()])) / n)
+        for name, s in sent.items():
+            mask = np.concatenate([v != 0 for v in s.values.values()])
+            if name in masks:
+                pairs += np.bincount(2 * masks[name] + mask, minlength=4).reshape(2, 2)
+            masks[name] = mask
         ps.commit(r, sent)
         val.append(ps.evaluate())
         if progress:
             progress(r)
-    return {"val": val, "up_bits": up, "down_bits": [8 * b / n for b in ps.update_framed_bytes], "params": n}
+    return {"val": val, "up_bits": up, "down_bits": [8 * b / n for b in ps.update_framed_bytes], "params": n,
+            "mask_bits": mask_entropy(pairs)}
+
+
+def mask_entropy(pairs: np.ndarray) -> dict:
+    """Bits a parameter that which-elements-are-sent costs at best: alone (order 0), and given the
+    same site's mask of the round before (which both ends hold: what a context-coded position
+    stream could reach). `pairs[a, b]` counts elements sent last round (a) and now (b)."""
+    total = pairs.sum()
+    if total == 0:
+        return {"order0": 0.0, "given_last": 0.0, "kept_again": 0.0}
+    order0 = entropy_bits(pairs.sum(axis=0))
+    given = sum(pairs[a].sum() / total * entropy_bits(pairs[a]) for a in (0, 1))
+    return {"order0": order0, "given_last": given,
+            "kept_again": float(pairs[1, 1] / pairs[1].sum()) if pairs[1].sum() else 0.0}
 
 
 def codec_speed(delta: dict[str, np.ndarray], cfg: CodecConfig, repeats: int = 3) -> dict:
