@@ -81,6 +81,7 @@ LARGE ?= 0
 bench: $(STAMP)
 	rm -f bench/results/*.json
 	$(BIN)/python bench/codec_bench.py
+	$(BIN)/python bench/codec_leaderboard.py
 	$(BIN)/python bench/device_codec.py
 	$(BIN)/python bench/aggregate_bench.py --preset gpt2
 	$(BIN)/python bench/server_bench.py --preset gpt2 --rounds 3

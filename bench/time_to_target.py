@@ -49,6 +49,13 @@ ARMS: dict[str, dict] = {
 EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer (--arms)
     "overlap-steps": {"train.schedule": "overlap"},
     "trusted": {"robust.trust": "trusted"},    # diloco-int8-huffman without comparing deltas (issue 26's cost)
+    # codecs below 8 bits (docs/codecs.md, bench/codec_leaderboard.py): top-k deltas of 1/64 each block,
+    # the update as top-k too, or in 4 or 8 bits
+    "diloco-topk": {"codec.mode": "topk", "codec.topk_value_bits": 1},
+    "diloco-topk-int4-down": {"codec.mode": "topk", "codec.topk_value_bits": 1, "codec.update_mode": "int4-huffman"},
+    "diloco-topk-int8-down": {"codec.mode": "topk", "codec.topk_value_bits": 1, "codec.update_mode": "int8-huffman"},
+    "diloco-ternary": {"codec.mode": "ternary-huffman"},
+    "diloco-int4": {"codec.mode": "int4-huffman"},
 }
 
 # quick: short runs that still separate the arms; full: the `make demo` run.
