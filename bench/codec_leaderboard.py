@@ -38,6 +38,7 @@ CODECS: dict[str, dict] = {       # config overrides; "fp32" is the reference ev
     "fp32": {"codec.mode": "fp32"},
     "int8-huffman": {"codec.mode": "int8-huffman"},                  # the paper's point
     "int4-huffman": {"codec.mode": "int4-huffman"},
+    "int4-clip4": {"codec.mode": "int4-huffman", "codec.int4_clip": 4.0},   # a statistical scale
     "ternary-huffman": {"codec.mode": "ternary-huffman"},
     "ternary-no-ef": {"codec.mode": "ternary-huffman", "codec.error_feedback": False},
     "sign": {"codec.mode": "sign"},

@@ -15,22 +15,26 @@ from wantrain.codec.packing import pack_base, rice_decode, rice_encode, rice_par
 from wantrain.config import CodecConfig
 from wantrain.errors import CodecError
 
-MODES = [(m, bits) for m in LOWBIT_ENCODINGS for bits in ((1, 2) if m == "topk" else (2,))]
+# (mode, variant): top-k's value bits; int4's clip (0: absmax)
+MODES = [("int4-huffman", 0), ("int4-huffman", 4), ("ternary-huffman", 0), ("sign", 0), ("topk", 1), ("topk", 2)]
+assert {m for m, _ in MODES} == set(LOWBIT_ENCODINGS)
 finite = st.floats(-1e3, 1e3, width=32, allow_subnormal=False)
 
 
-def codec(mode: str, value_bits: int = 2, block: int = 64, density: float = 0.1) -> Codec:
-    return Codec(CodecConfig(mode=mode, quant_block=block, topk_density=density, topk_value_bits=value_bits))
+def codec(mode: str, variant: int = 0, block: int = 64, density: float = 0.1) -> Codec:
+    return Codec(CodecConfig(mode=mode, quant_block=block, topk_density=density,
+                             topk_value_bits=variant if mode == "topk" else 2,
+                             int4_clip=variant if mode == "int4-huffman" else 0.0))
 
 
 @settings(max_examples=60, deadline=None)
 @given(hnp.arrays(np.float32, st.integers(1, 2000), elements=finite), st.sampled_from([1, 3, 64, 256]),
        st.sampled_from(MODES), st.sampled_from([0.01, 0.1, 0.5, 1.0]))
 @example(np.zeros(130, np.float32), 64, ("topk", 2), 0.1)             # blocks of zeros
-@example(np.ones(5, np.float32), 64, ("ternary-huffman", 2), 0.1)     # one short block, every |x| alike
+@example(np.ones(5, np.float32), 64, ("ternary-huffman", 0), 0.1)     # one short block, every |x| alike
 def test_the_receiver_decodes_exactly_what_the_sender_predicted(x, block, mode_bits, density):
-    mode, bits = mode_bits
-    enc, sent = codec(mode, bits, block, density).encode(x)
+    mode, variant = mode_bits
+    enc, sent = codec(mode, variant, block, density).encode(x)
     enc.check()
     assert np.array_equal(Codec.decode_many([enc])[0], sent)
     assert sent.dtype == np.float32 and sent.shape == x.shape and np.all(np.isfinite(sent))
@@ -42,6 +46,9 @@ def test_each_quantizer_keeps_what_it_says():
     q, s = quantize_levels(x, 100, 7)
     assert q.min() >= -7 and q.max() <= 7 and np.allclose(s, np.abs(x.reshape(10, 100)).max(axis=1) / 7)
     assert np.all(np.abs(q.astype(np.float32) * np.repeat(s, 100) - x) <= np.repeat(s, 100) / 2 * (1 + 1e-6))
+    q, s = quantize_levels(x, 100, 7, clip=1.5)                 # a top of 1.5 x the mean |x|: clipped
+    top = np.minimum(np.abs(x.reshape(10, 100)).max(axis=1), 1.5 * np.abs(x.reshape(10, 100)).mean(axis=1))
+    assert np.allclose(s, top / 7, rtol=1e-6) and np.abs(q).max() == 7
     q, s = quantize_ternary(x, 100)
     mag = np.abs(x.reshape(10, 100))
     kept = mag > 0.7 * mag.mean(axis=1, keepdims=True)
@@ -65,11 +72,11 @@ def test_top_k_keeps_the_largest_of_each_block_and_its_own_share_of_a_short_one(
         assert np.all(block[mine].min() >= np.delete(block, mine)), b
 
 
-@pytest.mark.parametrize("mode,bits", MODES)
-def test_error_feedback_conserves_mass_over_rounds(mode, bits):
+@pytest.mark.parametrize("mode,variant", MODES)
+def test_error_feedback_conserves_mass_over_rounds(mode, variant):
     """Over rounds, what was sent plus what is still owed is what there was to send."""
     rng = np.random.default_rng(3)
-    c, feedback = codec(mode, bits, block=256, density=0.05), ErrorFeedback()
+    c, feedback = codec(mode, variant, block=256, density=0.05), ErrorFeedback()
     true_sum = np.zeros(3000, np.float64)
     sent_sum = np.zeros(3000, np.float64)
     for _ in range(8):
@@ -82,13 +89,13 @@ def test_error_feedback_conserves_mass_over_rounds(mode, bits):
     assert np.linalg.norm(owed) < np.linalg.norm(true_sum)   # and it is sent, not piled up without end
 
 
-@pytest.mark.parametrize("mode,bits", MODES)
+@pytest.mark.parametrize("mode,variant", MODES)
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1), cut=st.integers(0, 64), flips=st.lists(st.integers(0, 10 ** 6), max_size=4))
-def test_a_damaged_payload_is_refused_or_decodes_to_finite_values(mode, bits, seed, cut, flips):
+def test_a_damaged_payload_is_refused_or_decodes_to_finite_values(mode, variant, seed, cut, flips):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(700).astype(np.float32)
-    enc, _ = codec(mode, bits).encode(x)
+    enc, _ = codec(mode, variant).encode(x)
     raw = bytearray(enc.payload)
     for f in flips:
         if raw:
@@ -105,14 +112,14 @@ def test_a_damaged_payload_is_refused_or_decodes_to_finite_values(mode, bits, se
 @given(hnp.arrays(np.float32, st.integers(1, 3000), elements=finite), st.sampled_from([1, 5, 64, 256]),
        st.sampled_from(MODES), st.sampled_from([0.02, 0.1, 1.0]), st.booleans())
 @example(np.zeros(300, np.float32), 64, ("topk", 2), 0.1, False)
-@example(np.full(130, -2.5, np.float32), 64, ("ternary-huffman", 2), 0.1, False)
+@example(np.full(130, -2.5, np.float32), 64, ("ternary-huffman", 0), 0.1, False)
 def test_the_torch_path_gives_the_cpu_bytes_and_values(x, block, mode_bits, density, coarse):
     """Ties (coarse values), zeros, short blocks: the device path's bytes and values are the CPU's."""
     torch = pytest.importorskip("torch")
     if coarse:
         x = np.round(x / 100).astype(np.float32)           # many equal magnitudes: top-k's ties
-    mode, bits = mode_bits
-    c = codec(mode, bits, block, density)
+    mode, variant = mode_bits
+    c = codec(mode, variant, block, density)
     enc, sent = c.encode(x)
     enc_t, sent_t = c.encode_on_device(torch.from_numpy(x.copy()))
     assert enc_t == enc and np.array_equal(sent_t.numpy(), sent)
@@ -146,12 +153,13 @@ def test_low_bit_encodings_cost_what_their_format_says():
     """Bits per parameter of each, every byte of the chunk counted (scales and headers too)."""
     x = np.random.default_rng(6).standard_normal(1 << 16).astype(np.float32)
     cost = {}
-    for mode, bits in MODES:
-        enc, _ = Codec(CodecConfig(mode=mode, topk_value_bits=bits)).encode(x)
-        cost[mode, bits] = 8 * enc.wire_bytes / x.size
-    assert 2.9 < cost["int4-huffman", 2] < 4.1                 # 15 levels, under their 3.9 bits of entropy
-    assert 1.5 < cost["ternary-huffman", 2] < 1.7
-    assert 1.0 < cost["sign", 2] < 1.01
+    for mode, variant in MODES:
+        enc, _ = codec(mode, variant, block=4096, density=1 / 64).encode(x)
+        cost[mode, variant] = 8 * enc.wire_bytes / x.size
+    assert 2.9 < cost["int4-huffman", 0] < 4.1                 # 15 levels, under their 3.9 bits of entropy
+    assert cost["int4-huffman", 0] < cost["int4-huffman", 4]   # clipped: the levels used spread wider
+    assert 1.5 < cost["ternary-huffman", 0] < 1.7
+    assert 1.0 < cost["sign", 0] < 1.01
     assert cost["topk", 1] < cost["topk", 2] < 0.17            # 1/64 kept: positions ~0.116 bits
 
 

@@ -128,7 +128,7 @@ class Codec:
         elif mode in LOWBIT_ENCODINGS:
             c = self.cfg
             scales, payload, values = compress_lowbit(mode, x, c.quant_block, c.huffman_block, c.huffman_tables,
-                                                      c.topk_density, c.topk_value_bits)
+                                                      c.topk_density, c.topk_value_bits, c.int4_clip)
             enc = Encoded(mode, x.size, c.quant_block, scales, payload)
             sent = Extracted(values, None, 0)
         else:
@@ -155,7 +155,7 @@ class Codec:
             c = self.cfg
             scales, payload, sent = on_device_lowbit.compress_lowbit(mode, x, c.quant_block, c.huffman_block,
                                                                      c.huffman_tables, c.topk_density,
-                                                                     c.topk_value_bits)
+                                                                     c.topk_value_bits, c.int4_clip)
             enc = Encoded(mode, x.numel(), c.quant_block, scales, payload)
         else:
             q, scales = on_device.quantize_int8(x, self.cfg.quant_block)

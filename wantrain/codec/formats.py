@@ -4,7 +4,8 @@ Every one keeps one float32 scale per block of `quant_block` elements in `scales
 encodings do, and the receiver's value of an element is `symbol * scale` (one float32 multiply),
 so that the sender knows exactly what every replica will hold and keeps the rest as error feedback.
 
-    int4-huffman     15 levels (absmax / 7), two symbols a byte (pack_base), canonical Huffman
+    int4-huffman     15 levels (absmax / 7, or codec.int4_clip's statistical top / 7), two symbols
+                     a byte (pack_base), canonical Huffman
     ternary-huffman  -1, 0, 1 (lowbit.quantize_ternary), five symbols a byte, canonical Huffman
     sign             -1, 1 at the block's mean |x|, one bit each (most significant bit first)
     topk             the largest |x| of each block (codec.topk_density of it), their positions
@@ -47,12 +48,12 @@ BASE = {"int4-huffman": 2 * INT4_LEVELS + 1, "ternary-huffman": 3}   # symbols q
 
 
 def compress_lowbit(mode: str, x: np.ndarray, block: int, huffman_block: int, huffman_tables: int,
-                    density: float, value_bits: int) -> tuple[bytes, bytes, np.ndarray]:
+                    density: float, value_bits: int, int4_clip: float = 0.0) -> tuple[bytes, bytes, np.ndarray]:
     """(scales, payload, the float32 values the receiver will decode) of a flat float32 chunk."""
     if mode == "topk":
         return _compress_topk(x, block, density, value_bits)
     if mode == "int4-huffman":
-        q, scales = quantize_levels(x, block, INT4_LEVELS)
+        q, scales = quantize_levels(x, block, INT4_LEVELS, int4_clip)
     elif mode == "ternary-huffman":
         q, scales = quantize_ternary(x, block)
     elif mode == "sign":

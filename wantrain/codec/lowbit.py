@@ -40,14 +40,21 @@ def _checked(x: np.ndarray, block: int) -> np.ndarray:
     return np.ascontiguousarray(x)
 
 
-def quantize_levels(x: np.ndarray, block: int, levels: int) -> tuple[np.ndarray, np.ndarray]:
+def quantize_levels(x: np.ndarray, block: int, levels: int, clip: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Per-block absmax with `levels` steps each side, the INT8 stage's rule and loop with another
     top: (int8 symbols (n,) in [-levels, levels], float32 scales (blocks,)); a block whose largest
-    magnitude is under TINY is sent as zeros."""
+    magnitude is under TINY is sent as zeros. With `clip` > 0 the top is min(absmax, clip x the
+    block's mean |x|), a statistical scale: finer steps for the many where a few outliers would set
+    them coarse (those few clipped; error feedback sends the rest)."""
     if not 1 <= levels <= 127:
         raise CodecError(f"levels must be in [1, 127], got {levels}")
     x = _checked(x, block)
     q, scales = np.empty(x.size, np.int8), np.empty(num_blocks(x.size, block), np.float32)
+    if clip > 0:
+        from .lowbit_kernels import clipped_blocks
+
+        clipped_blocks(x, x.view(np.uint32), block, np.float32(levels), np.float32(clip), TINY, q, scales)
+        return q, scales
     from .quantize_kernels import quantize_blocks      # numba: only where something is quantized
 
     quantize_blocks(x, x.view(np.uint32), block, q, scales, np.float32(levels), TINY)

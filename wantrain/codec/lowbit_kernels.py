@@ -123,3 +123,28 @@ def sign_blocks(x: np.ndarray, bits: np.ndarray, block: int, tiny: np.float32, q
             q[j] = -1 if x[j] < 0 else 1
         scale = np.float32(np.float64(total) / (hi - lo) * pow2(-s))
         scales[b] = scale if scale >= tiny else np.float32(0)
+
+
+@njit(nogil=True, cache=True)
+def clipped_blocks(x: np.ndarray, bits: np.ndarray, block: int, levels: np.float32, clip: np.float32,
+                   tiny: np.float32, q: np.ndarray, scales: np.ndarray) -> None:
+    """Per block: the top level at min(absmax, `clip` x the block's mean |x|) (the mean as
+    ternary_blocks takes it), `levels` steps each side, q = rint(x / scale) clipped to them (round
+    half to even, in float32, as quantize_kernels does); a top under `tiny` sends zeros."""
+    n = x.size
+    for b in range(scales.size):
+        lo, hi = b * block, min(n, (b + 1) * block)
+        s = block_shift(bits, lo, hi)
+        up = pow2(s)
+        total = np.int64(0)
+        top = np.uint32(0)
+        for j in range(lo, hi):
+            total += np.int64(np.floor(np.float64(abs(x[j])) * up))
+            top = max(top, bits[j] & np.uint32(0x7FFFFFFF))
+        absmax = np.array([top], np.uint32).view(np.float32)[0]
+        level = min(absmax, clip * np.float32(np.float64(total) / (hi - lo) * pow2(-s)))
+        scale = level / levels if level >= tiny else np.float32(0)
+        scales[b] = scale
+        safe = scale if scale > 0 else np.float32(1)
+        for j in range(lo, hi):
+            q[j] = np.int8(min(max(np.rint(x[j] / safe), -levels), levels))

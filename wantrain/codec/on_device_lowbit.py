@@ -11,6 +11,7 @@ the host Rice-codes with formats.py's own function.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..errors import CodecError
@@ -24,7 +25,7 @@ __all__ = ["compress_lowbit"]
 
 
 def compress_lowbit(mode: str, x: torch.Tensor, block: int, huffman_block: int, huffman_tables: int,
-                    density: float, value_bits: int) -> tuple[bytes, bytes, torch.Tensor]:
+                    density: float, value_bits: int, int4_clip: float = 0.0) -> tuple[bytes, bytes, torch.Tensor]:
     """formats.compress_lowbit of a flat float32 tensor where it lives: (scales, payload, values)."""
     if x.dim() != 1 or x.dtype != torch.float32:
         raise CodecError(f"a quantizer wants a flat float32 tensor, got {x.dtype} {tuple(x.shape)}")
@@ -35,7 +36,7 @@ def compress_lowbit(mode: str, x: torch.Tensor, block: int, huffman_block: int, 
     if mode == "topk":
         return _topk(x, block, density, value_bits)
     if mode == "int4-huffman":
-        q, scales = quantize_int8(x, block, INT4_LEVELS)
+        q, scales = _clipped(x, block, INT4_LEVELS, int4_clip) if int4_clip > 0 else quantize_int8(x, block, INT4_LEVELS)
     elif mode == "ternary-huffman":
         q, scales = _ternary(x, block)
     elif mode == "sign":
@@ -88,6 +89,20 @@ def _ternary(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     scales = _ratio((fixed * keep).sum(dim=1), keep.sum(dim=1).clamp(min=1), s)
     scales = torch.where(scales < float(TINY), torch.zeros_like(scales), scales)
     q = torch.where(keep & (scales[:, None] > 0), torch.where(blocks > 0, 1, -1), 0).to(torch.int8)
+    return q.view(-1)[:x.numel()], scales
+
+
+def _clipped(x: torch.Tensor, block: int, levels: int, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """lowbit.quantize_levels with `clip`: the top at min(absmax, clip x the block's mean |x|)."""
+    blocks, sizes = _blocks(x, block)
+    mag = blocks.abs()
+    fixed, s = _fixed(mag)
+    mean = _ratio(fixed.sum(dim=1), sizes, s)
+    top = torch.minimum(mag.amax(dim=1), torch.tensor(np.float32(clip), device=x.device) * mean)
+    scales = torch.where(top >= float(TINY), top / torch.tensor(np.float32(levels), device=x.device),
+                         torch.zeros_like(top))
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.round(blocks / safe[:, None]).clamp_(-levels, levels).to(torch.int8)
     return q.view(-1)[:x.numel()], scales
 
 
