@@ -103,11 +103,11 @@ def markdown(rows: list[dict], target: float) -> str:
             f"| {e['condition']} | {e['arm']} | {e['outer_lr']:g} | {e['seeds']} | {_pm(e['final'], '.4f')} "
             f"| {_pm(e.get('gap_pct'), '+.2f', ' %')} | {_pm(e.get('speedup'), '.2f', 'x')}{never} "
             f"| {e['p50']:.2f} / {e['p99']:.2f} | {e['p99_ratio']:.2f}x | {e['up_ratio']:.3f} "
-            f"| {c['complete']:g}/{c['early']:g}/{c['deadline']:g}/{c['extended']:g} |"
+            f"| {c['complete']:.3g}/{c['early']:.2g}/{c['deadline']:.2g}/{c['extended']:.2g} |"
             if "gap_pct" in e else
             f"| {e['condition']} | {e['arm']} | {e['outer_lr']:g} | {e['seeds']} | {_pm(e['final'], '.4f')} "
             f"| - | -{never} | {e['p50']:.2f} / {e['p99']:.2f} | - | - "
-            f"| {c['complete']:g}/{c['early']:g}/{c['deadline']:g}/{c['extended']:g} |")
+            f"| {c['complete']:.3g}/{c['early']:.2g}/{c['deadline']:.2g}/{c['extended']:.2g} |")
     return "\n".join(lines)
 
 
