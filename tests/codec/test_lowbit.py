@@ -174,6 +174,6 @@ def test_huffman_on_packed_symbols_spends_within_005_bit_of_their_entropy(mode, 
     rng = np.random.default_rng(7)
     x = getattr(rng, shape)(size=1 << 18).astype(np.float32)
     q = quantize_levels(x, 4096, 7)[0] if mode == "int4-huffman" else quantize_ternary(x, 4096)[0]
-    _, payload, _ = compress_lowbit(mode, x, 4096, 2048, 2, 1 / 64, 1)
+    payload, _, _ = compress_lowbit(mode, x, 4096, 2048, 2, 1 / 64, 1)
     entropy = entropy_bits(np.bincount(q.astype(np.int64) + 7))
     assert entropy <= 8 * len(payload) / x.size < entropy + 0.05

@@ -127,10 +127,10 @@ class Codec:
             sent = Extracted(x.copy(), None, 0)
         elif mode in LOWBIT_ENCODINGS:
             c = self.cfg
-            scales, payload, values = compress_lowbit(mode, x, c.quant_block, c.huffman_block, c.huffman_tables,
-                                                      c.topk_density, c.topk_value_bits, c.int4_clip)
-            enc = Encoded(mode, x.size, c.quant_block, scales, payload)
-            sent = Extracted(values, None, 0)
+            payload, q, scales = compress_lowbit(mode, x, c.quant_block, c.huffman_block, c.huffman_tables,
+                                                 c.topk_density, c.topk_value_bits, c.int4_clip)
+            enc = Encoded(mode, x.size, c.quant_block, scales.astype("<f4").tobytes(), payload)
+            sent = Extracted(q, scales, c.quant_block)
         else:
             q, scales = quantize_int8(x, self.cfg.quant_block)
             payload = (q.tobytes() if mode == "int8" else
@@ -209,8 +209,7 @@ class Codec:
             elif e.encoding == "int8":
                 out[i] = Extracted.int8(e, np.frombuffer(e.payload, dtype=np.int8))
             elif e.encoding in LOWBIT_ENCODINGS:
-                out[i] = Extracted(decode_lowbit(e.encoding, e.length, e.quant_block, e.scale_array(), e.payload),
-                                   None, 0)
+                out[i] = Extracted.int8(e, decode_lowbit(e.encoding, e.length, e.quant_block, e.payload))
         return out  # type: ignore[return-value]
 
     @staticmethod
@@ -221,7 +220,8 @@ class Codec:
 
 @dataclass(frozen=True)
 class Extracted:
-    """A received chunk with its lossless stage undone: int8 symbols + scales, or fp32 values."""
+    """A received chunk with its lossless stages undone: int8 symbols + scales (INT8 and every
+    encoding below 8 bits: small symbols, a top-k's zero where it sent nothing), or fp32 values."""
 
     data: np.ndarray               # int8 symbols, or float32 values when scales is None
     scales: np.ndarray | None      # float32, one per quantization block

@@ -35,7 +35,7 @@ from ..errors import CodecError
 from . import huffman
 from .lowbit import exact_ratios, quantize_levels, quantize_sign, quantize_ternary, select_topk, topk_count
 from .packing import pack_base, rice_decode, rice_encode, rice_parameter, symbols_per_byte, unpack_base
-from .quantize import TINY, dequantize_int8, num_blocks
+from .quantize import TINY, num_blocks
 
 __all__ = ["LOWBIT_ENCODINGS", "BASE", "INT4_LEVELS", "compress_lowbit", "decode_lowbit", "payload_ok", "topk_payload"]
 
@@ -48,8 +48,10 @@ BASE = {"int4-huffman": 2 * INT4_LEVELS + 1, "ternary-huffman": 3}   # symbols q
 
 
 def compress_lowbit(mode: str, x: np.ndarray, block: int, huffman_block: int, huffman_tables: int,
-                    density: float, value_bits: int, int4_clip: float = 0.0) -> tuple[bytes, bytes, np.ndarray]:
-    """(scales, payload, the float32 values the receiver will decode) of a flat float32 chunk."""
+                    density: float, value_bits: int, int4_clip: float = 0.0
+                    ) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """(payload, the receiver's int8 symbols q (n,: zero where a top-k sends nothing), float32 scales)
+    of a flat float32 chunk: what it decodes is q * the scale of its block, as for INT8."""
     if mode == "topk":
         return _compress_topk(x, block, density, value_bits)
     if mode == "int4-huffman":
@@ -63,10 +65,11 @@ def compress_lowbit(mode: str, x: np.ndarray, block: int, huffman_block: int, hu
     payload = (np.packbits(q > 0).tobytes() if mode == "sign" else
                huffman.encode(pack_base((q + np.int8(BASE[mode] // 2)).view(np.uint8), BASE[mode]),
                               huffman_block, huffman_tables))
-    return scales.astype("<f4").tobytes(), payload, dequantize_int8(q, scales, block)
+    return payload, q, scales
 
 
-def _compress_topk(x: np.ndarray, block: int, density: float, value_bits: int) -> tuple[bytes, bytes, np.ndarray]:
+def _compress_topk(x: np.ndarray, block: int, density: float, value_bits: int
+                   ) -> tuple[bytes, np.ndarray, np.ndarray]:
     positions, values = select_topk(x, block, density)
     nb = num_blocks(x.size, block)
     k, k_last = topk_count(block, density), topk_count(x.size - (nb - 1) * block, density)
@@ -87,7 +90,7 @@ def _compress_topk(x: np.ndarray, block: int, density: float, value_bits: int) -
         raise CodecError(f"top-k values take 1 or 2 bits, not {value_bits}")
     scales[scales < TINY] = 0
     payload = topk_payload(positions, q, k, k_last, value_bits)
-    return scales.astype("<f4").tobytes(), payload, _scatter(x.size, positions, q, np.repeat(scales, sizes))
+    return payload, _scatter(x.size, positions, q), scales
 
 
 def topk_payload(positions: np.ndarray, q: np.ndarray, k: int, k_last: int, value_bits: int) -> bytes:
@@ -100,16 +103,18 @@ def topk_payload(positions: np.ndarray, q: np.ndarray, k: int, k_last: int, valu
     return _TOPK_HEADER.pack(TOPK_VERSION, value_bits, r, 0, k, k_last, len(stream)) + stream + packed
 
 
-def _scatter(n: int, positions: np.ndarray, q: np.ndarray, scale_of_value: np.ndarray) -> np.ndarray:
-    out = np.zeros(n, np.float32)
-    out[positions] = q.astype(np.float32) * scale_of_value         # one float32 multiply each
+def _scatter(n: int, positions: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """The dense int8 symbols of a top-k: q at its positions, zero elsewhere."""
+    out = np.zeros(n, np.int8)
+    out[positions] = q
     return out
 
 
-def decode_lowbit(mode: str, length: int, block: int, scales: np.ndarray, payload: bytes) -> np.ndarray:
-    """The float32 values of a chunk; CodecError if the payload is not what its header says."""
+def decode_lowbit(mode: str, length: int, block: int, payload: bytes) -> np.ndarray:
+    """A chunk's int8 symbols (its values are each times its block's scale, as for INT8);
+    CodecError if the payload is not what its header says."""
     if mode == "topk":
-        return _decode_topk(length, block, scales, payload)
+        return _decode_topk(length, block, payload)
     if mode in BASE:
         q = unpack_base(huffman.decode(payload), BASE[mode], length).view(np.int8) - np.int8(BASE[mode] // 2)
     elif mode == "sign":
@@ -118,10 +123,10 @@ def decode_lowbit(mode: str, length: int, block: int, scales: np.ndarray, payloa
         q = np.where(np.unpackbits(np.frombuffer(payload, np.uint8), count=length) > 0, 1, -1).astype(np.int8)
     else:
         raise CodecError(f"unknown encoding {mode!r}")
-    return dequantize_int8(q, scales, block)
+    return q
 
 
-def _decode_topk(length: int, block: int, scales: np.ndarray, payload: bytes) -> np.ndarray:
+def _decode_topk(length: int, block: int, payload: bytes) -> np.ndarray:
     if len(payload) < _TOPK_HEADER.size:
         raise CodecError("top-k chunk is shorter than its header")
     version, bits, r, zero, k, k_last, stream_bytes = _TOPK_HEADER.unpack_from(payload)
@@ -146,7 +151,7 @@ def _decode_topk(length: int, block: int, scales: np.ndarray, payload: bytes) ->
         q = np.where(np.unpackbits(packed, count=count) > 0, 1, -1).astype(np.int8)
     else:
         q = _TWO_BIT[unpack_base(packed, 4, count)]
-    return _scatter(length, positions, q, scales[positions // block])
+    return _scatter(length, positions, q)
 
 
 def payload_ok(mode: str, length: int, payload: bytes) -> bool:
