@@ -10,7 +10,7 @@ real delta beside zstd level 1 on the same bytes. For the codecs that send some 
 others: the least "sent or not" could cost a parameter, its order-0 entropy and its entropy given
 the same site's mask of the round before (both ends hold it: what context coding could reach).
 
-    python bench/codec_leaderboard.py [--quick] [--presets tiny,small] [--seeds 3] [--rounds 12]
+    python bench/codec_leaderboard.py [--quick] [--presets tiny,small] [--seeds 3] [--rounds R]
                                       [--codecs fp32,int8-huffman,topk-1b] [--jobs 2] [--out NAME]
 
 The rows go to bench/results/NAME.json (`--out`, or a path ending in .json); beside it, the run
@@ -52,10 +52,11 @@ CODECS: dict[str, dict] = {       # config overrides; "fp32" is the reference ev
     "topk-1b-int8-down": {**TOPK, "codec.topk_value_bits": 1, "codec.update_mode": "int8-huffman"},
 }
 SIZES = {
-    "quick": dict(presets=("tiny",), seeds=1, rounds=3, inner_steps=5, block_size=64, sites=3,
+    "quick": dict(presets=("tiny",), seeds=1, steps={"tiny": (3, 5)}, block_size=64, sites=3,
                   codecs=("fp32", "int8-huffman", "topk-1b")),
-    "full": dict(presets=("tiny", "small"), seeds=3, rounds=12, inner_steps=20, block_size=128, sites=3,
-                 codecs=tuple(CODECS)),
+    # (rounds, inner steps) per preset: small's steps cost about ten of tiny's on a CPU core
+    "full": dict(presets=("tiny", "small"), seeds=3, steps={"tiny": (12, 20), "small": (8, 10)}, block_size=128,
+                 sites=3, codecs=tuple(CODECS)),
 }
 LAST = 3                # evaluations averaged for the final loss
 
@@ -66,8 +67,8 @@ def one_run(codec: str, preset: str, seed: int, size: dict) -> dict:
     from wantrain.config import RunConfig
 
     cfg = RunConfig().replace(num_sites=size["sites"], **{
-        "model.preset": preset, "model.block_size": size["block_size"], "train.rounds": size["rounds"],
-        "train.inner_steps": size["inner_steps"], **CODECS[codec]})
+        "model.preset": preset, "model.block_size": size["block_size"], "train.rounds": size["steps"][preset][0],
+        "train.inner_steps": size["steps"][preset][1], **CODECS[codec]})
     t0 = time.perf_counter()
     x = codec_run(cfg, seed)
     return {"codec": codec, "preset": preset, "seed": seed, "params": x["params"], "val": x["val"],
@@ -169,17 +170,17 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="tiny, one seed, three short rounds, three codecs (tests)")
     p.add_argument("--presets", help="comma-separated model presets (full: tiny,small)")
     p.add_argument("--seeds", type=int, help="seeds per codec (quick: 1, full: 3)")
-    p.add_argument("--rounds", type=int, help="rounds per run (full: 12)")
-    p.add_argument("--inner-steps", type=int, help="inner steps per round (full: 20)")
+    p.add_argument("--rounds", type=int, help="rounds per run, every preset (full: tiny 12, small 8)")
+    p.add_argument("--inner-steps", type=int, help="inner steps per round, every preset (full: tiny 20, small 10)")
     p.add_argument("--codecs", help=f"comma-separated, of {', '.join(CODECS)} (full: all; fp32 is always run)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one core each")
     p.add_argument("--out", default="codec_leaderboard", help="result name under bench/results, or a path ending in .json")
     args = p.parse_args()
     size = dict(SIZES["quick" if args.quick else "full"])
-    for key in ("rounds", "inner_steps", "seeds"):
-        if getattr(args, key):
-            size[key] = getattr(args, key)
+    size["seeds"] = args.seeds or size["seeds"]
     presets = args.presets.split(",") if args.presets else list(size["presets"])
+    size["steps"] = {pr: (args.rounds or size["steps"].get(pr, (12, 20))[0],
+                          args.inner_steps or size["steps"].get(pr, (12, 20))[1]) for pr in presets}
     codecs = args.codecs.split(",") if args.codecs else list(size["codecs"])
     if unknown := set(codecs) - set(CODECS):
         p.error(f"unknown codecs {sorted(unknown)}; choose from {', '.join(CODECS)}")
@@ -189,7 +190,7 @@ def main() -> None:
     rows: list[dict] = []
     with ProcessPoolExecutor(args.jobs) as pool:
         # speeds first, alone: a run on the other core would share the memory bus with them
-        speed = {pr: pool.submit(speeds, codecs, pr, size["inner_steps"]).result() for pr in presets}
+        speed = {pr: pool.submit(speeds, codecs, pr, size["steps"][pr][1]).result() for pr in presets}
         futures = [pool.submit(one_run, c, pr, s, size) for c, pr, s in runs]
         for i, fut in enumerate(futures):
             r = fut.result()
@@ -201,13 +202,14 @@ def main() -> None:
         r.update({k: speed[r["preset"]][r["codec"]][k] for k in ("encode_mb_s", "decode_mb_s")})
     with_gaps(rows)
     path = save_to(args.out, {"size": "quick" if args.quick else "full", "presets": presets, "codecs": codecs,
-                              "rounds": size["rounds"], "inner_steps": size["inner_steps"], "sites": size["sites"],
+                              "steps": size["steps"], "sites": size["sites"],
                               "configs": {c: CODECS[c] for c in codecs}, "speeds": speed, "rows": rows})
     folder = path.with_suffix("")
     folder.mkdir(parents=True, exist_ok=True)
     text = table(rows, speed[presets[0]])
-    header = (f"{size['sites']} sites, {size['rounds']} rounds of {size['inner_steps']} inner steps, "
-              f"{size['seeds']} seed(s); speeds on one core, on a real delta of {presets[0]}")
+    header = (f"{size['sites']} sites; " + ", ".join(f"{pr}: {r} rounds of {h} inner steps"
+                                                     for pr, (r, h) in size["steps"].items())
+              + f"; {size['seeds']} seed(s); speeds on one core, on a real delta of {presets[0]}")
     (folder / "table.md").write_text(f"{header}\n\n{text}\n")
     pareto(rows).write_html(folder / "pareto.html", include_plotlyjs="directory")
     print(f"\n{header}\n\n{text}\n\nresults: {path}; table and plot: {folder}/")
