@@ -219,6 +219,7 @@ def codec_run(cfg: RunConfig, seed: int, threads: int = 1, progress=None) -> dic
         sent = {name: ps.train(name, r, start)[1] for name in ps.names}
         up.append(8 * float(np.mean([s.framed_bytes for s in sent.values()])) / n)
         for name, s in sent.items():
+            assert s.values is not None
             mask = np.concatenate([v != 0 for v in s.values.values()])
             if name in masks:
                 pairs += np.bincount(2 * masks[name] + mask, minlength=4).reshape(2, 2)

@@ -153,10 +153,10 @@ class Codec:
         elif mode in LOWBIT_ENCODINGS:
             from . import on_device_lowbit
             c = self.cfg
-            scales, payload, sent = on_device_lowbit.compress_lowbit(mode, x, c.quant_block, c.huffman_block,
-                                                                     c.huffman_tables, c.topk_density,
-                                                                     c.topk_value_bits, c.int4_clip)
-            enc = Encoded(mode, x.numel(), c.quant_block, scales, payload)
+            scale_bytes, lowbit_payload, sent = on_device_lowbit.compress_lowbit(
+                mode, x, c.quant_block, c.huffman_block, c.huffman_tables, c.topk_density, c.topk_value_bits,
+                c.int4_clip)
+            enc = Encoded(mode, x.numel(), c.quant_block, scale_bytes, lowbit_payload)
         else:
             q, scales = on_device.quantize_int8(x, self.cfg.quant_block)
             payload = (q.cpu().numpy().tobytes() if mode == "int8" else
