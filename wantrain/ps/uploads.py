@@ -229,7 +229,7 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
                             f"{spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
     if c.data.encoding not in modes:
         raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas may be "
-                            f"{', '.join(modes)} (on its chunk plan)")
+                            f"{', '.join(modes)} (those that fit the chunk plan of its codec.mode)")
     if up.encoding and c.data.encoding != up.encoding:
         raise ProtocolError(f"delta chunk {c.index} of round {c.round} is encoded {c.data.encoding}, the delta's "
                             f"first {up.encoding} (a delta is in one encoding)")
