@@ -70,11 +70,23 @@ def pow2(s: int) -> np.float64:
 
 
 @njit(inline="always")
-def block_shift(bits: np.ndarray, lo: int, hi: int) -> int:
+def block_top(bits: np.ndarray, lo: int, hi: int) -> np.uint32:
+    """The bits of the largest magnitude in [lo, hi)."""
     top = np.uint32(0)
     for j in range(lo, hi):
         top = max(top, bits[j] & np.uint32(0x7FFFFFFF))
-    return fixed_point_shift(top)
+    return top
+
+
+@njit(inline="always")
+def block_mean(x: np.ndarray, lo: int, hi: int, s: int) -> np.float32:
+    """The mean |x| of [lo, hi) as every low-bit mean is taken: an exact int64 sum of
+    floor(|x| 2**s), then one divide."""
+    up = pow2(s)
+    total = np.int64(0)
+    for j in range(lo, hi):
+        total += np.int64(np.floor(np.float64(abs(x[j])) * up))
+    return np.float32(np.float64(total) / (hi - lo) * pow2(-s))
 
 
 @njit(nogil=True, cache=True)
@@ -87,12 +99,9 @@ def ternary_blocks(x: np.ndarray, bits: np.ndarray, block: int, ratio: np.float3
     n = x.size
     for b in range(scales.size):
         lo, hi = b * block, min(n, (b + 1) * block)
-        s = block_shift(bits, lo, hi)
+        s = fixed_point_shift(block_top(bits, lo, hi))
         up, down = pow2(s), pow2(-s)
-        total = np.int64(0)
-        for j in range(lo, hi):
-            total += np.int64(np.floor(np.float64(abs(x[j])) * up))
-        threshold = ratio * np.float32(np.float64(total) / (hi - lo) * down)
+        threshold = ratio * block_mean(x, lo, hi, s)
         kept_sum, kept = np.int64(0), 0
         for j in range(lo, hi):
             a = abs(x[j])
@@ -115,14 +124,10 @@ def sign_blocks(x: np.ndarray, bits: np.ndarray, block: int, tiny: np.float32, q
     n = x.size
     for b in range(scales.size):
         lo, hi = b * block, min(n, (b + 1) * block)
-        s = block_shift(bits, lo, hi)
-        up = pow2(s)
-        total = np.int64(0)
-        for j in range(lo, hi):
-            total += np.int64(np.floor(np.float64(abs(x[j])) * up))
-            q[j] = -1 if x[j] < 0 else 1
-        scale = np.float32(np.float64(total) / (hi - lo) * pow2(-s))
+        scale = block_mean(x, lo, hi, fixed_point_shift(block_top(bits, lo, hi)))
         scales[b] = scale if scale >= tiny else np.float32(0)
+        for j in range(lo, hi):
+            q[j] = -1 if x[j] < 0 else 1
 
 
 @njit(nogil=True, cache=True)
@@ -134,15 +139,9 @@ def clipped_blocks(x: np.ndarray, bits: np.ndarray, block: int, levels: np.float
     n = x.size
     for b in range(scales.size):
         lo, hi = b * block, min(n, (b + 1) * block)
-        s = block_shift(bits, lo, hi)
-        up = pow2(s)
-        total = np.int64(0)
-        top = np.uint32(0)
-        for j in range(lo, hi):
-            total += np.int64(np.floor(np.float64(abs(x[j])) * up))
-            top = max(top, bits[j] & np.uint32(0x7FFFFFFF))
+        top = block_top(bits, lo, hi)
         absmax = np.array([top], np.uint32).view(np.float32)[0]
-        level = min(absmax, clip * np.float32(np.float64(total) / (hi - lo) * pow2(-s)))
+        level = min(absmax, clip * block_mean(x, lo, hi, fixed_point_shift(top)))
         scale = level / levels if level >= tiny else np.float32(0)
         scales[b] = scale
         safe = scale if scale > 0 else np.float32(1)
