@@ -5,13 +5,16 @@ Each direction of each proxied connection is a pipe:
     read from the sender -> delay line (release = arrival + one-way delay) -> token bucket -> write
 
 The delay line holds data with its release time, so delay does not cap throughput (many bytes
-are in flight at once, as on a real long fat pipe). The token bucket paces bytes at the trace's
-bandwidth; a bandwidth of 0 is an outage: the pipe stalls, holding what it has, until the link
+are in flight at once, as on a real long fat pipe). Token buckets pace the bytes: one per link
+direction at the trace's bandwidth, which every connection of the link shares (it is the link's
+capacity: a site that opens more connections does not get more of it), and one per connection
+for loss. A bandwidth of 0 is an outage: the pipes stall, holding what they have, until the link
 comes back. `reset()` aborts every connection, as a middlebox or a long outage would.
 
 Loss is not dropped bytes here (TCP would retransmit them): it is modelled by its effect on
-TCP, the Mathis bound on one flow's throughput, rate <= MSS / RTT * 1.22 / sqrt(loss), applied
-on top of the trace's bandwidth. Retransmission-timeout stalls are not modelled.
+TCP, the Mathis bound on one flow's throughput, rate <= MSS / RTT * 1.22 / sqrt(loss), for each
+connection on its own (so, as on a real lossy path, several connections carry more than one,
+up to the link's bandwidth). Retransmission-timeout stalls are not modelled.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 
 from .trace import LinkState, Trace
 
-__all__ = ["LinkProxy", "LinkStats", "mathis_rate_bps"]
+__all__ = ["LinkProxy", "LinkStats", "TokenBucket", "mathis_rate_bps"]
 
 MSS_BYTES = 1460
 READ_BYTES = 64 * 1024
@@ -49,11 +52,30 @@ class LinkStats:
     outage_starts: list = field(default_factory=list)
 
 
+class TokenBucket:
+    """Bytes a rate allows, banking 20 ms of it (at least 64 KB): a wake-up that comes late on a busy
+    machine is made up for, not lost (with 5 ms, 40 Mbit/s read 10 % low)."""
+
+    def __init__(self) -> None:
+        self.tokens, self.last = 0.0, None
+
+    def refill(self, now: float, rate: float) -> None:
+        if self.last is not None:
+            self.tokens = min(max(64 * 1024.0, rate * 0.020), self.tokens + (now - self.last) * rate)
+        self.last = now
+
+    def empty(self, now: float) -> None:
+        """Nothing banked (after an outage)."""
+        self.tokens, self.last = 0.0, now
+
+
 class _Pipe:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state, t0: float,
-                 stats: LinkStats, up: bool) -> None:
-        # state(t) -> LinkState: the trace in force t seconds after the link started (plus forced outages)
+                 stats: LinkStats, up: bool, link: TokenBucket) -> None:
+        # state(t) -> LinkState: the trace in force t seconds after the link started (plus forced outages);
+        # `link`: the bucket of this direction's bandwidth, shared by every connection of the link
         self.reader, self.writer, self.state, self.t0, self.stats, self.up = reader, writer, state, t0, stats, up
+        self.link, self.flow = link, TokenBucket()
         self.queue: collections.deque = collections.deque()
         self.queued = 0
         self.last_release = 0.0
@@ -84,7 +106,7 @@ class _Pipe:
 
     async def pump_out(self) -> None:
         loop = asyncio.get_running_loop()
-        tokens, last = 0.0, loop.time()
+        self.flow.empty(loop.time())
         while True:
             while not self.queue:
                 self.ready.clear()
@@ -108,22 +130,25 @@ class _Pipe:
                     while self.state(loop.time() - self.t0).down:
                         await asyncio.sleep(0.005)
                     self.stats.stalled_s += loop.time() - t_stall
-                    tokens, last = 0.0, loop.time()
+                    self.flow.empty(loop.time())
+                    self.link.empty(loop.time())
                     continue
-                rate = min(st.bandwidth_mbps * 1e6 / 8, mathis_rate_bps(2 * st.delay_ms / 1000, st.loss))
-                if math.isinf(rate):
+                paced = [(b, r) for b, r in ((self.link, st.bandwidth_mbps * 1e6 / 8),
+                                             (self.flow, mathis_rate_bps(2 * st.delay_ms / 1000, st.loss)))
+                         if not math.isinf(r)]
+                if not paced:
                     n = len(view)
                 else:
-                    # The bucket holds 20 ms of the rate: a wake-up that comes late on a busy
-                    # machine is made up for, not lost (with 5 ms, 40 Mbit/s read 10 % low).
-                    burst = max(64 * 1024.0, rate * 0.020)
-                    tokens = min(burst, tokens + (now - last) * rate)
-                    last = now
-                    if tokens < min(len(view), 4096):
-                        await asyncio.sleep((min(len(view), 4096) - tokens) / rate)
+                    want = min(len(view), 4096)
+                    for bucket, rate in paced:
+                        bucket.refill(now, rate)
+                    short_s = max((want - bucket.tokens) / rate for bucket, rate in paced)
+                    if short_s > 0:
+                        await asyncio.sleep(short_s)
                         continue
-                    n = min(len(view), int(tokens))
-                    tokens -= n
+                    n = min(len(view), int(min(bucket.tokens for bucket, _ in paced)))
+                    for bucket, _ in paced:
+                        bucket.tokens -= n
                 self.writer.write(view[:n])
                 if self.up:
                     self.stats.bytes_up += n
@@ -149,6 +174,7 @@ class LinkProxy:
         self._conns: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task] = set()
         self._forced_down: tuple[float, float] | None = None   # (from, until) in link seconds
+        self._bandwidth = {True: TokenBucket(), False: TokenBucket()}   # up, down: every connection's
 
     def state(self, trace: Trace, t: float) -> LinkState:
         """The state of one direction at link time t: the trace's, unless an outage was forced."""
@@ -182,8 +208,9 @@ class LinkProxy:
         self.stats.connections += 1
         pair = (c_writer, t_writer)
         self._conns.add(pair)
-        up = _Pipe(c_reader, t_writer, lambda t: self.state(self.up, t), self.t0, self.stats, True)
-        down = _Pipe(t_reader, c_writer, lambda t: self.state(self.down, t), self.t0, self.stats, False)
+        up = _Pipe(c_reader, t_writer, lambda t: self.state(self.up, t), self.t0, self.stats, True, self._bandwidth[True])
+        down = _Pipe(t_reader, c_writer, lambda t: self.state(self.down, t), self.t0, self.stats, False,
+                     self._bandwidth[False])
         tasks = [asyncio.create_task(p) for p in (up.pump_in(), up.pump_out(), down.pump_in(), down.pump_out())]
         self._tasks.update(tasks)
         try:

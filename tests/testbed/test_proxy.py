@@ -62,18 +62,22 @@ def test_rtt_matches_the_set_delay(one_way_ms):
     assert min(rtts) - expected <= max(0.1 * expected, 2.0), (rtts, expected)
 
 
-async def rate_through(trace: Trace, total: int) -> float:
-    """Bytes/s a sink receives through a proxy with `trace`, over the steady part (first to last byte)."""
+async def rate_through(trace: Trace, total: int, flows: int = 1) -> float:
+    """Bytes/s a sink receives through a proxy with `trace` from `flows` connections at once, each
+    sending `total` bytes, over the steady part (first to last byte)."""
     received = []
     server, port = await sink_server(received)
     proxy = LinkProxy(("127.0.0.1", port), trace)
     await proxy.start()
-    r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
-    w.write(b"\0" * total)
-    await w.drain()
-    while sum(n for _, n in received) < total:
+    writers = [(await asyncio.open_connection("127.0.0.1", proxy.port))[1] for _ in range(flows)]
+    for w in writers:
+        w.write(b"\0" * total)
+    for w in writers:
+        await w.drain()
+    while sum(n for _, n in received) < flows * total:
         await asyncio.sleep(0.01)
-    w.close()
+    for w in writers:
+        w.close()
     await proxy.stop()
     server.close()
     return sum(n for _, n in received[1:]) / (received[-1][0] - received[0][0])
@@ -144,6 +148,18 @@ def test_loss_caps_throughput_at_the_mathis_bound():
     assert 1.3e6 < rate * 8 < 1.5e6
     measured = run(rate_through(Trace.constant(50, 1000, 0.01), int(rate * 1.5)))
     assert abs(measured - rate) <= 0.1 * rate
+
+
+@pytest.mark.timeout(60)
+def test_connections_share_the_link_s_bandwidth_and_each_has_its_own_loss_bound():
+    # Three connections at once through an 8 Mbit/s link carry 8 Mbit/s in all, not 8 each.
+    mbps = 8
+    measured = run(rate_through(Trace.constant(10, mbps), int(mbps * 1e6 / 8 * 2 / 3), flows=3)) * 8 / 1e6
+    assert 0.8 * mbps <= measured <= 1.1 * mbps, measured
+    # On a lossy path with room to spare, each is held by its own Mathis bound: two carry twice one's.
+    rate = mathis_rate_bps(0.1, 0.01)
+    measured = run(rate_through(Trace.constant(50, 1000, 0.01), int(rate * 1.5), flows=2))
+    assert 1.8 * rate <= measured <= 2.2 * rate, (measured, rate)
 
 
 @pytest.mark.timeout(60)
