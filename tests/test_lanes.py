@@ -16,7 +16,7 @@ from wantrain.recovery import MAX_HEDGES, Transmission, build_manifest, roles_of
 from wantrain import wire
 from wantrain.report import timeline_figure
 from wantrain.site.lanes import Lanes
-from wantrain.site.sender import HEDGE_FLOOR_S, Sender
+from wantrain.site.sender import Sender, Sent, overdue
 from wantrain.telemetry import rows
 
 from .cluster import check_run
@@ -53,11 +53,11 @@ def test_deltas_over_lanes_commit_every_round_with_replicas_equal(tmp_path):
 
 class _Lanes:
     """Lanes that write nothing and remember which lane each message went on; the PS acknowledges
-    each at once, but never a chunk in `deaf`."""
+    each at once, on its lane, but never a chunk in `deaf`."""
 
     def __init__(self, n: int, deaf: frozenset[int] = frozenset()) -> None:
-        self.n, self.sent, self.acked, self.last_ack_at, self.deaf = n, [], set(), 0.0, deaf
-        self.ack_times: list[float] = []
+        self.n, self.sent, self.acked, self.acked_on, self.deaf = n, [], set(), {}, deaf
+        self.rate_Bps = 0.0
 
     def __len__(self) -> int:
         return self.n
@@ -65,10 +65,12 @@ class _Lanes:
     async def send(self, lane: int, msg) -> LaneAck:
         self.sent.append((lane, msg))
         if getattr(msg, "index", None) not in self.deaf:
-            self.acked.add(LaneAck.of(msg))
-            self.last_ack_at = time.perf_counter()
-            self.ack_times.append(self.last_ack_at)
+            self.ack(lane, LaneAck.of(msg))
         return LaneAck.of(msg)
+
+    def ack(self, lane: int, item: LaneAck) -> None:
+        self.acked.add(item)
+        self.acked_on.setdefault((lane, item), time.perf_counter())
 
     def raise_failure(self) -> None:
         pass
@@ -118,6 +120,7 @@ def test_a_hedge_sends_again_only_protected_chunks_unless_hedge_all():
             asyncio.run(out.send(t, lost=t.index == plain))
         lanes.sent.clear()
         lanes.acked = {ack(t.index) for t in order if t.index not in (critical, plain)}
+        lanes.acked_on = {k: at for k, at in lanes.acked_on.items() if k[1] in lanes.acked}
         again = asyncio.run(out.hedge(manifest, order, 0.0, None, 1.0, every_chunk))
         return again, [m.index for _, m in lanes.sent]
 
@@ -156,52 +159,88 @@ def test_a_hedge_that_looks_lost_goes_again_on_another_lane_a_few_times_at_most(
     assert again == {deaf} and len(on) == 1 + MAX_HEDGES and len(set(on)) == 4 and out.hedged == MAX_HEDGES
 
 
-def test_the_silence_taken_for_a_loss_follows_the_pace_of_the_acks():
-    lanes = _Lanes(2)
-    out = Sender(None, lanes, 0, [], {})
-    out.started, out.rtt_s = 100.0, 0.01
-    assert out.quiet_s(1.0, until=200.0) == 1.0                 # no ack yet: hedge_s
-    lanes.ack_times = [100.02, 100.05, 100.06]                  # loopback: a few ms apart
-    assert out.quiet_s(1.0, until=200.0) == HEDGE_FLOOR_S
-    lanes.ack_times += [100.31, 100.32]                         # one gap of 0.25 s (a slow chunk)
-    assert out.quiet_s(1.0, until=200.0) == pytest.approx(0.75)
-    assert out.quiet_s(1.0, until=100.1) == HEDGE_FLOOR_S       # ... after the first hedge: not the flow's
-    lanes.ack_times += [101.0]                                  # 0.68 s: a slow link
-    assert out.quiet_s(1.0, until=200.0) == 1.0                 # never past hedge_s
-    out.rtt_s = 0.3                                             # a long path: 2 round trips at least
-    assert out.quiet_s(1.0, until=100.1) == pytest.approx(0.6)
+def _chunk(i: int, size: int, at: float) -> Sent:
+    return Sent(Transmission("chunk", i), size, at)
 
 
-class _SlowLanes(_Lanes):
-    """Lanes on a slow link: the acks of what is still queued come while the hedge looks away."""
+def test_a_transmission_is_late_when_passed_on_its_lane_or_later_than_its_bytes_explain():
+    # Two lanes at 1 MB/s in all (0.5 MB/s each while both are busy), 100 KB chunks written at t=0,
+    # floor 0.2 s. Lane 0: chunk 0 acked at 0.5 s, chunk 2 not, chunk 4 acked at 0.9 s: 2 was passed
+    # on its own lane, so lost. Lane 1: chunk 1 acked at 0.2 s; 3 and 5 queued behind it.
+    log = [[_chunk(0, 100_000, 0.0), _chunk(2, 100_000, 0.0), _chunk(4, 100_000, 0.0)],
+           [_chunk(1, 100_000, 0.0), _chunk(3, 100_000, 0.0), _chunk(5, 100_000, 0.0)]]
+    acks = {(0, 0): 0.5, (0, 4): 0.9, (1, 1): 0.2}
 
-    def __init__(self, n: int, later: set) -> None:
-        super().__init__(n)
-        self.later = later
+    def late(now: float, rate: float = 1e6) -> set[int]:
+        return overdue(log, lambda lane, t: acks.get((lane, t.index)), now, rate, 0.2, 1.0)
 
-    def raise_failure(self) -> None:
-        self.acked |= self.later
-        self.last_ack_at = time.perf_counter()
+    # 3 has 0.2 + 3 x 100 KB / 0.5 MB/s = 0.8 s from lane 1's last ack (0.2 s); 5, 1.4 s
+    assert late(0.95) == {2}
+    assert late(1.05) == {2, 3}
+    assert late(1.65) == {2, 3, 5}
+    # A slow link (50 KB/s): the same silences are the bytes' time on the wire; nothing is late but 2
+    assert late(1.65, rate=50_000) == {2}
+    # No rate measured yet: the blind allowance (1 s) stands in for the bytes' time
+    assert late(1.35, rate=0.0) == {2} and late(1.45, rate=0.0) == {2, 3, 5}
+    # A chunk whose copy was acked on another lane is not acked on this one: what went before it
+    # here was not passed by it
+    copy = [[_chunk(7, 1000, 0.0), _chunk(8, 1000, 0.0)], [_chunk(8, 1000, 0.0)]]
+    assert overdue(copy, lambda lane, t: 0.1 if (lane, t.index) == (1, 8) else None, 0.15, 1e6, 0.2, 1.0) == set()
 
 
-def test_a_hedge_sends_again_what_was_passed_by_not_what_is_queued():
-    # A delta on a slow link, 4 lanes, hedge_s 0.5 and every chunk hedged: of the first 13
-    # transmissions all but two are in; the rest are queued, acks still coming. The one passed by
-    # 9 later ones goes again; the one passed by 2 (lanes side by side reorder that much) and the
-    # queued ones do not, and their acks come.
+def test_a_delta_queued_on_a_slow_link_is_not_hedged():
+    # A slow link: 4 lanes share 50 KB/s; every written transmission is acknowledged, in order on
+    # its lane, when its bytes have crossed. Nothing is hedged, though the delta takes seconds.
+    chunks, manifest, order = _one_matrix_delta(2, (250, 400), chunk_bytes=2048)
+    lanes = _Lanes(4, deaf=frozenset(t.index for t in order))
+    out = Sender(None, lanes, 0, chunks, {})
+    lanes.rate_Bps = 50_000.0
+
+    async def go():
+        for t in order:
+            await out.send(t)
+        t0 = time.perf_counter()
+
+        async def deliver():        # the link carries one transmission after another, round the lanes
+            for lane, m in list(lanes.sent):
+                await asyncio.sleep(len(wire.site_message(m).SerializeToString()) / lanes.rate_Bps)
+                lanes.ack(lane, LaneAck.of(m))
+        feeder = asyncio.create_task(deliver())
+        again = await out.hedge(manifest, order, 0.05, None, 1.0, every_chunk=True)
+        await feeder
+        return again, time.perf_counter() - t0
+    again, took_s = asyncio.run(go())
+    assert took_s > 1.0 and again == set() and out.hedged == 0
+
+
+def test_a_hedge_sends_again_what_was_passed_on_its_lane_not_what_is_queued():
+    # 4 lanes on a slow link (the next transmission of a lane has seconds to go), every chunk
+    # hedged: of the first 13 transmissions all but two are acked. One was passed on its own lane
+    # by a later one, and goes again; the other is next in line on its lane, and waits for its ack.
     chunks, manifest, order = _one_matrix_delta(2, (250, 400), chunk_bytes=2048)
     assert len(order) >= 20
-    acks = [LaneAck.of(TensorChunk(DELTA, 0, t.index, len(chunks), *chunks[t.index])) for t in order]
-    lanes = _SlowLanes(4, set(acks[13:]) | {acks[10]})
+    lanes = _Lanes(4, deaf=frozenset(t.index for t in order))
     out = Sender(None, lanes, 0, chunks, {})
     for t in order:
         asyncio.run(out.send(t))
-    out.started = time.perf_counter() - 3.0
     lanes.sent.clear()
-    lanes.acked = set(acks[:13]) - {acks[3], acks[10]}
-    lanes.last_ack_at = time.perf_counter()
-    again = asyncio.run(out.hedge(manifest, order, 0.5, None, 1.0, every_chunk=True))
-    assert again == {order[3].index} and [m.index for _, m in lanes.sent] == [order[3].index]
+    lanes.rate_Bps = 1000.0
+    passed, next_in_line = order[3], order[12]           # on lane 3, with 7 after it; on lane 0, last of the 13
+    assert [x.t for x in out.log[3]][:2] == [passed, order[7]] and out.log[0][3].t == next_in_line
+    for lane, log in enumerate(out.log):
+        for sent in log:
+            if sent.t in order[:13] and sent.t not in (passed, next_in_line):
+                lanes.ack(lane, LaneAck(0, "chunk", sent.t.index))
+
+    async def go():
+        task = asyncio.create_task(out.hedge(manifest, order, 0.5, None, 1.0, every_chunk=True))
+        await asyncio.sleep(0.4)
+        for lane, log in enumerate(out.log):      # then the rest comes in
+            for sent in log:
+                lanes.ack(lane, LaneAck(0, "chunk", sent.t.index))
+        return await task
+    again = asyncio.run(go())
+    assert again == {passed.index} and [m.index for _, m in lanes.sent] == [passed.index]
 
 
 class _EchoCall:

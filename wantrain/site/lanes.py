@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter
 
 import grpc
 
@@ -38,9 +38,12 @@ class Lanes:
         self.channels, self.calls = channels, calls
         self.writing = [asyncio.Lock() for _ in calls]
         self.in_flight: Counter[Item] = Counter()      # written and not acked yet
-        self.acked: set[Item] = set()                  # acked at least once
-        self.last_ack_at = 0.0                         # time.perf_counter() of the latest ack
-        self.ack_times: deque[float] = deque(maxlen=4096)   # time.perf_counter() of the latest acks
+        self.sizes: dict[Item, int] = {}               # bytes of what is in flight
+        self.busy_since = 0.0                          # since when something has been in flight ...
+        self.busy_bytes = 0                            # ... and how many bytes of it were acked since
+        self.rate_Bps = 0.0                            # the lanes' delivery rate in all (0: unknown)
+        self.acked: set[Item] = set()                  # acked at least once, on any lane
+        self.acked_on: dict[tuple[int, Item], float] = {}   # (lane, item) -> its first ack there (perf_counter)
         self.changed = asyncio.Event()                 # an ack came, or a lane failed
         self.failure: Exception | None = None
         self.readers = [asyncio.create_task(self._read(i)) for i in range(len(calls))]
@@ -63,9 +66,13 @@ class Lanes:
         """Write `msg` on lane `lane`; what its ack will name."""
         self.raise_failure()
         item = LaneAck.of(msg)
+        if not +self.in_flight:
+            self.busy_since, self.busy_bytes = time.perf_counter(), 0
         self.in_flight[item] += 1
+        raw = wire.site_message(msg)
+        self.sizes[item] = raw.ByteSize()
         async with self.writing[lane]:
-            await self.calls[lane].write(wire.site_message(msg))
+            await self.calls[lane].write(raw)
         return item
 
     async def until_acked(self, item: Item) -> None:
@@ -83,9 +90,17 @@ class Lanes:
             await self.changed.wait()
         self.raise_failure()
 
+    def _delivered(self, nbytes: int, now: float) -> None:
+        """An ack of `nbytes`: the delivery rate is the bytes acked over the time something has been
+        in flight (idle time between pushes does not count), once it spans a few milliseconds."""
+        self.busy_bytes += nbytes
+        if now - self.busy_since > 0.005 and self.busy_bytes > 0:
+            self.rate_Bps = self.busy_bytes / (now - self.busy_since)
+
     def forget(self, round_: int) -> None:
         """A push of `round_` is settled: its acks are no longer asked about (a long run's would pile up)."""
         self.acked = {a for a in self.acked if a.round != round_}
+        self.acked_on = {k: t for k, t in self.acked_on.items() if k[1].round != round_}
 
     def raise_failure(self) -> None:
         """ConnectionLostError (or why the PS refused) if a lane has failed."""
@@ -104,11 +119,13 @@ class Lanes:
                 if not isinstance(msg, LaneAck) or self.in_flight[msg] <= 0:
                     raise ProtocolError(f"lane {lane}: the PS acknowledged {msg}, which is not in flight on it")
                 self.in_flight[msg] -= 1
+                now = time.perf_counter()
+                self._delivered(self.sizes.get(msg, 0), now)
                 if not self.in_flight[msg]:
                     del self.in_flight[msg]
+                    self.sizes.pop(msg, None)
                 self.acked.add(msg)
-                self.last_ack_at = time.perf_counter()
-                self.ack_times.append(self.last_ack_at)
+                self.acked_on.setdefault((lane, msg), now)
                 self.changed.set()
         except asyncio.CancelledError:
             raise

@@ -5,10 +5,9 @@ message goes on the Session, in order. With lanes (lanes.py) the manifest goes f
 is acknowledged before any chunk leaves (the PS must hold it before the chunks it describes), then
 the transmissions go round the lanes, a critical chunk's copy on another lane than its first copy;
 `hedge` sends again, on a lane it has not used, each protected chunk (critical, or in a parity
-group; with hedge_all every chunk) the PS still lacks and cannot rebuild, once enough sent after
-it was acknowledged or the acks have stopped for longer than their pace explains (at most
-`hedge_s`), and again (up to MAX_HEDGES times) if its hedge looks lost in turn; `settled` waits
-for every ack before the caller sends the round's metrics on the Session.
+group; with hedge_all every chunk) the PS still lacks and cannot rebuild once its latest
+transmission looks lost (`overdue`), and again (up to MAX_HEDGES times) if its hedge looks lost in
+turn; `settled` waits for every ack before the caller sends the round's metrics on the Session.
 
 A transmission lost on purpose (the chunk-loss injector) is counted as sent on its lane and never
 written, so it is never acknowledged, as a lost one would not be.
@@ -17,20 +16,69 @@ written, so it is never acknowledged, as a lost one would not be.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
-
-import numpy as np
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ..messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
 from ..recovery import MAX_HEDGES, ChunkLoss, Transmission, to_resend
 from .lanes import Lanes
 
-__all__ = ["Sender", "HEDGE_FLOOR_S"]
+__all__ = ["Sender", "Sent", "overdue", "HEDGE_FLOOR_S"]
 
 HEDGE_FLOOR_S = 0.2     # the shortest silence taken for a loss (Linux's least retransmission timeout)
 LOOK_S = 0.05           # the hedge's shortest look interval
+SLACK = 3.0             # a transmission's time on the wire, at its lane's share of the rate, times this
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One transmission written on a lane (or lost there on purpose)."""
+
+    t: Transmission
+    size: int               # its bytes on the wire
+    at: float               # when it was written (time.perf_counter())
+
+
+def overdue(lanes: list[list[Sent]], acked_at: Callable[[int, Transmission], float | None], now: float,
+            rate_Bps: float, floor_s: float, blind_s: float) -> set[int]:
+    """The chunks whose latest transmission looks lost rather than queued, from each lane's log in
+    write order (`acked_at(lane, t)`: when the PS acknowledged `t` on `lane`, or None). A lane is in
+    order (one TCP connection, one stream), so what went before an acknowledged transmission on its
+    lane and is not acknowledged there was lost (TCP's fast retransmit, by chunk). Past a lane's
+    last ack, each transmission is given the time its lane needs to carry it and those ahead of it
+    at its share of the lanes' delivery rate `rate_Bps` (the lanes with something unacknowledged
+    share it), SLACK times over, plus `floor_s`, counted from the lane's last ack or its writing,
+    whichever is later: beyond that it is late (a tail loss, or a lane stalled by a lost segment).
+    With no rate measured yet, `blind_s` in place of the bytes' time. On a slow link the acks keep
+    pace with the bytes, and nothing queued is taken for lost."""
+    latest: dict[int, tuple[float, int, int]] = {}          # chunk -> (written at, lane, n) of its latest
+    for lane, log in enumerate(lanes):
+        for n, s in enumerate(log):
+            if s.t.kind == "chunk" and (s.at, lane, n) > latest.get(s.t.index, (-math.inf, 0, 0)):
+                latest[s.t.index] = (s.at, lane, n)
+    times = [[acked_at(lane, s.t) for s in log] for lane, log in enumerate(lanes)]
+    busy = sum(any(a is None for a in ts) for ts in times)
+    share = rate_Bps / max(busy, 1)
+    late: set[int] = set()
+    for lane, (log, ts) in enumerate(zip(lanes, times)):
+        done = [n for n, a in enumerate(ts) if a is not None]
+        last = done[-1] if done else -1
+        since = max((a for a in ts if a is not None), default=-math.inf)
+        ahead = 0                                  # bytes of this lane's log past its last ack
+        for n, s in enumerate(log):
+            if ts[n] is not None:
+                continue
+            if n < last:
+                lost = True
+            else:
+                ahead += s.size
+                wire_s = SLACK * ahead / share if share > 0 else blind_s
+                lost = now - max(since, s.at) > floor_s + wire_s
+            if lost and s.t.kind == "chunk" and latest[s.t.index][1:] == (lane, n):
+                late.add(s.t.index)
+    return late
 
 
 class Sender:
@@ -40,6 +88,7 @@ class Sender:
         self.stream, self.lanes, self.round = stream, lanes, round_
         self.chunks, self.parity = chunks, parity
         self.used: dict[int, set[int]] = {}     # chunk -> lanes it went on
+        self.log: list[list[Sent]] = [[] for _ in range(len(lanes))] if lanes is not None else []
         self.next_lane = 0
         self.hedged = 0
         self.started = time.perf_counter()
@@ -84,79 +133,54 @@ class Sender:
         lane = self._lane_for(t)
         if t.kind != "parity":
             self.used.setdefault(t.index, set()).add(lane)
+        self.log[lane].append(Sent(t, self.size(t), time.perf_counter()))
         if not lost:
             await self.lanes.send(lane, self.message(t))
 
+    def _item(self, t: Transmission) -> LaneAck:
+        return LaneAck(self.round, "parity" if t.kind == "parity" else "chunk", t.index)
+
     def _acked(self, t: Transmission) -> bool:
         assert self.lanes is not None
-        item = LaneAck(self.round, "parity", t.index) if t.kind == "parity" else LaneAck(self.round, "chunk", t.index)
-        return item in self.lanes.acked
+        return self._item(t) in self.lanes.acked
 
-    def quiet_s(self, hedge_s: float, until: float) -> float:
-        """How long without an ack means lost, not queued: 3 x the longest gap between this push's
-        acks before `until` (its first hedge: the silence a loss makes is no gap of the flow; on a
-        slow link a chunk's time on the wire spaces them), at least 2 x the manifest's round trip
-        and HEDGE_FLOOR_S, at most `hedge_s` (and that until an ack comes)."""
+    def _acked_at(self, lane: int, t: Transmission) -> float | None:
         assert self.lanes is not None
-        times = [self.started] + [t for t in self.lanes.ack_times if self.started < t <= until]
-        gap = max(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else hedge_s
-        return min(hedge_s, max(HEDGE_FLOOR_S, 2 * self.rtt_s, 3 * gap))
+        return self.lanes.acked_on.get((lane, self._item(t)))
 
     async def hedge(self, manifest: Manifest, order: list[Transmission], hedge_s: float, loss: ChunkLoss | None,
                     mean_bytes: float, every_chunk: bool = False) -> set[int]:
         """Send again each protected chunk (`every_chunk`: each chunk) the PS has neither acknowledged
-        nor can rebuild, once its latest transmission looks lost rather than queued (TCP's fast
-        retransmit and tail-loss probe, by chunk): from `quiet_s` after the delta started, more of
-        what was sent after it has been acknowledged than lanes running side by side reorder (2 per
-        lane, or all of it near the end: a lane is in order, so another lane passed it), or no ack
-        has come, nor a hedge gone, for `quiet_s`: `hedge_s` at most, less where the acks have come
-        faster (quiet_s). A hedge still not acknowledged when the acks stop again goes again,
+        nor can rebuild, once its latest transmission looks lost (`overdue`: passed on its own lane,
+        or later than its bytes explain by more than 2 round trips of the manifest, HEDGE_FLOOR_S
+        at least and `hedge_s` at most; with no delivery rate measured yet, later than `hedge_s`),
         MAX_HEDGES times a chunk at most, each on a lane the chunk has not used while there is one.
-        On a slow link the chunks waiting their turn are acknowledged in about the order they went,
-        and only one passed by the rest goes again. Returns the chunks with a hedge written (not
-        lost on purpose). A transmission lost on purpose is judged by the acks alone, as a real loss
-        would be."""
+        Returns the chunks with a hedge written (not lost on purpose)."""
         assert self.lanes is not None
         entries = manifest.chunks
         hedges: dict[int, int] = {}            # chunk -> times it was hedged
         written: set[int] = set()              # chunks with a hedge written
-        hedged_at, first_hedge_at = self.started, math.inf
+        floor_s = min(hedge_s, max(HEDGE_FLOOR_S, 2 * self.rtt_s))
         while True:
-            acked = [self._acked(t) for t in order]
-            unacked = [n for n, a in enumerate(acked) if not a]
-            wanted = [i for i in to_resend(manifest, order, unacked) if hedges.get(i, 0) < MAX_HEDGES
-                      and (every_chunk or entries[i].role == "critical" or entries[i].group >= 0)]
+            unacked = [n for n, t in enumerate(order) if not self._acked(t)]
+            wanted = {i for i in to_resend(manifest, order, unacked) if hedges.get(i, 0) < MAX_HEDGES
+                      and (every_chunk or entries[i].role == "critical" or entries[i].group >= 0)}
             if not wanted:
                 return written
-            now = time.perf_counter()
-            quiet_s = self.quiet_s(hedge_s, min(now, first_hedge_at))
-            if now < self.started + quiet_s:     # until then, only wait: for every ack, or the time
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.lanes.settled(), min(LOOK_S, self.started + quiet_s - now))
-                continue
-            quiet = now - max(hedged_at, self.lanes.last_ack_at) >= quiet_s
-            # Passed by: judged on the delta's own transmissions (a hedge on an idle lane passes
-            # what is queued on the others), so a chunk already hedged goes again on quiet alone.
-            acked_after = np.cumsum(acked[::-1])[::-1]      # at n: of order[n:]
-            latest = {t.index: n for n, t in enumerate(order) if t.kind != "parity"}
-            reorder = 2 * len(self.lanes)           # lanes run side by side: a few may pass it anyway
-            passed = {i for i in wanted if i not in hedges and latest[i] + 1 < len(order)
-                      and acked_after[latest[i] + 1] >= min(reorder, len(order) - latest[i] - 1)}
-            todo = [i for i in wanted if quiet or i in passed]
+            late = overdue(self.log, self._acked_at, time.perf_counter(), self.lanes.rate_Bps, floor_s, hedge_s)
+            todo = [t.index for t in order if t.kind == "chunk" and t.index in wanted & late]
+            todo = list(dict.fromkeys(todo))         # in the order they went (a copy comes twice)
             if todo:
                 again = [Transmission("chunk", i) for i in todo]
-                gone = (loss.mask([self.size(t) for t in again], mean_bytes) if loss is not None
-                        else np.zeros(len(again), bool))
+                gone = loss.mask([self.size(t) for t in again], mean_bytes) if loss is not None else [False] * len(again)
                 for t, g in zip(again, gone):
                     await self.send(t, lost=bool(g))
                     hedges[t.index] = hedges.get(t.index, 0) + 1
                     if not g:
                         written.add(t.index)
                 self.hedged += len(again)
-                hedged_at = time.perf_counter()
-                first_hedge_at = min(first_hedge_at, now)
                 continue
-            await asyncio.sleep(max(LOOK_S, quiet_s / 4))      # a look a few times per quiet_s: O(order) each
+            await asyncio.sleep(max(LOOK_S, floor_s / 4))      # a look a few times per floor: O(order) each
             self.lanes.raise_failure()
 
     async def settled(self) -> None:

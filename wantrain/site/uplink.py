@@ -97,6 +97,7 @@ class Uplink:
             await out.send(x, lost=n in lost)
             if n == 0:
                 await self.stalls.asleep("push", round_)
+        send_s = time.perf_counter() - t0       # the send calls alone: hedges and late chunks wait for acks
         late = to_resend(manifest, order, lost) if lost else []   # what the PS cannot rebuild
         if out.lanes is not None and t.hedge_s > 0:
             hedged = await out.hedge(manifest, order, t.hedge_s, self.loss, float(np.mean(sizes)), t.hedge_all)
@@ -112,7 +113,7 @@ class Uplink:
         await out.settled()          # every lane's chunk taken: the metrics may follow
         metrics = RoundMetrics(round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
                                huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
-                               send_s=time.perf_counter() - t0, chunks=len(chunks), hedged=out.hedged, **figures)
+                               send_s=send_s, chunks=len(chunks), hedged=out.hedged, **figures)
         await stream.send(metrics)
         return stats
 
