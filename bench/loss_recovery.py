@@ -102,7 +102,10 @@ SALR = {"train.late_policy": "zero-outside", "train.partial_deltas": True, "trai
 LANES = 4
 TAIL = 0.2                       # the tail arms' train.downlink_budget: on tiny, ~36 % of an update's bytes
 RELIABLE_DEADLINE_S = 120.0      # the reliable arm's: far off, every chunk is waited for
-WHOLE = {"train.partial_deltas": False, "train.loss_budget": 0.0}    # a delta counts whole or not at all
+# A delta counts whole or not at all, on the Session alone, unprotected: the whole-site behaviour the
+# baselines stand for (the product's defaults are SALR's: train.lanes, parity and critical copies on)
+WHOLE = {"train.partial_deltas": False, "train.loss_budget": 0.0, "train.lanes": 0, "train.critical_copies": False,
+         "train.parity_share": 0.0}
 ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at the size's deadline
     "reliable": {**WHOLE, "train.late_policy": "zero-outside"},
     "reliable-lanes": {**WHOLE, "train.late_policy": "zero-outside", "train.lanes": LANES},
@@ -158,7 +161,7 @@ class Link:
     packet_loss: float = 0.0        # the link's own loss: each TCP flow's rate capped by it (testbed/proxy.py)
     region: str = ""                # every site's region (its RTT to the PS's, testbed/regions), unlimited
                                     # bandwidth; "": the scenario's
-    bandwidth_mbps: float = 0.0     # every link's bandwidth each way, per connection (0: the scenario's)
+    bandwidth_mbps: float = 0.0     # every link's bandwidth each way, its connections' in all (0: the scenario's)
 
     def apply(self, plan, seed: int):
         for k, name in enumerate(plan.names):
@@ -184,7 +187,7 @@ class Link:
             out.append(f"packet loss {self.packet_loss:.1%} on the link{' from ' + self.region if self.region else ''} "
                        f"(each TCP flow at most its Mathis rate)")
         if self.bandwidth_mbps:
-            out.append(f"{self.bandwidth_mbps:g} Mbit/s each way per connection")
+            out.append(f"{self.bandwidth_mbps:g} Mbit/s each way a link")
         return ", ".join(out) or "no blackouts or delay spikes"
 
 
@@ -294,7 +297,7 @@ def main() -> None:
                    "connection's rate at most its Mathis bound (where lanes help; give the RTT with --region)")
     p.add_argument("--region", default="", help="every site's region (its RTT to the PS's), bandwidth unlimited")
     p.add_argument("--bandwidth", type=float, default=0.0, metavar="MBPS",
-                   help="every link's bandwidth each way, per TCP connection (0: the scenario's)")
+                   help="every link's bandwidth each way, shared by its TCP connections (0: the scenario's)")
     p.add_argument("--deadline", type=float, help="seconds after a round's start the deadline arms close it "
                    "(quick: 3; 0, full's: derived from the arrivals, 1.5 x the typical one)")
     p.add_argument("--outer-lr", help="comma-separated outer learning rates, every arm at each (a sweep; "

@@ -30,7 +30,8 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
     cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,
                           "train.deadline_s": 4.0, "train.late_policy": "zero-outside", "train.partial_deltas": True,
                           "train.loss_budget": 0.2, "train.reliable_rounds": 2, "train.quorum_wait_s": 1.0,
-                          "train.critical_copies": True, "train.parity_share": 0.5})
+                          "train.critical_copies": True, "train.parity_share": 0.5,
+                          "train.lanes": 0})    # the Session's path; over lanes, hedges: test_lanes.py
     with Run(cfg, run_dir=tmp_path / "run", plan=plan) as run:
         for _ in run.follow(timeout_s=240):
             pass

@@ -142,7 +142,7 @@ def test_a_site_s_push_under_chunk_loss_sends_late_only_what_the_ps_cannot_rebui
     importance) through a lossy link: the PS rebuilds what parity covers; only the rest goes late,
     and the round commits with the model the lossless push gives."""
     cfg = small_config(num_sites=1, **{"train.critical_copies": True, "train.parity_share": 1.0,
-                                       "train.parity_group_size": 4})
+                                       "train.parity_group_size": 4, "train.lanes": 0})   # the Session's path
 
     async def scenario(rate):
         ps = ParameterServer(cfg, run_dir=None)
