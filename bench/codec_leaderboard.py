@@ -41,6 +41,8 @@ CODECS: dict[str, dict] = {       # config overrides; "fp32" is the reference ev
     "int4-clip4": {"codec.mode": "int4-huffman", "codec.int4_clip": 4.0},   # a statistical scale
     "ternary-huffman": {"codec.mode": "ternary-huffman"},
     "ternary-no-ef": {"codec.mode": "ternary-huffman", "codec.error_feedback": False},
+    "ternary-t1-no-ef": {"codec.mode": "ternary-huffman", "codec.ternary_threshold": 1.0,
+                         "codec.error_feedback": False},      # fewer kept: fewer bits
     "sign": {"codec.mode": "sign"},
     "topk-1b": {**TOPK, "codec.topk_value_bits": 1},
     "topk-2b": {**TOPK, "codec.topk_value_bits": 2},

@@ -281,6 +281,8 @@ class CodecConfig:
     update_mode: str = ""             # the PS's update, if not as `mode` (any of its values; "": as `mode`)
     int4_clip: float = 0.0            # "int4-huffman": the top level at min(absmax, this x the block's mean |x|)
                                       # (a statistical scale; 0: absmax)
+    ternary_threshold: float = 0.7    # "ternary-huffman": keep |x| over this x the block's mean |x| (higher:
+                                      # fewer kept, fewer bits; 0.7 is ternary weight networks' choice)
     topk_density: float = 1 / 64      # "topk": the share of each block kept (its largest |values|) ...
     topk_value_bits: int = 2          # ... each sent in 1 bit (sign) or 2 (sign and one of two sizes)
 
@@ -295,6 +297,8 @@ class CodecConfig:
         _check(self.update_mode in ("", *CODEC_MODES), f"{prefix}.update_mode", f"must be '' or one of {CODEC_MODES}",
                self.update_mode)
         _check(self.int4_clip >= 0, f"{prefix}.int4_clip", "must be >= 0 (0: absmax)", self.int4_clip)
+        _check(0 <= self.ternary_threshold <= 4, f"{prefix}.ternary_threshold", "must be in [0, 4]",
+               self.ternary_threshold)
         _check(0 < self.topk_density <= 1, f"{prefix}.topk_density", "must be in (0, 1]", self.topk_density)
         _check(self.topk_value_bits in (1, 2), f"{prefix}.topk_value_bits", "must be 1 or 2", self.topk_value_bits)
 

@@ -15,8 +15,9 @@ from wantrain.codec.packing import pack_base, rice_decode, rice_encode, rice_par
 from wantrain.config import CodecConfig
 from wantrain.errors import CodecError
 
-# (mode, variant): top-k's value bits; int4's clip (0: absmax)
-MODES = [("int4-huffman", 0), ("int4-huffman", 4), ("ternary-huffman", 0), ("sign", 0), ("topk", 1), ("topk", 2)]
+# (mode, variant): top-k's value bits; int4's clip (0: absmax); ternary's threshold (0: 0.7, else the variant)
+MODES = [("int4-huffman", 0), ("int4-huffman", 4), ("ternary-huffman", 0), ("ternary-huffman", 1), ("sign", 0),
+         ("topk", 1), ("topk", 2)]
 assert {m for m, _ in MODES} == set(LOWBIT_ENCODINGS)
 finite = st.floats(-1e3, 1e3, width=32, allow_subnormal=False)
 
@@ -24,7 +25,8 @@ finite = st.floats(-1e3, 1e3, width=32, allow_subnormal=False)
 def codec(mode: str, variant: int = 0, block: int = 64, density: float = 0.1) -> Codec:
     return Codec(CodecConfig(mode=mode, quant_block=block, topk_density=density,
                              topk_value_bits=variant if mode == "topk" else 2,
-                             int4_clip=variant if mode == "int4-huffman" else 0.0))
+                             int4_clip=variant if mode == "int4-huffman" else 0.0,
+                             ternary_threshold=variant if mode == "ternary-huffman" and variant else 0.7))
 
 
 @settings(max_examples=60, deadline=None)
@@ -53,6 +55,10 @@ def test_each_quantizer_keeps_what_it_says():
     mag = np.abs(x.reshape(10, 100))
     kept = mag > 0.7 * mag.mean(axis=1, keepdims=True)
     assert np.array_equal(q.reshape(10, 100) != 0, kept)
+    assert np.allclose(s, (mag * kept).sum(axis=1) / kept.sum(axis=1), rtol=1e-6)
+    q, s = quantize_ternary(x, 100, 1.2)                        # a higher threshold keeps fewer
+    kept = mag > np.float32(1.2) * mag.mean(axis=1, keepdims=True)
+    assert np.array_equal(q.reshape(10, 100) != 0, kept) and 0 < kept.mean() < 0.5
     assert np.allclose(s, (mag * kept).sum(axis=1) / kept.sum(axis=1), rtol=1e-6)
     q, s = quantize_sign(x, 100)
     assert set(np.unique(q)) == {-1, 1} and np.array_equal(q < 0, x < 0)
@@ -174,6 +180,6 @@ def test_huffman_on_packed_symbols_spends_within_005_bit_of_their_entropy(mode, 
     rng = np.random.default_rng(7)
     x = getattr(rng, shape)(size=1 << 18).astype(np.float32)
     q = quantize_levels(x, 4096, 7)[0] if mode == "int4-huffman" else quantize_ternary(x, 4096)[0]
-    payload, _, _ = compress_lowbit(mode, x, 4096, 2048, 2, 1 / 64, 1)
+    payload, _, _ = compress_lowbit(mode, x, CodecConfig(quant_block=4096, huffman_block=2048, huffman_tables=2))
     entropy = entropy_bits(np.bincount(q.astype(np.int64) + 7))
     assert entropy <= 8 * len(payload) / x.size < entropy + 0.05

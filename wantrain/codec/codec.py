@@ -127,8 +127,7 @@ class Codec:
             sent = Extracted(x.copy(), None, 0)
         elif mode in LOWBIT_ENCODINGS:
             c = self.cfg
-            payload, q, scales = compress_lowbit(mode, x, c.quant_block, c.huffman_block, c.huffman_tables,
-                                                 c.topk_density, c.topk_value_bits, c.int4_clip)
+            payload, q, scales = compress_lowbit(mode, x, c)
             enc = Encoded(mode, x.size, c.quant_block, scales.astype("<f4").tobytes(), payload)
             sent = Extracted(q, scales, c.quant_block)
         else:
@@ -153,9 +152,7 @@ class Codec:
         elif mode in LOWBIT_ENCODINGS:
             from . import on_device_lowbit
             c = self.cfg
-            scale_bytes, lowbit_payload, sent = on_device_lowbit.compress_lowbit(
-                mode, x, c.quant_block, c.huffman_block, c.huffman_tables, c.topk_density, c.topk_value_bits,
-                c.int4_clip)
+            scale_bytes, lowbit_payload, sent = on_device_lowbit.compress_lowbit(mode, x, c)
             enc = Encoded(mode, x.numel(), c.quant_block, scale_bytes, lowbit_payload)
         else:
             q, scales = on_device.quantize_int8(x, self.cfg.quant_block)

@@ -6,7 +6,8 @@ so that the sender knows exactly what every replica will hold and keeps the rest
 
     int4-huffman     15 levels (absmax / 7, or codec.int4_clip's statistical top / 7), two symbols
                      a byte (pack_base), canonical Huffman
-    ternary-huffman  -1, 0, 1 (lowbit.quantize_ternary), five symbols a byte, canonical Huffman
+    ternary-huffman  -1, 0, 1 (lowbit.quantize_ternary, codec.ternary_threshold), five symbols a
+                     byte, canonical Huffman
     sign             -1, 1 at the block's mean |x|, one bit each (most significant bit first)
     topk             the largest |x| of each block (codec.topk_density of it), their positions
                      and values; the payload, little-endian:
@@ -31,6 +32,7 @@ import struct
 
 import numpy as np
 
+from ..config import CodecConfig
 from ..errors import CodecError
 from . import huffman
 from .lowbit import exact_ratios, quantize_levels, quantize_sign, quantize_ternary, select_topk, topk_count
@@ -47,24 +49,24 @@ _TWO_BIT = np.array([-3, -2, 2, 3], np.int8)        # the value symbols of b = 2
 BASE = {"int4-huffman": 2 * INT4_LEVELS + 1, "ternary-huffman": 3}   # symbols q + BASE // 2, packed in bytes
 
 
-def compress_lowbit(mode: str, x: np.ndarray, block: int, huffman_block: int, huffman_tables: int,
-                    density: float, value_bits: int, int4_clip: float = 0.0
-                    ) -> tuple[bytes, np.ndarray, np.ndarray]:
+def compress_lowbit(mode: str, x: np.ndarray, c: CodecConfig) -> tuple[bytes, np.ndarray, np.ndarray]:
     """(payload, the receiver's int8 symbols q (n,: zero where a top-k sends nothing), float32 scales)
-    of a flat float32 chunk: what it decodes is q * the scale of its block, as for INT8."""
+    of a flat float32 chunk, by `c`'s block sizes and parameters: what it decodes is q * the scale of
+    its block, as for INT8."""
+    block = c.quant_block
     if mode == "topk":
-        return _compress_topk(x, block, density, value_bits)
+        return _compress_topk(x, block, c.topk_density, c.topk_value_bits)
     if mode == "int4-huffman":
-        q, scales = quantize_levels(x, block, INT4_LEVELS, int4_clip)
+        q, scales = quantize_levels(x, block, INT4_LEVELS, c.int4_clip)
     elif mode == "ternary-huffman":
-        q, scales = quantize_ternary(x, block)
+        q, scales = quantize_ternary(x, block, c.ternary_threshold)
     elif mode == "sign":
         q, scales = quantize_sign(x, block)
     else:
         raise CodecError(f"unknown encoding {mode!r}")
     payload = (np.packbits(q > 0).tobytes() if mode == "sign" else
                huffman.encode(pack_base((q + np.int8(BASE[mode] // 2)).view(np.uint8), BASE[mode]),
-                              huffman_block, huffman_tables))
+                              c.huffman_block, c.huffman_tables))
     return payload, q, scales
 
 

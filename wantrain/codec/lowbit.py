@@ -6,9 +6,10 @@ returns small integer symbols and one float32 scale per block; the receiver's va
 same bits. What a quantizer drops, the sender's error feedback (feedback.py) sends later.
 
     levels    absmax with `levels` steps each side: symbols in [-levels, levels] (7: 4-bit)
-    ternary   symbols in {-1, 0, 1}: an element is kept where |x| > 0.7 x the block's mean |x|,
-              at the mean |x| of those kept (the threshold and scale of ternary weight networks,
-              which minimise the squared error for a bell-shaped block)
+    ternary   symbols in {-1, 0, 1}: an element is kept where |x| > t x the block's mean |x|
+              (t 0.7 by default), at the mean |x| of those kept (the threshold and scale of ternary
+              weight networks, which minimise the squared error for a bell-shaped block; a higher t
+              keeps fewer, so its symbols cost fewer bits)
     sign      symbols in {-1, 1} (zero goes to 1) at the block's mean |x|: the scale that keeps
               the block's L1 mass
     top-k     the k largest |x| of each block, by position; their values quantized as `levels`
@@ -61,13 +62,13 @@ def quantize_levels(x: np.ndarray, block: int, levels: int, clip: float = 0.0) -
     return q, scales
 
 
-def quantize_ternary(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per block, {-1, 0, 1} at the mean |x| of the elements over 0.7 x the block's mean |x|."""
+def quantize_ternary(x: np.ndarray, block: int, threshold: float = TERNARY_THRESHOLD) -> tuple[np.ndarray, np.ndarray]:
+    """Per block, {-1, 0, 1} at the mean |x| of the elements over `threshold` x the block's mean |x|."""
     x = _checked(x, block)
     q, scales = np.empty(x.size, np.int8), np.empty(num_blocks(x.size, block), np.float32)
     from .lowbit_kernels import ternary_blocks
 
-    ternary_blocks(x, x.view(np.uint32), block, TERNARY_THRESHOLD, TINY, q, scales)
+    ternary_blocks(x, x.view(np.uint32), block, np.float32(threshold), TINY, q, scales)
     return q, scales
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..config import CodecConfig
 from ..errors import CodecError
 from .formats import BASE, INT4_LEVELS, topk_payload
-from .lowbit import TERNARY_THRESHOLD, topk_count
+from .lowbit import topk_count
 from .on_device import dequantize_int8, huffman_encode, quantize_int8
 from .packing import symbols_per_byte
 from .quantize import TINY, num_blocks
@@ -24,9 +25,9 @@ from .quantize import TINY, num_blocks
 __all__ = ["compress_lowbit"]
 
 
-def compress_lowbit(mode: str, x: torch.Tensor, block: int, huffman_block: int, huffman_tables: int,
-                    density: float, value_bits: int, int4_clip: float = 0.0) -> tuple[bytes, bytes, torch.Tensor]:
+def compress_lowbit(mode: str, x: torch.Tensor, c: CodecConfig) -> tuple[bytes, bytes, torch.Tensor]:
     """formats.compress_lowbit of a flat float32 tensor where it lives: (scales, payload, values)."""
+    block = c.quant_block
     if x.dim() != 1 or x.dtype != torch.float32:
         raise CodecError(f"a quantizer wants a flat float32 tensor, got {x.dtype} {tuple(x.shape)}")
     if block <= 0:
@@ -34,11 +35,12 @@ def compress_lowbit(mode: str, x: torch.Tensor, block: int, huffman_block: int, 
     if not bool(torch.isfinite(x).all()):
         raise CodecError("cannot quantize non-finite values")
     if mode == "topk":
-        return _topk(x, block, density, value_bits)
+        return _topk(x, block, c.topk_density, c.topk_value_bits)
     if mode == "int4-huffman":
-        q, scales = _clipped(x, block, INT4_LEVELS, int4_clip) if int4_clip > 0 else quantize_int8(x, block, INT4_LEVELS)
+        q, scales = (_clipped(x, block, INT4_LEVELS, c.int4_clip) if c.int4_clip > 0 else
+                     quantize_int8(x, block, INT4_LEVELS))
     elif mode == "ternary-huffman":
-        q, scales = _ternary(x, block)
+        q, scales = _ternary(x, block, c.ternary_threshold)
     elif mode == "sign":
         q, scales = _sign(x, block)
     else:
@@ -46,8 +48,8 @@ def compress_lowbit(mode: str, x: torch.Tensor, block: int, huffman_block: int, 
     if mode == "sign":
         payload = _packbits(q > 0)
     else:
-        payload = huffman_encode(_pack_base((q + BASE[mode] // 2).to(torch.uint8), BASE[mode]), huffman_block,
-                                 huffman_tables)
+        payload = huffman_encode(_pack_base((q + BASE[mode] // 2).to(torch.uint8), BASE[mode]), c.huffman_block,
+                                 c.huffman_tables)
     return _bytes(scales), payload, dequantize_int8(q, scales, block)
 
 
@@ -80,11 +82,11 @@ def _ratio(num: torch.Tensor, den: torch.Tensor, s: torch.Tensor) -> torch.Tenso
     return (num.to(torch.float64) / den.to(torch.float64) * _pow2(-s)).to(torch.float32)
 
 
-def _ternary(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _ternary(x: torch.Tensor, block: int, ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
     blocks, sizes = _blocks(x, block)
     mag = blocks.abs()
     fixed, s = _fixed(mag)
-    threshold = torch.tensor(TERNARY_THRESHOLD, device=x.device) * _ratio(fixed.sum(dim=1), sizes, s)
+    threshold = torch.tensor(np.float32(ratio), device=x.device) * _ratio(fixed.sum(dim=1), sizes, s)
     keep = mag > threshold[:, None]                              # the padding (zeros) never
     scales = _ratio((fixed * keep).sum(dim=1), keep.sum(dim=1).clamp(min=1), s)
     scales = torch.where(scales < float(TINY), torch.zeros_like(scales), scales)
