@@ -55,6 +55,9 @@ EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer
     "diloco-topk-int4-down": {"codec.mode": "topk", "codec.topk_value_bits": 1, "codec.update_mode": "int4-huffman"},
     "diloco-topk-int8-down": {"codec.mode": "topk", "codec.topk_value_bits": 1, "codec.update_mode": "int8-huffman"},
     "diloco-ternary": {"codec.mode": "ternary-huffman"},
+    "diloco-ternary-no-ef": {"codec.mode": "ternary-huffman", "codec.error_feedback": False},
+    "diloco-ternary-t1-no-ef": {"codec.mode": "ternary-huffman", "codec.ternary_threshold": 1.0,
+                                "codec.error_feedback": False},
     "diloco-int4": {"codec.mode": "int4-huffman"},
 }
 

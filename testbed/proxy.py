@@ -57,7 +57,8 @@ class TokenBucket:
     machine is made up for, not lost (with 5 ms, 40 Mbit/s read 10 % low)."""
 
     def __init__(self) -> None:
-        self.tokens, self.last = 0.0, None
+        self.tokens = 0.0
+        self.last: float | None = None
 
     def refill(self, now: float, rate: float) -> None:
         if self.last is not None:
