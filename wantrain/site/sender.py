@@ -48,9 +48,9 @@ def overdue(lanes: list[list[Sent]], acked_at: Callable[[int, Transmission], flo
     order (one TCP connection, one stream), so what went before an acknowledged transmission on its
     lane and is not acknowledged there was lost (TCP's fast retransmit, by chunk). Past a lane's
     last ack, each transmission is given the time its lane needs to carry it and those ahead of it
-    at its share of the lanes' delivery rate `rate_Bps` (the lanes with something unacknowledged
-    share it), SLACK times over, plus `floor_s`, counted from the lane's last ack or its writing,
-    whichever is later: beyond that it is late (a tail loss, or a lane stalled by a lost segment).
+    at an equal share of the lanes' delivery rate `rate_Bps`, SLACK times over, plus `floor_s`,
+    counted from the lane's last ack or its writing, whichever is later: beyond that it is late (a
+    tail loss, or a lane stalled by a lost segment).
     With no rate measured yet, `blind_s` in place of the bytes' time. On a slow link the acks keep
     pace with the bytes, and nothing queued is taken for lost."""
     latest: dict[int, tuple[float, int, int]] = {}          # chunk -> (written at, lane, n) of its latest
@@ -59,8 +59,8 @@ def overdue(lanes: list[list[Sent]], acked_at: Callable[[int, Transmission], flo
             if s.t.kind == "chunk" and (s.at, lane, n) > latest.get(s.t.index, (-math.inf, 0, 0)):
                 latest[s.t.index] = (s.at, lane, n)
     times = [[acked_at(lane, s.t) for s in log] for lane, log in enumerate(lanes)]
-    busy = sum(any(a is None for a in ts) for ts in times)
-    share = rate_Bps / max(busy, 1)
+    share = rate_Bps / max(len(lanes), 1)      # each lane's, as if all were busy: a lane left alone at
+                                               # the end waited its turn at that share till then
     late: set[int] = set()
     for lane, (log, ts) in enumerate(zip(lanes, times)):
         done = [n for n, a in enumerate(ts) if a is not None]
