@@ -152,7 +152,6 @@ def test_a_hedge_that_looks_lost_goes_again_on_another_lane_a_few_times_at_most(
     async def go():
         for t in order:
             await out.send(t)
-        out.started = time.perf_counter() - 1.0
         return await out.hedge(manifest, order, 0.05, None, 1.0, every_chunk=True)
     again = asyncio.run(go())
     on = [lane for lane, m in lanes.sent if m.index == deaf]

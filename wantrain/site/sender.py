@@ -50,9 +50,9 @@ def overdue(lanes: list[list[Sent]], acked_at: Callable[[int, Transmission], flo
     last ack, each transmission is given the time its lane needs to carry it and those ahead of it
     at an equal share of the lanes' delivery rate `rate_Bps`, SLACK times over, plus `floor_s`,
     counted from the lane's last ack or its writing, whichever is later: beyond that it is late (a
-    tail loss, or a lane stalled by a lost segment).
-    With no rate measured yet, `blind_s` in place of the bytes' time. On a slow link the acks keep
-    pace with the bytes, and nothing queued is taken for lost."""
+    tail loss, or a lane stalled by a lost segment). With no rate measured yet, `blind_s` in place
+    of the bytes' time. On a slow link the acks keep pace with the bytes, and nothing queued is
+    taken for lost."""
     latest: dict[int, tuple[float, int, int]] = {}          # chunk -> (written at, lane, n) of its latest
     for lane, log in enumerate(lanes):
         for n, s in enumerate(log):
@@ -91,7 +91,6 @@ class Sender:
         self.log: list[list[Sent]] = [[] for _ in range(len(lanes))] if lanes is not None else []
         self.next_lane = 0
         self.hedged = 0
-        self.started = time.perf_counter()
         self.rtt_s = 0.0          # the manifest's: written to acknowledged
 
     def message(self, t: Transmission) -> TensorChunk | DeltaParity:
@@ -109,8 +108,7 @@ class Sender:
             return
         t0 = time.perf_counter()
         await self.lanes.until_acked(await self.lanes.send(0, m))
-        self.started = time.perf_counter()
-        self.rtt_s = self.started - t0
+        self.rtt_s = time.perf_counter() - t0
 
     def _lane_for(self, t: Transmission) -> int:
         assert self.lanes is not None
