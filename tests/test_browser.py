@@ -257,6 +257,9 @@ def test_quickstart_in_a_real_browser(lab):
             # The dashboard's chart in the notebook (JupyterLab may hold a second, off-screen copy)
             timeline = page.locator(".jp-OutputArea-output.js-plotly-plot").filter(has_text="Timeline")
             _shot(timeline, SHOTS / "3-timeline-with-fault.png")
+            wait_showing(lambda: _points(page, "Where each site", "computing") >= 1, 120, "where the rounds go")
+            where = page.locator(".jp-OutputArea-output.js-plotly-plot").filter(has_text="Where each site")
+            _shot(where, SHOTS / "3b-where-each-round-goes.png")
             assert _points(page, "Loss", "validation") >= 2
 
             page.locator(".wantrain-stop").click(no_wait_after=True)
@@ -288,7 +291,7 @@ def test_quickstart_in_a_real_browser(lab):
                 points: gd.querySelectorAll('g.trace path, g.trace .point').length}))""")
             report.screenshot(path=str(SHOTS / "4-report.png"), full_page=True)
             titles = [d["title"] for d in drawn]
-            for prefix in ("Loss", "Bytes on the wire", "Links: RTT", "Links: throughput", "Timeline"):
+            for prefix in ("Loss", "Bytes on the wire", "Where each site", "Links: RTT", "Links: throughput", "Timeline"):
                 assert any(t.startswith(prefix) for t in titles), titles
             assert all(d["traces"] > 0 and d["points"] > 0 for d in drawn), drawn
         finally:

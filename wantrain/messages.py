@@ -127,6 +127,8 @@ class RoundMetrics:
     wait_s: float = 0.0       # idle (not computing) between the previous push and this round's start
     steps_ahead: int = 0      # of `steps`, those taken before the RoundStart (overlap schedule)
     hedged: int = 0           # hedges: chunks sent again on another lane, once per hedge (train.hedge_s)
+    download_s: float = 0.0   # the update this round started from: its first chunk to its result, at the site
+    turnaround_s: float = 0.0  # the first chunk of that update (or the RoundStart) to the delta's first message sent
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .palette import run_start_time, site_colours
+from .round_time import LABELS as ROUND_PARTS
+from .round_time import PARTS, round_splits, summary_lines
 from .telemetry import LINK_KINDS, read_events, rows
 
-__all__ = ["write_report", "summarize", "link_summary", "split", "figures", "timeline_figure", "thin"]
+__all__ = ["write_report", "summarize", "link_summary", "split", "figures", "timeline_figure", "round_time_figure",
+           "thin"]
 
 
 def split(events: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
@@ -236,8 +239,42 @@ def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure
                        xaxis_title="round")
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="times smaller than fp32", secondary_y=True, rangemode="tozero")
-    extra = [links_figure(events, links, frame, max_points), throughput_figure(links, frame, max_points)]
+    extra = [round_time_figure(events, max_points), links_figure(events, links, frame, max_points),
+             throughput_figure(links, frame, max_points)]
     return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(everything, max_points, frame)]
+
+
+# The parts of a round (round_time.py), as drawn: the site's work in warm colours, the wire in
+# blues, waiting in grey.
+_PART_COLOURS = {"latency": "#9ecae1", "download": "#4292c6", "apply": "#fdae6b", "compute": "#e6550d",
+                 "encode": "#fd8d3c", "other": "#d9d9d9", "upload": "#08519c", "waiting": "#969696",
+                 "ps": "#756bb1"}
+
+
+def round_time_figure(events: list[dict], max_points: int | None = None) -> go.Figure | None:
+    """Where each site's round goes (round_time.py): per site, a stacked bar a round, its parts
+    adding up to the round's wall time. With more rounds than max_points, evenly spaced rounds."""
+    splits = round_splits(events)
+    if not splits:
+        return None
+    names = list(dict.fromkeys(s["site"] for s in splits))
+    fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                        subplot_titles=names)
+    for i, name in enumerate(names):
+        mine = [s for s in splits if s["site"] == name]
+        if max_points and len(mine) > max_points:
+            mine = [mine[j] for j in np.linspace(0, len(mine) - 1, max_points).round().astype(int)]
+        for part in PARTS:
+            label = ROUND_PARTS[part]
+            fig.add_trace(go.Bar(x=[s["round"] for s in mine], y=[s[f"{part}_s"] for s in mine], name=label,
+                                 marker_color=_PART_COLOURS[part], legendgroup=part, showlegend=i == 0,
+                                 hovertemplate=f"{name}, round %{{x}}: {label} %{{y:.2f}} s<extra></extra>"),
+                          row=i + 1, col=1)
+        fig.update_yaxes(title_text="s", row=i + 1, col=1)
+    fig.update_xaxes(title_text="round", row=len(names), col=1)
+    fig.update_layout(title="Where each site's round goes (seconds of the round's wall time)", barmode="relative",
+                      height=160 + 170 * len(names), bargap=0.15)
+    return fig
 
 
 # Markers of the timeline: event kind -> (label, colour, symbol).
@@ -344,6 +381,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 </head><body>
 <h1>wantrain run {html.escape(str(s['run_id']))}</h1>
 <table>{table}</table>
+{''.join(f"<p>{html.escape(line)}</p>" for line in summary_lines(everything))}
 {''.join(parts)}
 </body></html>
 """

@@ -26,7 +26,7 @@ from typing import Any
 from .errors import MissingTelemetryError, TelemetryError
 
 __all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS", "PS_KINDS", "LINK_KINDS",
-           "REPORTED_KINDS", "utilization"]
+           "REPORTED_KINDS", "round_windows", "utilization"]
 
 SCHEMA_VERSION = 2
 PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
@@ -165,25 +165,31 @@ def rows(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["kind"] == kind]
 
 
-def utilization(events: list[dict]) -> dict[str, dict[str, float]]:
-    """Per site: seconds computing, seconds of rounds it took part in, and their ratio.
-
-    A round's wall time runs from its round_start to the next round_start (or its round_end for
-    the last round): it includes the push, the wait for the others, aggregation and the update.
-    Emulated compute (speed-factor padding) counts as computing: it stands for a slower GPU."""
+def round_windows(events: list[dict]) -> dict[int, tuple[float, float]]:
+    """Each round's wall time on the run's clock, (start, end): from its round_start to the next
+    round's, or to its own round_end for the last. It includes the push, the wait for the others,
+    aggregation and the update (round_time.py splits it)."""
     starts = {e["round"]: e["t"] for e in rows(events, "round_start")}
     ends = {e["round"]: e["t"] for e in rows(events, "round_end")}
+    return {r: (t, starts.get(r + 1, ends.get(r, t))) for r, t in starts.items()}
+
+
+def utilization(events: list[dict]) -> dict[str, dict[str, float]]:
+    """Per site: seconds computing, seconds of the rounds it took part in (`round_windows`), and
+    their ratio. Emulated compute (speed-factor padding) counts as computing: it stands for a
+    slower GPU; so do steps taken ahead under the overlap schedule."""
+    windows = round_windows(events)
     out: dict[str, dict[str, float]] = {}
     for e in rows(events, "site_round"):
         r = e["round"]
-        if r not in starts or e.get("late"):
+        if r not in windows or e.get("late"):
             continue
-        wall = starts.get(r + 1, ends.get(r, starts[r])) - starts[r]
-        if wall <= 0:
+        t0, t1 = windows[r]
+        if t1 <= t0:
             continue
         d = out.setdefault(e["site"], {"compute_s": 0.0, "wall_s": 0.0, "rounds": 0})
         d["compute_s"] += e["compute_s"]
-        d["wall_s"] += wall
+        d["wall_s"] += t1 - t0
         d["rounds"] += 1
     for d in out.values():
         d["utilization"] = d["compute_s"] / d["wall_s"]

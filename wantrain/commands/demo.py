@@ -106,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
           f"per site ({s['downlink_ratio']:.2f}x); replica hash checks {s['hash_checks']}, "
           f"mismatches {s['hash_mismatches']}")
     from ..report import link_summary
-    for line in link_summary(everything):
+    from ..round_time import summary_lines
+    for line in link_summary(everything) + summary_lines(events):
         print(line)
     print(f"report: {report}")
     return 0

@@ -120,8 +120,8 @@ def recovery(policy: str, close: str, missing: list[str], chunks: int,
 
 
 def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: dict[str, Verdict],
-              accepted: dict[str, Upload], missed: list[str], round_s: float, aggregate_s: float,
-              recovered: dict) -> dict:
+              accepted: dict[str, Upload], missed: list[str], closed_s: float, round_s: float,
+              aggregate_s: float, recovered: dict) -> dict:
     """The fields of a `round_end` event: who counted, what the update cost, where the time went,
     what stood in for what was missing (`recovered`: `recovery`)."""
     per_site = {s: {"steps": m.steps, "tokens": m.tokens, "compute_s": m.compute_s,
@@ -132,8 +132,9 @@ def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: di
                 rejected=sorted(k for k, v in verdicts.items() if v.action == "reject"), per_site=per_site,
                 raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, ratio=stats.ratio,
                 huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
-                aggregate_s=aggregate_s, round_s=round_s, close=recovered["close"], substitute=recovered["substitute"],
-                partial=recovered["partial"], substituted=recovered["substituted"], reconciled=recovered["reconciled"])
+                aggregate_s=aggregate_s, closed_s=closed_s, round_s=round_s, close=recovered["close"],
+                substitute=recovered["substitute"], partial=recovered["partial"],
+                substituted=recovered["substituted"], reconciled=recovered["reconciled"])
 
 
 @dataclass
@@ -167,6 +168,7 @@ class Committer:
         closed; `partial`: it counts the chunks in of a delta with a manifest), apply it and make it
         durable. `split`: its update goes in a head and a tail (recovery/downlink.py)."""
         round_ = self.ledger.round
+        closed_s = time.time() - started_at      # the round's deltas are in (or its deadline came)
         outside = self.cfg.train.zero_substitute      # zeros stand in (zero-outside, zero-carry)
         # Now, before any await: a late delta arriving meanwhile leaves `late` for the next round's
         # side, and a chunk arriving meanwhile joins the rest of its partial delta.
@@ -233,7 +235,8 @@ class Committer:
         recovered = recovery(self.cfg.train.late_policy, close, missing, len(self.model.plan),
                              counted_chunks, side)
         self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
-                                                    time.time() - started_at, aggregate_s, recovered))
+                                                    closed_s, time.time() - started_at, aggregate_s,
+                                                    recovered))
         tail = 0
         if split:
             update, tail = await asyncio.to_thread(self._split, round_, update)

@@ -289,7 +289,10 @@ class ParameterServer:
                                                                    delta))
         fields = {k: getattr(m, k) for k in m.__dataclass_fields__ if k != "round"}
         late = self.rounds.owed(link.name, m.round) is up
+        to_round = time.time() - time.perf_counter() - self.rounds.started_at   # + a perf_counter: seconds into the round
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
+                           first_in_s=None if late else to_round + up.first_chunk_at,
+                           arrived_s=None if late else to_round + up.last_chunk_at,
                            ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
                            received_wire_bytes=up.wire_bytes, upload_s=up.upload_s, delta_norm=norm,
                            encoding=up.encoding,

@@ -42,6 +42,10 @@ class Replica:
         self.hash = ""
         self.expected_hash = ""         # what the download under way, or the update's tail, must hash to
         self.decode_s = 0.0             # the last update's decode and add
+        self.incoming: list[TensorChunk] = []   # the next update's chunks, until its result comes
+        self.incoming_at = 0.0          # perf_counter: the first of them came
+        self.download_s = 0.0           # the last update applied: its first chunk to its result
+        self.update_began: float | None = None   # perf_counter: that first chunk, until a round takes it
         self.tail: set[int] = set()     # update chunks of round `round - 1` still to come (patched in)
 
     def build(self, model: torch.nn.Module, shards: int, chunk_elements: int) -> None:
@@ -91,6 +95,32 @@ class Replica:
         if self.hash != self.expected_hash:
             raise ReplicaMismatchError(f"downloaded model hashes to {self.hash}, the PS says {self.expected_hash}")
         log.info("site %s: model at round %d loaded (%s)", self.site, self.round, self.hash)
+
+    def new_session(self) -> None:
+        """A new session: the chunks of an update the last one did not finish go (the PS sends what
+        this replica misses again), and so does the time an update began to arrive."""
+        self.incoming, self.update_began = [], None
+
+    def receive(self, c: TensorChunk) -> None:
+        """A chunk of the next update, held until its result (`apply_received`)."""
+        if not self.incoming:
+            self.incoming_at = time.perf_counter()
+        self.incoming.append(c)
+
+    def apply_received(self, result: RoundResult) -> None:
+        """Apply the update received since the last (`receive`), now that its result is in; timed:
+        `download_s` from its first chunk to its result (taken here, in the worker thread)."""
+        parts, self.incoming = self.incoming, []
+        self.download_s = time.perf_counter() - self.incoming_at if parts else 0.0
+        if parts:
+            self.update_began = self.incoming_at
+        self.apply(parts, result)
+
+    def take_update_began(self) -> float | None:
+        """When the update a round starts from began to arrive (perf_counter), once; None if no update
+        came since the last round took it."""
+        began, self.update_began = self.update_began, None
+        return began
 
     def apply(self, parts: list[TensorChunk], result: RoundResult) -> None:
         """Add a round's update, exactly as decoded; the replica moves to the next round. With a tail

@@ -99,6 +99,7 @@ class RoundInHand:
     closed: bool = False                # its result came first: it committed without this delta
     abandoned: bool = False             # the session ended under it
     task: asyncio.Future | None = None
+    began_at: float = 0.0               # perf_counter: the first chunk of the update it starts from, or its RoundStart
 
 
 class Site:
@@ -174,8 +175,8 @@ class Site:
         or the update of its round are taken only once it is done with."""
         await stream.send(Join(self.opts.name, resume_round=self.round, resume_hash=self.hash,
                                device=str(self.device), token=self.opts.token))
+        self.replica.new_session()
         model_specs: list = []           # model chunks placed so far (each straight into the model)
-        update_parts: list[TensorChunk] = []
         expected_model = 0
         try:
             while not self.finished:
@@ -187,7 +188,7 @@ class Site:
                     continue
                 if isinstance(msg, TensorChunk) and msg.kind == UPDATE:
                     if self.replica.whole:
-                        update_parts.append(msg)
+                        self.replica.receive(msg)
                     else:                       # the last update's tail, while the next round trains
                         await self._patch(stream, msg)
                     continue
@@ -218,11 +219,10 @@ class Site:
                     if msg.model_hash != self.replica.promised_hash:
                         raise ReplicaMismatchError(f"round {msg.round} starts from {msg.model_hash}, "
                                                    f"this replica has {self.replica.promised_hash}")
-                    self._start_round(stream, msg)
+                    self._start_round(stream, msg, self.replica.take_update_began() or time.perf_counter())
                 elif isinstance(msg, RoundResult):
-                    await asyncio.to_thread(self._held().apply, update_parts, msg)
+                    await asyncio.to_thread(self._held().apply_received, msg)
                     self._loaded()[3].settle(msg)
-                    update_parts = []
                     if self.replica.whole:          # else once the update's tail is in (_patch)
                         await stream.send(HashReport(msg.round, self.hash))
                     await self._flush_probes(stream)
@@ -246,10 +246,10 @@ class Site:
 
     # ------------------------------------------------------------ the round in hand
 
-    def _start_round(self, stream: Stream, start: RoundStart) -> None:
+    def _start_round(self, stream: Stream, start: RoundStart, began_at: float) -> None:
         planned = (f"a {start.train_s:.1f} s budget" if start.train_s
                    else f"{self._config().train.inner_steps} inner steps")
-        hand = RoundInHand(start.round, planned)
+        hand = RoundInHand(start.round, planned, began_at=began_at)
         hand.task = asyncio.ensure_future(self._train_and_push(stream, start, hand))
         self.in_hand = hand
 
@@ -360,7 +360,8 @@ class Site:
             if not self._push_anyway(hand, info["steps"], uplink):
                 uplink.keep(delta)
                 return
-        stats = await uplink.push(stream, round_, delta, {**info, "wait_s": wait_s, "decode_s": self._held().decode_s})
+        stats = await uplink.push(stream, round_, delta, {**info, "wait_s": wait_s, "decode_s": self._held().decode_s,
+                                                         "download_s": self._held().download_s}, hand.began_at)
         await self._flush_probes(stream)
         self.pushed_at = time.time()
         trim_heap()                       # the round's scratch memory, back while the PS commits

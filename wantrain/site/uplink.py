@@ -69,9 +69,11 @@ class Uplink:
         """Is a delta whose round committed without it still worth sending? Only if the PS may apply it."""
         return self.cfg.train.applies_late
 
-    async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict) -> EncodeStats:
+    async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict, began_at: float = 0.0
+                   ) -> EncodeStats:
         """Encode the round's delta (error feedback in) and send its manifest, its chunks, then its
-        RoundMetrics with `figures` (the training's, wait_s, decode_s). The chunks go in the order
+        RoundMetrics with `figures` (the training's, wait_s, decode_s) and the seconds from
+        `began_at` (perf_counter: when the round began here) to the first message of the delta. The chunks go in the order
         recovery.transmissions gives (critical ones first, then by importance, so that what a
         deadline cuts short is what matters least), with their copies and parity where the run asks
         (train.critical_copies, train.parity_share) and `stream` can carry them; except that the
@@ -91,6 +93,7 @@ class Uplink:
         lost: set[int] = set()       # positions lost on purpose (chunk loss)
         if self.loss is not None:
             lost = set(np.flatnonzero(self.loss.mask(sizes)).tolist())
+        turnaround_s = max(0.0, time.perf_counter() - began_at) if began_at else 0.0
         await out.manifest(manifest)
         t0 = time.perf_counter()
         for n, x in enumerate(order):
@@ -113,7 +116,8 @@ class Uplink:
         await out.settled()          # every lane's chunk taken: the metrics may follow
         metrics = RoundMetrics(round=round_, raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes,
                                huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
-                               send_s=send_s, chunks=len(chunks), hedged=out.hedged, **figures)
+                               send_s=send_s, chunks=len(chunks), hedged=out.hedged, turnaround_s=turnaround_s,
+                               **figures)
         await stream.send(metrics)
         return stats
 

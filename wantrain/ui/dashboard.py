@@ -31,7 +31,7 @@ from ..report import figures
 __all__ = ["Dashboard", "site_states", "progress_text", "CHART_ORDER"]
 
 # Title prefixes of the report's charts (wantrain.report.figures), in its order.
-CHART_ORDER = ("Loss", "Bytes on the wire", "Links: RTT", "Links: throughput", "Timeline")
+CHART_ORDER = ("Loss", "Bytes on the wire", "Where each site", "Links: RTT", "Links: throughput", "Timeline")
 
 
 def site_states(events: list[dict], ended: str | None = None) -> dict[str, str]:

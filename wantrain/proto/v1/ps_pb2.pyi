@@ -205,7 +205,7 @@ class RoundStart(_message.Message):
     def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., train_s: _Optional[float] = ...) -> None: ...
 
 class RoundMetrics(_message.Message):
-    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "send_s", "chunks", "emulated_s", "data_position", "wait_s", "steps_ahead", "hedged")
+    __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "send_s", "chunks", "emulated_s", "data_position", "wait_s", "steps_ahead", "hedged", "download_s", "turnaround_s")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
     LAST_TRAIN_LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +224,8 @@ class RoundMetrics(_message.Message):
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     STEPS_AHEAD_FIELD_NUMBER: _ClassVar[int]
     HEDGED_FIELD_NUMBER: _ClassVar[int]
+    DOWNLOAD_S_FIELD_NUMBER: _ClassVar[int]
+    TURNAROUND_S_FIELD_NUMBER: _ClassVar[int]
     round: int
     train_loss: float
     last_train_loss: float
@@ -242,7 +244,9 @@ class RoundMetrics(_message.Message):
     wait_s: float
     steps_ahead: int
     hedged: int
-    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ..., steps_ahead: _Optional[int] = ..., hedged: _Optional[int] = ...) -> None: ...
+    download_s: float
+    turnaround_s: float
+    def __init__(self, round: _Optional[int] = ..., train_loss: _Optional[float] = ..., last_train_loss: _Optional[float] = ..., tokens: _Optional[int] = ..., steps: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., huffman_bits_per_symbol: _Optional[float] = ..., encode_s: _Optional[float] = ..., decode_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., send_s: _Optional[float] = ..., chunks: _Optional[int] = ..., emulated_s: _Optional[float] = ..., data_position: _Optional[int] = ..., wait_s: _Optional[float] = ..., steps_ahead: _Optional[int] = ..., hedged: _Optional[int] = ..., download_s: _Optional[float] = ..., turnaround_s: _Optional[float] = ...) -> None: ...
 
 class RoundResult(_message.Message):
     __slots__ = ("round", "model_hash", "sites", "val_loss", "late_sites", "partial", "tail_chunks")
