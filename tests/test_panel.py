@@ -197,8 +197,8 @@ def test_after_a_kernel_restart_a_panel_attaches_to_the_run_that_is_going(tmp_pa
 
     run_dir = tmp_path / "run"
     demo = subprocess.Popen([sys.executable, "-m", "wantrain", "demo", "--rounds", "8", "--inner-steps", "10",
-                             "--run-dir", str(run_dir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                             "--run-dir", str(run_dir), "--tensorboard", str(tmp_path / "tb")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     km = KernelManager(kernel_name="python3")
     km.start_kernel(cwd=str(tmp_path), env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -232,6 +232,15 @@ def test_after_a_kernel_restart_a_panel_attaches_to_the_run_that_is_going(tmp_pa
                    f"ca={str(run_dir / 'tls' / 'ca.pem')!r})", wait="panel.wait(300)"))
         assert "RESULT finished [0, 1, 2, 3, 4, 5, 6, 7] 0" in again, again     # from round 0, to the end
         assert demo.wait(120) == 0
+        # The demo wrote its telemetry as TensorBoard event files as it went (--tensorboard), and
+        # TensorBoard's own reader reads them: the loss from before training to the end, and where
+        # every site's every round went.
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert [s.step for s in acc.Scalars("loss/validation")] == list(range(9))
+        computing = [t for t in acc.Tags()["scalars"] if t.startswith("time/compute/")]
+        assert len(computing) == 3 and all(len(acc.Scalars(t)) == 8 for t in computing), computing
     finally:
         km.shutdown_kernel(now=True)
         if demo.poll() is None:

@@ -44,6 +44,7 @@ from .launch.ssh import LOST
 from .run_names import default_site_names, new_run_dir
 from .plan import ON_HOST_BACKENDS, RunPlan, SitePlan
 from .relay import EventRelay
+from .tensorboard_log import TensorBoardLog
 from .watch import follow_events
 
 __all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
@@ -65,7 +66,7 @@ class Run:
                  python: str = sys.executable, scenario: str | Path | None = None, tls: bool = True,
                  devices: dict[str, str] | None = None, plan: RunPlan | None = None,
                  remote: dict[str, RemoteSite | str] | None = None, nproc: dict[str, int] | None = None,
-                 ps_on: RemotePS | str | None = None) -> None:
+                 ps_on: RemotePS | str | None = None, tensorboard: str | Path | None = None) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir) if run_dir else new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +104,8 @@ class Run:
         self.port: int | None = None          # where observers reach the PS (a forward's, for a remote PS)
         self.ps_port: int | None = None       # the port the PS bound on its host
         self._events: queue.Queue[dict | None] = queue.Queue()
+        # The telemetry as TensorBoard event files too, written as it comes (the watch thread's).
+        self.tensorboard = TensorBoardLog(tensorboard) if tensorboard is not None else None
         self._watch_thread: threading.Thread | None = None
         self._watch_error = ""
         self._stopping = threading.Event()
@@ -322,10 +325,14 @@ class Run:
                     if mirror is not None:
                         with open(mirror, "a") as f:
                             f.write(json.dumps(ev, separators=(",", ":")) + "\n")
+                    if self.tensorboard is not None:
+                        self.tensorboard.add(ev)
                     self._events.put(ev)
             except WantrainError as e:
                 self._watch_error = str(e)
             finally:
+                if self.tensorboard is not None:
+                    self.tensorboard.flush()
                 self._events.put(None)
 
         self._watch_thread = threading.Thread(target=pump, name="wantrain-watch", daemon=True)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     get_tokenizer(cfg.data.tokenizer)
     load_documents(cfg.data.corpus)
 
-    run = Run(cfg, run_dir=args.run_dir, site_threads=1, scenario=scenario, sites=sites)
+    run = Run(cfg, run_dir=args.run_dir, site_threads=1, scenario=scenario, sites=sites, tensorboard=args.tensorboard)
     work = (f"{cfg.train.round_budget_s:g} s of compute" if cfg.train.round_budget_s
             else f"{cfg.train.inner_steps} inner steps") + (", overlapped" if cfg.train.schedule == "overlap" else "")
     print(f"wantrain demo: {cfg.num_sites} sites x {cfg.train.rounds} rounds x {work}, "
@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     for line in link_summary(everything) + summary_lines(events):
         print(line)
     print(f"report: {report}")
+    if args.tensorboard:
+        print(f"TensorBoard: tensorboard --logdir {args.tensorboard}")
     return 0
 
 
@@ -134,4 +136,6 @@ def add_parser(sub) -> None:
                         "direct loopback")
     d.add_argument("--run-dir", default=None, help="folder for telemetry, logs and report (default runs/<time>)")
     d.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    d.add_argument("--tensorboard", default=None, metavar="DIR", help="also write the run's telemetry as TensorBoard "
+                   "event files in DIR (needs the tensorboard package: pip install 'wantrain[tensorboard]')")
     d.set_defaults(func=run)
