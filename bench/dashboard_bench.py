@@ -27,7 +27,7 @@ single_core()
 import numpy as np  # noqa: E402
 import plotly.io as pio  # noqa: E402
 
-from wantrain.report import figures  # noqa: E402
+from wantrain.charts import figures  # noqa: E402
 from wantrain.codec_study import best_of  # noqa: E402
 from wantrain.ui import Dashboard  # noqa: E402
 

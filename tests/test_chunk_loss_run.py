@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from wantrain.report import timeline_figure
+from wantrain.charts import timeline_figure
 from wantrain.run import Run, describe_scenario
 from wantrain.telemetry import read_events, rows
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from wantrain.plan import JsonlTail
-from wantrain.report import figures, thin
+from wantrain.charts import figures, thin
 from wantrain.run import Run
 from wantrain.ui import Dashboard
 

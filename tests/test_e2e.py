@@ -1,8 +1,11 @@
 """Three sites train one model: a real PS and three real sites (separate OS processes) over
 loopback gRPC, and the fp32 codec's run in one process (tests/harness.py)."""
 
+import html
+
 import pytest
 
+from wantrain.report import write_report
 from wantrain.round_time import PARTS, round_splits, site_totals
 from wantrain.run import Run
 from wantrain.telemetry import read_events, rows
@@ -27,6 +30,12 @@ def test_three_site_processes_train_with_identical_replicas(tmp_path):
     events = read_events(tmp_path / "run")
     check_trained(events, cfg)
     check_round_time(events, cfg)
+    # The report reads on its own: the settings, a row per round, where each site's time went.
+    page = html.unescape(write_report(tmp_path / "run").read_text())
+    assert "4 x 8 inner steps a round" in page and "int8-huffman up, int8-huffman down" in page
+    rounds_table = page.split("<h2>Rounds</h2>")[1].split("</table>")[0]
+    assert rounds_table.count("<tr>") == 1 + cfg.train.rounds
+    assert all(f"where {site}'s time went ({cfg.train.rounds} rounds" in page for site in SITES)
 
 
 @pytest.mark.timeout(120)

@@ -14,7 +14,7 @@ from wantrain.config import CodecConfig
 from wantrain.messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
 from wantrain.recovery import MAX_HEDGES, Transmission, build_manifest, roles_of, transmissions
 from wantrain import wire
-from wantrain.report import timeline_figure
+from wantrain.charts import timeline_figure
 from wantrain.site.lanes import Lanes
 from wantrain.site.sender import Sender, Sent, overdue
 from wantrain.telemetry import rows

@@ -15,8 +15,8 @@ event's own:
     time/<part>/<site>               seconds of the site's round spent on each part of
                                      wantrain.round_time (written once the next round starts)
 
-and a text summary `events` with what happened to the run besides its rounds (faults, outages,
-alerts, quarantines, missed deadlines, joins and leaves), one entry per event. TensorBoard's own
+and a text summary `events` with what happened to the run besides its rounds (run_tables.py:
+faults, outages, alerts, quarantines, missed deadlines, joins and leaves), one entry per event. TensorBoard's own
 reader (EventAccumulator) reads them back: tests/test_tensorboard_log.py. The `tensorboard`
 package is an extra (`pip install wantrain[tensorboard]`).
 """
@@ -27,24 +27,10 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .round_time import PARTS, round_splits
+from .run_tables import INCIDENT_KINDS, describe
 from .telemetry import read_events
 
 __all__ = ["TensorBoardLog", "export"]
-
-# Events worth a line in the `events` text, and how each reads.
-_TEXT = {
-    "join": lambda e: f"{e['site']} joined" + (" (resumed)" if e.get("resumed") else ""),
-    "leave": lambda e: f"{e['site']} left: {e.get('reason', '')}",
-    "deadline": lambda e: f"round {e['round']}: deadline passed without {', '.join(e.get('missing', []))}",
-    "quarantine": lambda e: f"round {e.get('round')}: {e.get('site')}'s delta {e.get('action')}: {e.get('message', '')}",
-    "alert": lambda e: f"alert: {e.get('message', '')}",
-    "fault": lambda e: f"fault injected: {e.get('action')} {e.get('site', '')}".strip(),
-    "outage_start": lambda e: f"{e.get('site')}: link down",
-    "outage_end": lambda e: f"{e.get('site')}: link back",
-    "restart": lambda e: f"the PS restarted from its checkpoint at round {e.get('round')}",
-    "error": lambda e: f"error: {e.get('message', '')}",
-}
-
 
 class TensorBoardLog:
     """Event files in `log_dir`, written as the run's events are added."""
@@ -76,8 +62,8 @@ class TensorBoardLog:
             self._scalar("loss/validation", e["val_loss"], self.round, t)
             self._scalar("wire/downlink_mb", e["wire_bytes"] / 1e6, self.round, t)
             self._scalar("round/seconds", e["round_s"], self.round, t)
-        elif kind in _TEXT:
-            self._text("events", _TEXT[kind](e), self.round, t)
+        elif kind in INCIDENT_KINDS:
+            self._text("events", describe(e), self.round, t)
         if kind in ("round_start", "site_round", "round_end"):
             self._rounds.append(e)
         if kind in ("round_start", "run_end"):      # a round's window has closed: its split is known

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 bar.write(f"  error: {ev['message']}")
         bar.close()
         run.wait_exit(30)
-    from ..report import split
+    from ..charts import split
+    from ..run_tables import round_rows
     from ..telemetry import read_events
     everything = read_events(run.run_dir)      # includes what arrived after run_end (last hash checks)
     events = split(everything)[0]
@@ -89,17 +90,9 @@ def run(args: argparse.Namespace) -> int:
     report = write_report(run.run_dir)
     print()
     print(f"{'round':>5} {'val loss':>9} {'uplink MB':>10} {'ratio':>6} {'Huffman b/sym':>14} {'round s':>8}")
-    by_round: dict[int, list[dict]] = {}
-    for e in events:
-        if e["kind"] == "site_round":
-            by_round.setdefault(e["round"], []).append(e)
-    for e in (e for e in events if e["kind"] == "round_end"):
-        ups = by_round.get(e["round"], [])
-        up_wire = sum(u["wire_bytes"] for u in ups)
-        up_raw = sum(u["raw_bytes"] for u in ups)
-        hb = sum(u["huffman_bits_per_symbol"] for u in ups) / max(1, len(ups))
-        print(f"{e['round']:>5} {e['val_loss']:>9.4f} {up_wire / 1e6:>10.3f} {up_raw / max(1, up_wire):>6.2f} "
-              f"{hb:>14.3f} {e['round_s']:>8.2f}")
+    for r in round_rows(events):
+        print(f"{r['round']:>5} {r['val_loss']:>9.4f} {r['uplink_mb']:>10.3f} {r['uplink_ratio']:>6.2f} "
+              f"{r['huffman_bits']:>14.3f} {r['round_s']:>8.2f}")
     print()
     print(f"validation loss {s['initial_val_loss']:.4f} -> {s['final_val_loss']:.4f} in {s['wall_s']:.1f} s; "
           f"uplink {s['uplink_mb']:.2f} MB ({s['uplink_ratio']:.2f}x vs fp32), downlink {s['downlink_mb']:.2f} MB "

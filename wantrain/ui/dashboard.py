@@ -8,7 +8,7 @@ rate-capped (`min_interval_s`, stretched so that redrawing takes at most a tenth
 kernel's time however long the run), wait until the page has drawn the last batch (a browser on a
 loaded machine draws slower than a kernel sends: `wantrain.ui.page_ack`), and every series is
 thinned to about `max_points`, keeping its
-spikes (`wantrain.report.thin`), before a figure is built: each redraw sends whole figures to
+spikes (`wantrain.charts.thin`), before a figure is built: each redraw sends whole figures to
 the browser, and plotly validates every point it is given. `follow()` runs in a background thread, so the kernel
 stays free while training runs; `static_figures()` gives plain figures of the final state for
 a saved or rendered notebook (a saved notebook keeps no widget state).
@@ -26,11 +26,11 @@ from collections.abc import Iterable
 import plotly.graph_objects as go
 
 from ..errors import ProcessError, WaitTimeoutError
-from ..report import figures
+from ..charts import figures
 
 __all__ = ["Dashboard", "site_states", "progress_text", "CHART_ORDER"]
 
-# Title prefixes of the report's charts (wantrain.report.figures), in its order.
+# Title prefixes of the charts (wantrain.charts.figures), in their order.
 CHART_ORDER = ("Loss", "Bytes on the wire", "Where each site", "Links: RTT", "Links: throughput", "Timeline")
 
 
