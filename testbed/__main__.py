@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 
 from wantrain.plan import PlanError
@@ -16,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("describe", help="print a scenario's plan (sites, regions, RTTs, speed factors) as JSON")
     d.add_argument("--scenario", required=True)
+    d.add_argument("--ps-region", default=None, help="the plan with the PS in this region instead; 'all': a JSON "
+                   "object of every known region's plan (wantrain place)")
     ln = sub.add_parser("links", help="run the site links of a run plan (or a scenario) to TARGET")
     what = ln.add_mutually_exclusive_group(required=True)
     what.add_argument("--plan", help="a run plan (JSON, wantrain.plan.RunPlan), as `describe` prints it")
@@ -42,7 +46,16 @@ def main(argv: list[str] | None = None) -> int:
             return main_shape(args)
         if args.command == "describe":
             from .links import plan_of
-            print(plan_of(load_scenario(args.scenario)).to_json())
+            from .regions import regions
+            sc = load_scenario(args.scenario)
+            if args.ps_region == "all":
+                print(json.dumps({r: json.loads(plan_of(dataclasses.replace(sc, ps_region=r)).to_json())
+                                  for r in regions()}))
+                return 0
+            if args.ps_region is not None and args.ps_region not in regions():
+                raise ScenarioError(f"--ps-region must be 'all' or one of the known regions ({', '.join(regions())}), "
+                                    f"got {args.ps_region!r}")
+            print(plan_of(dataclasses.replace(sc, ps_region=args.ps_region or sc.ps_region)).to_json())
             return 0
         from .links import main_links
         return main_links(args)

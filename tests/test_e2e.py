@@ -5,6 +5,7 @@ import html
 
 import pytest
 
+from wantrain.commands.place import costs_from_run
 from wantrain.report import write_report
 from wantrain.round_time import PARTS, round_splits, site_totals
 from wantrain.run import Run
@@ -36,6 +37,10 @@ def test_three_site_processes_train_with_identical_replicas(tmp_path):
     rounds_table = page.split("<h2>Rounds</h2>")[1].split("</table>")[0]
     assert rounds_table.count("<tr>") == 1 + cfg.train.rounds
     assert all(f"where {site}'s time went ({cfg.train.rounds} rounds" in page for site in SITES)
+    # What `wantrain place --from-run` takes from it: each site's round, the bytes, the PS's time.
+    costs = costs_from_run(tmp_path / "run")
+    assert set(costs["sites"]) == set(SITES) and all(c["compute"] > 0 for c in costs["sites"].values())
+    assert costs["up_bytes"] > 0 and costs["down_bytes"] > 0 and costs["lanes"]
 
 
 @pytest.mark.timeout(120)

@@ -8,6 +8,7 @@ for a scenario's plan without starting anything.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -21,15 +22,26 @@ from .base import Launcher, ProcessHandle, ProcessSpec
 __all__ = ["LinkEmulator", "describe_scenario"]
 
 
-def describe_scenario(scenario: str | Path, python: str = sys.executable) -> RunPlan:
-    """The run plan of a testbed scenario (sites, regions, RTTs, speed factors), without starting it."""
-    r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", str(scenario)], capture_output=True,
+def describe_scenario(scenario: str | Path, python: str = sys.executable, ps_region: str | None = None) -> RunPlan:
+    """The run plan of a testbed scenario (sites, regions, RTTs, speed factors), without starting it;
+    with `ps_region`, as if its PS were there."""
+    return RunPlan.from_json(_describe(scenario, python, *(["--ps-region", ps_region] if ps_region else [])))
+
+
+def describe_placements(scenario: str | Path, python: str = sys.executable) -> dict[str, RunPlan]:
+    """The run plan of a testbed scenario for its PS in each region the testbed knows."""
+    return {region: RunPlan.from_json(json.dumps(plan))
+            for region, plan in json.loads(_describe(scenario, python, "--ps-region", "all")).items()}
+
+
+def _describe(scenario: str | Path, python: str, *extra: str) -> str:
+    r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", str(scenario), *extra], capture_output=True,
                        text=True, timeout=60)
     if r.returncode == 2:      # the scenario is malformed: testbed's message names the file, line and field
         raise ConfigError(r.stderr.strip().removeprefix("testbed describe: "))
     if r.returncode != 0:
         raise ProcessError(r.stderr.strip() or f"cannot describe scenario {scenario!r}")
-    return RunPlan.from_json(r.stdout)
+    return r.stdout
 
 
 class LinkEmulator:
