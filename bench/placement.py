@@ -39,10 +39,9 @@ def main() -> None:
     p.add_argument("--out", default="placement")
     args = p.parse_args()
 
-    from wantrain.commands.place import costs_from_run
+    from wantrain.commands.place import costs_from_run, predict_plan
     from wantrain.config import RunConfig
     from wantrain.launch.emulator import describe_placements, describe_scenario
-    from wantrain.round_model import SiteCost, predict_round
     from wantrain.run import Run
 
     regions = args.regions.split(",")
@@ -60,11 +59,7 @@ def main() -> None:
             measured[region] = measured_round_s(runs[region])
             print(f"PS in {region}: median round {measured[region]:.2f} s", flush=True)
         c = costs_from_run(runs[regions[0]])
-    predicted = {}
-    for region in regions:
-        sites = [SiteCost(s.name, c["sites"][s.name]["compute"], s.rtt_ms / 1e3, s.bandwidth_mbps,
-                          c["sites"][s.name]["encode"], c["sites"][s.name]["apply"]) for s in plans[region].sites]
-        predicted[region] = predict_round(sites, c["up_bytes"], c["down_bytes"], c["ps_s"], c["lanes"]).round_s
+    predicted = {region: predict_plan(plans[region], c).round_s for region in regions}
     rank_measured = sorted(regions, key=measured.get)
     rank_predicted = sorted(regions, key=predicted.get)
     rows = [{"region": r, "measured_s": measured[r], "predicted_s": predicted[r],

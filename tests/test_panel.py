@@ -241,6 +241,14 @@ def test_after_a_kernel_restart_a_panel_attaches_to_the_run_that_is_going(tmp_pa
         assert [s.step for s in acc.Scalars("loss/validation")] == list(range(9))
         computing = [t for t in acc.Tags()["scalars"] if t.startswith("time/compute/")]
         assert len(computing) == 3 and all(len(acc.Scalars(t)) == 8 for t in computing), computing
+        # The recorded run, asked what if its PS sat beside its slowest site (ap-southeast, speed
+        # factor 1.5): the model reproduces the recorded round, and the move takes time off it.
+        r = subprocess.run([sys.executable, "-m", "wantrain", "whatif", str(run_dir), "--ps-region", "Southeast Asia",
+                            "--json"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        said = json.loads(r.stdout.splitlines()[-1])
+        assert abs(said["predicted_round_s"] / said["measured_round_s"] - 1) < 0.25, said
+        assert said["whatif_round_s"] < said["predicted_round_s"], said
     finally:
         km.shutdown_kernel(now=True)
         if demo.poll() is None:

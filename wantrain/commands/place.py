@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
+from ..round_model import Prediction, SiteCost, predict_round
 
-__all__ = ["add_parser", "run", "costs_from_run"]
+__all__ = ["add_parser", "run", "costs_from_run", "predict_plan", "TYPICAL_BITS"]
 
 # Bits per parameter each codec typically puts on the wire, every byte counted (docs/codecs.md).
 TYPICAL_BITS = {"fp32": 32.0, "int8": 8.01, "int8-huffman": 7.3, "int4-huffman": 2.9, "ternary-huffman": 1.6,
@@ -44,6 +45,17 @@ def costs_from_run(run_dir: Path) -> dict:
             "up_bytes": statistics.median(e["wire_bytes"] for e in rows(events, "site_round")),
             "down_bytes": statistics.median(e["wire_bytes"] for e in rows(events, "round_end")),
             "lanes": config["train"]["lanes"] > 0}
+
+
+def predict_plan(plan, costs: dict, compute_scale: float = 1.0, bytes_scale: float = 1.0) -> Prediction:
+    """round_model's prediction for the sites of `plan` (a RunPlan: their RTTs to its PS region and
+    their bandwidths) at `costs` (`costs_from_run`'s form), computing `compute_scale` times as long
+    and sending `bytes_scale` times the bytes."""
+
+    sites = [SiteCost(s.name, costs["sites"][s.name]["compute"] * compute_scale, s.rtt_ms / 1e3, s.bandwidth_mbps,
+                      costs["sites"][s.name]["encode"], costs["sites"][s.name]["apply"]) for s in plan.sites]
+    return predict_round(sites, costs["up_bytes"] * bytes_scale, costs["down_bytes"] * bytes_scale, costs["ps_s"],
+                         costs["lanes"])
 
 
 def _measured_step(preset: str, batch: int, block: int) -> tuple[float, int]:
@@ -75,7 +87,6 @@ def _measured_step(preset: str, batch: int, block: int) -> tuple[float, int]:
 def run(args: argparse.Namespace) -> int:
     from ..config import RunConfig
     from ..launch.emulator import describe_placements, describe_scenario
-    from ..round_model import SiteCost, predict_round
 
     plans = describe_placements(args.scenario)
     here = describe_scenario(args.scenario)
@@ -96,12 +107,8 @@ def run(args: argparse.Namespace) -> int:
              "ps_s": 0.0, "up_bytes": size, "down_bytes": size, "lanes": cfg.train.lanes > 0}
         source = (f"{args.inner_steps} inner steps of {args.preset} at {step_s * 1e3:.0f} ms a step here, times each "
                   f"site's speed factor; {size / 1e6:.2f} MB each way ({args.codec}, typical)")
-    ranking = []
-    for region, plan in plans.items():
-        sites = [SiteCost(s.name, c["sites"][s.name]["compute"], s.rtt_ms / 1e3, s.bandwidth_mbps,
-                          c["sites"][s.name]["encode"], c["sites"][s.name]["apply"]) for s in plan.sites]
-        ranking.append((region, predict_round(sites, c["up_bytes"], c["down_bytes"], c["ps_s"], c["lanes"])))
-    ranking.sort(key=lambda rp: rp[1].round_s)
+    ranking = sorted(((region, predict_plan(plan, c)) for region, plan in plans.items()),
+                     key=lambda rp: rp[1].round_s)
     print(f"PS placement for scenario {here.scenario} ({len(here.sites)} sites: "
           + ", ".join(f"{s.name} in {s.region}" for s in here.sites) + f"); costs {source}")
     print(f"{'':2} {'PS region':<20} {'round s':>8}  what sets it")
