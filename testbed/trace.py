@@ -150,9 +150,10 @@ class Trace:
 
     @classmethod
     def from_telemetry(cls, events: list[dict], site: str, **kw) -> Trace:
-        """The RTTs a site measured in a run (its `link_rtt` telemetry events), as a trace."""
+        """The RTTs a site measured in a run (its `link_rtt` telemetry events: `times`, `rtt_ms`), as a
+        trace."""
         samples = [(t, r) for e in events if e.get("kind") == "link_rtt" and e.get("site") == site
-                   for t, r in zip(e["t"], e["rtt_ms"])]
+                   for t, r in zip(e["times"], e["rtt_ms"])]
         if not samples:
             raise TraceError(f"the run has no RTT probes from site {site!r}")
         return cls.from_rtt_samples(samples, name=f"recorded-{site}", **kw)

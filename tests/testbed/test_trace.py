@@ -64,8 +64,10 @@ def test_published_rtts_cover_three_continents():
 
 
 def test_recorded_rtts_replay_as_a_trace(tmp_path):
-    events = [{"kind": "link_rtt", "site": "a", "t": [100.0, 100.4, 101.2, 103.1], "rtt_ms": [80, 84, 120, 60]},
-              {"kind": "link_rtt", "site": "b", "t": [100.0], "rtt_ms": [10]}]
+    # as the PS records them (docs/protocol.md section 10): `t` the event's, `times` the probes'
+    events = [{"kind": "link_rtt", "t": 103.5, "site": "a", "times": [100.0, 100.4, 101.2, 103.1],
+               "rtt_ms": [80, 84, 120, 60]},
+              {"kind": "link_rtt", "t": 100.5, "site": "b", "times": [100.0], "rtt_ms": [10]}]
     t = Trace.from_telemetry(events, "a")
     assert list(t.t_s) == [0, 1, 2, 3]
     assert [t.at(x).delay_ms for x in (0.5, 1.5, 2.5, 3.5)] == [41, 60, 60, 30]   # bin 2 empty: holds
