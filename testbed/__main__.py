@@ -1,4 +1,4 @@
-"""`python -m testbed links | describe`: the link emulator as its own process."""
+"""`python -m testbed links | describe | record | shape | cleanup`: the link emulator as its own process, and its tools."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     sh.add_argument("--plan", required=True)
     sh.add_argument("--site", required=True)
     sh.add_argument("--dry-run", action="store_true", help="print the tc commands instead of running them")
+    rec = sub.add_parser("record", help="write a run's links, as it measured them, as a scenario to replay")
+    rec.add_argument("run_dir", help="the run's folder (a run through the testbed: plan.json, events.jsonl)")
+    rec.add_argument("--out", default=None, help="folder for the traces and replay.toml (default RUN_DIR/replay)")
     sub.add_parser("cleanup", help="remove namespaces, links and nftables tables left by a killed kernel backend")
     args = p.parse_args(argv)
     try:
@@ -44,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "shape":
             from .shape import main_shape
             return main_shape(args)
+        if args.command == "record":
+            from .record import record
+            print(record(args.run_dir, args.out))
+            return 0
         if args.command == "describe":
             from .links import plan_of
             from .regions import regions

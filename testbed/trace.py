@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Trace", "LinkState", "TraceError", "synthetic", "Outage", "Spike"]
+__all__ = ["Trace", "LinkState", "TraceError", "synthetic", "Outage", "Spike", "MAX_OUTAGE_S"]
 
 COLUMNS = ("t_s", "delay_ms", "bandwidth_mbps", "loss")
+MAX_OUTAGE_S = 200.0     # the longest outage a trace or scenario may hold (the product promises up to 200 s)
 
 
 class TraceError(ValueError):
@@ -130,18 +131,21 @@ class Trace:
 
     @classmethod
     def from_rtt_samples(cls, samples: list[tuple[float, float]], bandwidth_mbps: float = math.inf,
-                         step_s: float = 1.0, name: str = "recorded") -> Trace:
+                         step_s: float = 1.0, name: str = "recorded", t0: float | None = None) -> Trace:
         """Replay measured RTTs: (Unix time, RTT ms) pairs -> one-way delay RTT / 2 per step_s
-        bin (median of the bin; empty bins hold the previous value)."""
+        bin (median of the bin; empty bins hold the previous value, the first one's until the
+        first sample) from `t0` (default: the first sample's time)."""
         if not samples:
             raise TraceError("no RTT samples to build a trace from")
-        samples = sorted(samples)
-        t0 = samples[0][0]
+        samples = sorted(s for s in samples if t0 is None or s[0] >= t0)
+        if not samples:
+            raise TraceError("no RTT samples after the trace's start")
+        t0 = samples[0][0] if t0 is None else t0
         nbins = int((samples[-1][0] - t0) // step_s) + 1
         bins: list[list[float]] = [[] for _ in range(nbins)]
         for t, rtt in samples:
             bins[int((t - t0) // step_s)].append(rtt)
-        delay, last = [], None
+        delay, last = [], float(np.median(next(b for b in bins if b))) / 2
         for b in bins:
             last = float(np.median(b)) / 2 if b else last
             delay.append(last)
@@ -204,8 +208,8 @@ class Trace:
         if not outages:
             return self
         for o in outages:
-            if not 0 < o.duration_s <= 200 or o.start_s < 0:
-                raise TraceError(f"outage duration must be in (0, 200] s and its start >= 0, got {o}")
+            if not 0 < o.duration_s <= MAX_OUTAGE_S or o.start_s < 0:
+                raise TraceError(f"outage duration must be in (0, {MAX_OUTAGE_S:g}] s and its start >= 0, got {o}")
         period = self.duration_s
         end = max(o.start_s + o.duration_s for o in outages)
         reps = max(1, math.ceil(end / period)) if self.loop else 1
@@ -244,7 +248,7 @@ def synthetic(base_delay_ms: float, bandwidth_mbps: float, duration_s: float, *,
     small, a few are huge). Outages set the bandwidth to 0 for their duration (up to 200 s).
     """
     for o in outages:
-        if not 0 < o.duration_s <= 200:
+        if not 0 < o.duration_s <= MAX_OUTAGE_S:
             raise TraceError(f"outage duration must be in (0, 200] s, got {o.duration_s}")
     rng = np.random.default_rng(seed)
     t = np.arange(0.0, duration_s, step_s)
