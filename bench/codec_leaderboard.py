@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -63,6 +64,22 @@ SIZES = {
 LAST = 3                # evaluations averaged for the final loss
 
 
+def overrides(spec: str) -> dict:
+    """A codec's config overrides. A spec is a name of CODECS, optionally with changed settings after
+    "@": "topk-1b@train.outer_lr=1.0@train.outer_momentum=0.5" (values read as JSON where they parse)."""
+    name, *changes = spec.split("@")
+    out = dict(CODECS[name])
+    for change in changes:
+        key, sep, text = change.partition("=")
+        if not sep:
+            raise ValueError(f"{spec!r}: {change!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
+
+
 def one_run(codec: str, preset: str, seed: int, size: dict) -> dict:
     single_core()
     from wantrain.codec_study import codec_run
@@ -70,7 +87,7 @@ def one_run(codec: str, preset: str, seed: int, size: dict) -> dict:
 
     cfg = RunConfig().replace(num_sites=size["sites"], **{
         "model.preset": preset, "model.block_size": size["block_size"], "train.rounds": size["steps"][preset][0],
-        "train.inner_steps": size["steps"][preset][1], **CODECS[codec]})
+        "train.inner_steps": size["steps"][preset][1], **overrides(codec)})
     t0 = time.perf_counter()
     x = codec_run(cfg, seed)
     return {"codec": codec, "preset": preset, "seed": seed, "params": x["params"], "val": x["val"],
@@ -92,7 +109,7 @@ def speeds(codecs: list[str], preset: str, steps: int) -> dict[str, dict]:
     delta = real_delta(preset, steps=steps, threads=1)["delta"]
     out = {}
     for codec in codecs:
-        fields = {k.split(".", 1)[1]: v for k, v in CODECS[codec].items() if k.startswith("codec.")}
+        fields = {k.split(".", 1)[1]: v for k, v in overrides(codec).items() if k.startswith("codec.")}
         out[codec] = codec_speed(delta, dataclasses.replace(RunConfig().codec, **fields))
     raw = b"".join(v.astype("<f4").tobytes() for v in delta.values())
     packed = zstandard.ZstdCompressor(level=1).compress(raw)
@@ -141,7 +158,7 @@ def table(rows: list[dict], speed: dict[str, dict]) -> str:
                      f"| {e['downlink_bits_per_param']:.3f} | {32 / e['bits_per_param']:.1f} | {e['final']:.4f} "
                      f"| {gap} | {e['encode_mb_s']:.0f} | {e['decode_mb_s']:.0f} "
                      + (f"| {e['mask_order0']:.3f} / {e['mask_given_last']:.3f} |"
-                        if CODECS[e["codec"]].get("codec.mode") == "topk" else "| - |"))
+                        if overrides(e["codec"]).get("codec.mode") == "topk" else "| - |"))
     if "zstd-1" in speed:
         z = speed["zstd-1"]
         lines.append(f"| (same delta) | zstd level 1 on fp32 | - | {z['bits_per_param']:.3f} | - "
@@ -168,13 +185,16 @@ def pareto(rows: list[dict]):
 
 
 def main() -> None:
+    from wantrain.config import RunConfig
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny, one seed, three short rounds, three codecs (tests)")
     p.add_argument("--presets", help="comma-separated model presets (full: tiny,small)")
     p.add_argument("--seeds", type=int, help="seeds per codec (quick: 1, full: 3)")
     p.add_argument("--rounds", type=int, help="rounds per run, every preset (full: tiny 12, small 8)")
     p.add_argument("--inner-steps", type=int, help="inner steps per round, every preset (full: tiny 20, small 10)")
-    p.add_argument("--codecs", help=f"comma-separated, of {', '.join(CODECS)} (full: all; fp32 is always run)")
+    p.add_argument("--codecs", help=f"comma-separated, of {', '.join(CODECS)} (full: all; fp32 is always run); "
+                   "NAME@KEY=VALUE runs NAME with a setting changed (topk-1b@train.outer_lr=1.0)".replace("%", "%%"))
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one core each")
     p.add_argument("--out", default="codec_leaderboard", help="result name under bench/results, or a path ending in .json")
     args = p.parse_args()
@@ -184,8 +204,13 @@ def main() -> None:
     size["steps"] = {pr: (args.rounds or size["steps"].get(pr, (12, 20))[0],
                           args.inner_steps or size["steps"].get(pr, (12, 20))[1]) for pr in presets}
     codecs = args.codecs.split(",") if args.codecs else list(size["codecs"])
-    if unknown := set(codecs) - set(CODECS):
+    if unknown := {c.split("@")[0] for c in codecs} - set(CODECS):
         p.error(f"unknown codecs {sorted(unknown)}; choose from {', '.join(CODECS)}")
+    try:
+        for c in codecs:
+            RunConfig().replace(**overrides(c))
+    except ValueError as e:          # wantrain.errors.ConfigError names the field
+        p.error(str(e))
     codecs = ["fp32", *[c for c in codecs if c != "fp32"]]
     runs = [(c, pr, s) for pr in presets for s in range(size["seeds"]) for c in codecs]
     t0 = time.time()
@@ -205,7 +230,7 @@ def main() -> None:
     with_gaps(rows)
     path = save_to(args.out, {"size": "quick" if args.quick else "full", "presets": presets, "codecs": codecs,
                               "steps": size["steps"], "sites": size["sites"],
-                              "configs": {c: CODECS[c] for c in codecs}, "speeds": speed, "rows": rows})
+                              "configs": {c: overrides(c) for c in codecs}, "speeds": speed, "rows": rows})
     folder = path.with_suffix("")
     folder.mkdir(parents=True, exist_ok=True)
     text = table(rows, speed[presets[0]])
