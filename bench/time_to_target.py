@@ -3,7 +3,9 @@
 Each arm is a whole run (a real PS and three real site processes, the links emulated from the
 scenario's traces by the embedded testbed), stopped once a round's validation loss reaches the
 target or when the arm's wall-clock cap is spent. Figures per arm (wantrain.run_compare): time from
-round 0's start to the target, the bytes it took both ways, and each site's compute utilization.
+round 0's start to the target (the median over seeds and their range), the bytes it took both ways,
+the work it took (every site's inner steps, tokens and seconds of compute), and each site's
+compute utilization.
 
 Arms:
     sync-dp              every inner step through the PS: 1 step a round, fp32 both ways, outer SGD
@@ -114,6 +116,10 @@ def summary(outcomes: list[Outcome]) -> dict:
         "val_loss": [round(o.val_loss, 4) for o in outcomes],
         "mb": statistics.median(o.mb for o in outcomes),
         "uplink_mb": statistics.median(o.uplink_mb for o in outcomes),
+        "steps": statistics.median(o.steps for o in outcomes),
+        "tokens": statistics.median(o.tokens for o in outcomes),
+        "compute_s": statistics.median(o.compute_s for o in outcomes),
+        "time_s_range": [min(o.time_s for o in reached), max(o.time_s for o in reached)] if reached else None,
         "utilization": util,
         "curves": [o.curve for o in outcomes],
     }
@@ -121,12 +127,14 @@ def summary(outcomes: list[Outcome]) -> dict:
 
 def table(results: dict, target: float, slowest: str) -> str:
     lines = [f"time to validation loss <= {target} (median over the seeds that reached it)",
-             f"{'arm':<20} {'reached':>7} {'time s':>8} {'rounds':>10} {'MB':>8} {'min util':>8} "
-             f"{'util ' + slowest:>{6 + len(slowest)}}"]
+             f"{'arm':<20} {'reached':>7} {'time s':>8} {'range s':>11} {'rounds':>10} {'MB':>8} {'steps':>6} "
+             f"{'Mtokens':>7} {'compute s':>9} {'min util':>8} {'util ' + slowest:>{6 + len(slowest)}}"]
     for arm, r in results.items():
         t = f"{r['time_s']:.1f}" if r["time_s"] is not None else "-"
+        spread = "{:.1f}-{:.1f}".format(*r["time_s_range"]) if r.get("time_s_range") else "-"
         util = r["utilization"]
-        lines.append(f"{arm:<20} {r['reached']:>7} {t:>8} {','.join(map(str, r['rounds'])):>10} {r['mb']:>8.2f} "
+        lines.append(f"{arm:<20} {r['reached']:>7} {t:>8} {spread:>11} {','.join(map(str, r['rounds'])):>10} "
+                     f"{r['mb']:>8.2f} {r['steps']:>6.0f} {r['tokens'] / 1e6:>7.2f} {r['compute_s']:>9.1f} "
                      f"{min(util.values()):>8.1%} {util.get(slowest, 0.0):>{6 + len(slowest)}.1%}")
     return "\n".join(lines)
 

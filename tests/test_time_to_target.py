@@ -26,7 +26,8 @@ def test_time_to_target_from_events():
     for r, (loss, start, end) in enumerate([(4.0, 10.0, 12.0), (3.0, 12.5, 15.0), (2.5, 15.5, 19.0)]):
         events.append(_event("round_start", start, round=r))
         for site, compute in (("a", 1.5), ("b", 2.5)):
-            events.append(_event("site_round", end - 0.5, round=r, site=site, compute_s=compute, wire_bytes=1_000_000))
+            events.append(_event("site_round", end - 0.5, round=r, site=site, compute_s=compute, wire_bytes=1_000_000,
+                                 steps=10, tokens=5120))
         events.append(_event("round_end", end, round=r, val_loss=loss, wire_bytes=500_000))
     o = time_to_target(events, 3.0)
     assert o.reached and o.round == 1 and o.time_s == 5.0 and o.val_loss == 3.0
@@ -34,6 +35,7 @@ def test_time_to_target_from_events():
     # compute seconds / the rounds' wall time (round 0: 10 -> 12.5, the next start; round 1, the
     # target's: 12.5 -> 15, its commit)
     assert o.utilization == pytest.approx({"a": 3.0 / 5.0, "b": 5.0 / 5.0})
+    assert (o.steps, o.tokens, o.compute_s) == (40, 4 * 5120, pytest.approx(2 * (1.5 + 2.5)))   # two sites, two rounds
     missed = time_to_target(events, 1.0)
     assert not missed.reached and missed.round == 2 and missed.time_s == 9.0
     assert time_to_target([], 3.0) is None
@@ -87,3 +89,5 @@ def test_the_quick_harness_measures_a_real_arm(tmp_path):
     assert rounds >= 1 and all(math.isfinite(v) for v in a["val_loss"]) and a["mb"] > 0
     assert set(a["utilization"]) == {"us-west", "eu-west", "ap-southeast"}
     assert all(0 < u <= 1.05 for u in a["utilization"].values()), a["utilization"]
+    # the work it took beside the time: every site's steps of every round up to the target
+    assert a["steps"] >= 3 * rounds and a["tokens"] > a["steps"] and a["compute_s"] > 0

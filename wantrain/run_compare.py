@@ -9,6 +9,8 @@ codecs and round lengths are measured alike:
                      the same for every arm, and left out)
     bytes            delta bytes the sites sent and update bytes the PS sent each site, up to and
                      including that round
+    work             inner steps, tokens and seconds of compute every site spent up to that round
+                     (deltas that came too late to count included: they were computed all the same)
     utilization      per site, over the rounds up to that one: seconds of inner steps (emulated
                      slowness included) over the rounds' wall time (telemetry.utilization); the
                      rest is waiting for the network, the PS or slower sites. Steps a site takes
@@ -37,6 +39,9 @@ class Outcome:
     uplink_mb: float
     downlink_mb: float             # to every site together
     utilization: dict[str, float] = field(default_factory=dict)
+    steps: int = 0                 # inner steps of every site, up to that round
+    tokens: int = 0
+    compute_s: float = 0.0         # seconds of compute of every site (emulated slowness included)
     curve: list[tuple[float, float]] = field(default_factory=list)   # (seconds, validation loss) per round
 
     @property
@@ -61,4 +66,6 @@ def time_to_target(events: list[dict], target: float) -> Outcome | None:
         uplink_mb=sum(e["wire_bytes"] for e in pushes) / 1e6,
         downlink_mb=receivers * sum(e["wire_bytes"] for e in ends if e["round"] <= upto) / 1e6,
         utilization={s: u["utilization"] for s, u in sorted(utilization(upto_events).items())},
+        steps=sum(e["steps"] for e in pushes), tokens=sum(e["tokens"] for e in pushes),
+        compute_s=sum(e["compute_s"] for e in pushes),
         curve=[(round(e["t"] - t0, 3), e["val_loss"]) for e in ends])
