@@ -63,3 +63,19 @@ def test_without_tensorboard_installed_the_error_says_what_to_install(monkeypatc
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     with pytest.raises(ConfigError, match=r"pip install 'wantrain\[tensorboard\]'"):
         TensorBoardLog(tmp_path / "tb")
+
+
+def test_a_run_whose_tensorboard_files_fail_goes_on_without_them(tmp_path, caplog):
+    from wantrain.run import Run
+
+    from .helpers import small_config
+
+    run = Run(small_config(), run_dir=tmp_path / "run", tensorboard=tmp_path / "tb")
+
+    def broken(event):
+        raise OSError("disk full")
+
+    run.tensorboard.add = broken
+    run._to_tensorboard({"kind": "round_start", "t": 1.0, "round": 0})     # the watch thread's call
+    assert run.tensorboard is None and "the run goes on without them" in caplog.text
+    run._to_tensorboard({"kind": "round_start", "t": 2.0, "round": 1})     # and later events are let be

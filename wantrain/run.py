@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import logging
 import queue
 import sys
 import threading
@@ -49,6 +50,7 @@ from .watch import follow_events
 
 __all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
 
+log = logging.getLogger("wantrain.run")
 _LIVE_RUNS: weakref.WeakSet[Run] = weakref.WeakSet()
 
 
@@ -313,6 +315,18 @@ class Run:
     def _open_channel(self) -> grpc.Channel:
         return net.observer_channel(self.address, self._tls_client())
 
+    def _to_tensorboard(self, ev: dict) -> None:
+        """The event into the TensorBoard files, if asked for. They are a copy of the telemetry: a
+        failure to write them is logged and ends them, never the run."""
+        if self.tensorboard is None:
+            return
+        try:
+            self.tensorboard.add(ev)
+        except Exception:
+            log.exception("writing TensorBoard event files to %s failed; the run goes on without them",
+                          self.tensorboard.log_dir)
+            self.tensorboard = None
+
     def _start_watch(self) -> None:
         # A PS on another host keeps its events.jsonl there: the run folder here gets a copy.
         mirror = None if isinstance(self.ps_host, LocalPS) else self.run_dir / "events.jsonl"
@@ -325,8 +339,7 @@ class Run:
                     if mirror is not None:
                         with open(mirror, "a") as f:
                             f.write(json.dumps(ev, separators=(",", ":")) + "\n")
-                    if self.tensorboard is not None:
-                        self.tensorboard.add(ev)
+                    self._to_tensorboard(ev)
                     self._events.put(ev)
             except WantrainError as e:
                 self._watch_error = str(e)
