@@ -19,7 +19,7 @@ from .errors import ConfigError
 from .presets import PRESETS
 
 __all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustConfig", "RunConfig", "CODEC_MODES", "SCHEDULES",
-           "check_site_name"]
+           "CONTROLLERS", "check_site_name"]
 
 CODEC_MODES = ("fp32", "int8", "int8-huffman", "int4-huffman", "ternary-huffman", "sign", "topk")
 TOKENIZERS = ("byte", "gpt2")
@@ -29,6 +29,7 @@ PARTIAL_POLICIES = ("rescale", "zero-outside", "zero-carry")    # those under wh
 IMPORTANCE = ("energy", "size")     # what a chunk's importance in its manifest weighs (recovery/manifest.py)
 MAX_LANES = 8            # a site's Lane calls (a PS's limits.max_lanes_per_site must allow them)
 SCHEDULES = ("sync", "overlap")
+CONTROLLERS = ("fixed", "adaptive")
 NORM_ACTIONS = ("reject", "clip")
 AGGREGATES = ("mean", "trimmed_mean")
 TRUST = ("untrusted", "trusted")
@@ -187,6 +188,10 @@ class TrainConfig:
     # next round ahead, from where its last round ended, while its delta goes up and the update comes
     # down, then moves those steps onto the new global model (site/schedule.py).
     schedule: str = "sync"
+    # Each site's compute budget under round_budget_s (ps/controller.py): "fixed", the same for every
+    # site; "adaptive", the time its link leaves it before the costliest link's site delivers, so
+    # that no site waits idle for another's delta (a budget from 1 to 2 x round_budget_s).
+    controller: str = "fixed"
 
     def validate(self, prefix: str = "train") -> None:
         for name in ("rounds", "inner_steps", "batch_size"):
@@ -225,6 +230,9 @@ class TrainConfig:
         _check(0 <= self.downlink_budget < 1, f"{prefix}.downlink_budget", "must be in [0, 1)", self.downlink_budget)
         _check(self.reliable_rounds >= 0, f"{prefix}.reliable_rounds", "must be >= 0", self.reliable_rounds)
         _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
+        _check(self.controller in CONTROLLERS, f"{prefix}.controller", f"must be one of {CONTROLLERS}", self.controller)
+        _check(self.controller == "fixed" or self.round_budget_s > 0, f"{prefix}.controller",
+               "'adaptive' sets each site's compute budget: it needs round_budget_s > 0", self.controller)
         _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",
                self.staleness_discount)
         _check(self.deadline_s == 0 or self.deadline_s > self.round_budget_s, f"{prefix}.deadline_s",

@@ -14,11 +14,13 @@ event's own:
     round/seconds                    the round's start to its commit
     time/<part>/<site>               seconds of the site's round spent on each part of
                                      wantrain.round_time (written once the next round starts)
+    controller/budget_s/<site>       the compute budget train.controller "adaptive" gave it
 
-and a text summary `events` with what happened to the run besides its rounds (run_tables.py:
-faults, outages, alerts, quarantines, missed deadlines, joins and leaves), one entry per event. TensorBoard's own
-reader (EventAccumulator) reads them back: tests/test_tensorboard_log.py. The `tensorboard`
-package is an extra (`pip install wantrain[tensorboard]`).
+and two text summaries: `controller`, each decision with its reason, and `events`, what happened to
+the run besides its rounds (run_tables.py: faults, outages, alerts, quarantines, missed deadlines,
+joins and leaves), one entry per event. TensorBoard's own reader (EventAccumulator) reads them
+back: tests/test_tensorboard_log.py. The `tensorboard` package is an extra (`pip install
+wantrain[tensorboard]`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class TensorBoardLog:
             self._scalar("loss/validation", e["val_loss"], self.round, t)
             self._scalar("wire/downlink_mb", e["wire_bytes"] / 1e6, self.round, t)
             self._scalar("round/seconds", e["round_s"], self.round, t)
+        elif kind == "controller":
+            self._scalar(f"controller/budget_s/{e['site']}", e["budget_s"], e["round"] + 1, t)
+            self._text("controller", f"round {e['round']}, {e['site']}: {e['budget_s']:.2f} s: {e['reason']}",
+                       e["round"] + 1, t)
         elif kind in INCIDENT_KINDS:
             self._text("events", describe(e), self.round, t)
         if kind in ("round_start", "site_round", "round_end"):

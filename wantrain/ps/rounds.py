@@ -172,11 +172,14 @@ class RoundState:
         self.last_members: set[str] = set()   # sites the last (or current) round started with
         self.aggregating = False
 
-    def start(self, round_: int, sites: set[str], budget_s: float, now: float, deadline_s: float = 0.0,
-              untimed: bool = False) -> None:
+    def start(self, round_: int, sites: set[str], budget_s: float | dict[str, float], now: float,
+              deadline_s: float = 0.0, untimed: bool = False) -> None:
+        """Round `round_` starts with `sites`, each with its compute budget (one for all, or per site)."""
         before = self.last_members      # empty in the first round this PS runs: the warm-up's to judge
         self.members, self.last_members = set(sites), set(sites)
-        self.uploads = {name: Upload(round_, budget_s, whole_only=bool(before) and name not in before) for name in sites}
+        budgets = budget_s if isinstance(budget_s, dict) else dict.fromkeys(sites, budget_s)
+        self.uploads = {name: Upload(round_, budgets[name], whole_only=bool(before) and name not in before)
+                        for name in sites}
         self.started_at, self.deadline_s, self.untimed, self.arrived_s = now, deadline_s, untimed, []
         self.past_deadline = False
         self.early_from = math.inf            # when the round may close early (ps/closing.py)

@@ -45,6 +45,7 @@ from .commit import Committed, Committer
 from .downloads import Downloads
 from .model import GlobalModel
 from .closing import ClosePolicy
+from .controller import BudgetController
 from .rounds import RoundClock, RoundState
 from .sites import SiteLink, Sites
 from .journal import JOURNAL_DIR, Journal
@@ -81,6 +82,7 @@ class ParameterServer:
                                         quant_block=cfg.codec.quant_block))
         self.downloads = Downloads(g.views, model_codec, self.limits, self.recorder, self.num_params)
         self.clock = RoundClock(cfg.train)
+        self.controller = BudgetController(cfg.train.round_budget_s, cfg.train.controller == "adaptive")
         self.screen = Screen(cfg)
         self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
         saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
@@ -211,11 +213,16 @@ class ParameterServer:
             return
         budget = self.cfg.train.round_budget_s
         deadline = self.clock.deadline_s()
-        self.rounds.start(self.round, enrolled, budget, time.time(), deadline, untimed=self.clock.untimed)
+        decisions = self.controller.plan(enrolled)          # each site's budget (ps/controller.py)
+        self.rounds.start(self.round, enrolled, {s: d.budget_s for s, d in decisions.items()}, time.time(), deadline,
+                          untimed=self.clock.untimed)
         self.recorder.emit("round_start", round=self.round, sites=sorted(enrolled), deadline_s=deadline,
                            budget_s=budget, dark=sorted(dark))
-        for name in sorted(enrolled):
-            self.links[name].outbox.put_nowait(RoundStart(self.round, self.hash, budget))
+        for name, d in sorted(decisions.items()):
+            if self.controller.adaptive:
+                self.recorder.emit("controller", round=self.round, site=name, budget_s=d.budget_s, comm_s=d.comm_s,
+                                   reason=d.reason)
+            self.links[name].outbox.put_nowait(RoundStart(self.round, self.hash, d.budget_s))
         self._later(deadline, self._on_deadline, self.round)
 
     def _on_deadline(self, round_: int) -> None:
@@ -307,6 +314,7 @@ class ParameterServer:
             return
         after_s = time.time() - self.rounds.started_at
         self.clock.arrived(link.name, after_s)
+        self.controller.observe(link.name, to_round + up.last_chunk_at, m.compute_s)
         self.rounds.arrived_s.append(after_s)
         self._bound_round()
         self._maybe_finish_round()
