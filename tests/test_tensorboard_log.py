@@ -20,6 +20,8 @@ def _events():
         {"kind": "site_round", "t": 102.9, "round": 0, "site": "a", **site},
         {"kind": "round_end", "t": 104.0, "round": 0, "val_loss": 4.0, "wire_bytes": 1_000_000, "round_s": 4.0,
          "closed_s": 3.6},
+        {"kind": "controller", "t": 104.5, "round": 1, "site": "a", "budget_s": 3.5, "comm_s": 0.4,
+         "reason": "its link costs 0.40 s a round"},
         {"kind": "round_start", "t": 104.5, "round": 1},
         {"kind": "fault", "t": 105.0, "action": "kill site", "site": "a"},
         {"kind": "site_round", "t": 107.0, "round": 1, "site": "a", **{**site, "train_loss": 2.5}},
@@ -29,7 +31,7 @@ def _events():
     ]
 
 
-def test_tensorboards_reader_reads_the_loss_bytes_time_and_events(tmp_path):
+def test_tensorboards_reader_reads_the_loss_bytes_time_decisions_and_events(tmp_path):
     with TensorBoardLog(tmp_path / "tb") as log:
         for e in _events():
             log.add(e)
@@ -46,6 +48,10 @@ def test_tensorboards_reader_reads_the_loss_bytes_time_and_events(tmp_path):
     assert [s.step for s in waiting] == [1, 2] and waiting[0].value == pytest.approx(0.8)   # 3.6 - 2.8
     texts = [t.tensor_proto.string_val[0].decode() for t in acc.Tensors("events")]
     assert texts == ["a joined", "fault injected: kill site a"]
+    # the controller's decisions: each site's budget, and why
+    assert [(s.step, s.value) for s in acc.Scalars("controller/budget_s/a")] == [(2, 3.5)]
+    assert acc.Tensors("controller")[0].tensor_proto.string_val[0].decode() == \
+        "round 1, a: 3.50 s: its link costs 0.40 s a round"
 
 
 def test_without_tensorboard_installed_the_error_says_what_to_install(monkeypatch, tmp_path):
