@@ -3,7 +3,8 @@
 One run (PS in the first region) is the recording `wantrain place --from-run` reads; every region's
 run is then measured: its median round time (each round's start to the next's, the first round
 left out: it opens the lanes). Reports each region's predicted and measured round time, the error,
-and whether the ranking agrees.
+and whether the ranking agrees; then the recording's what-if for twice its inner steps
+(`wantrain whatif --inner-steps`) against a run with them.
 
     python bench/placement.py [--scenario bench/scenarios/placement.toml] [--regions "East US,West Europe,Southeast Asia"]
                               [--rounds 8] [--inner-steps 5] [--out placement]
@@ -47,18 +48,24 @@ def main() -> None:
     regions = args.regions.split(",")
     plans = describe_placements(args.scenario)
     measured, runs = {}, {}
+
+    def one_run(region: str, inner_steps: int, folder: Path) -> float:
+        plan = describe_scenario(args.scenario, ps_region=region)
+        cfg = RunConfig().replace(num_sites=len(plan.sites), **{"train.rounds": args.rounds,
+                                                                  "train.inner_steps": inner_steps})
+        with Run(cfg, run_dir=folder, site_threads=1, plan=plan) as run:
+            for _ in run.follow(timeout_s=600):
+                pass
+        return measured_round_s(folder)
+
     with tempfile.TemporaryDirectory() as tmp:
         for region in regions:
-            plan = describe_scenario(args.scenario, ps_region=region)
-            cfg = RunConfig().replace(num_sites=len(plan.sites), **{"train.rounds": args.rounds,
-                                                                      "train.inner_steps": args.inner_steps})
             runs[region] = Path(tmp) / region.replace(" ", "-")
-            with Run(cfg, run_dir=runs[region], site_threads=1, plan=plan) as run:
-                for _ in run.follow(timeout_s=600):
-                    pass
-            measured[region] = measured_round_s(runs[region])
+            measured[region] = one_run(region, args.inner_steps, runs[region])
             print(f"PS in {region}: median round {measured[region]:.2f} s", flush=True)
         c = costs_from_run(runs[regions[0]])
+        doubled = one_run(regions[0], 2 * args.inner_steps, Path(tmp) / "doubled")
+    whatif_doubled = predict_plan(plans[regions[0]], c, compute_scale=2.0).round_s
     predicted = {region: predict_plan(plans[region], c).round_s for region in regions}
     rank_measured = sorted(regions, key=measured.get)
     rank_predicted = sorted(regions, key=predicted.get)
@@ -69,8 +76,11 @@ def main() -> None:
         print(f"{row['region']:<18} {row['measured_s']:>10.2f} {row['predicted_s']:>11.2f} {row['error_pct']:>+6.1f}%")
     print(f"ranking measured: {rank_measured}; predicted (from the {regions[0]} run): {rank_predicted}; "
           f"{'agree' if rank_measured == rank_predicted else 'DISAGREE'}")
+    print(f"what if {2 * args.inner_steps} inner steps (PS in {regions[0]}): predicted {whatif_doubled:.2f} s, "
+          f"measured {doubled:.2f} s ({100 * (whatif_doubled / doubled - 1):+.1f} %)")
     path = save_to(args.out, {"scenario": args.scenario, "rounds": args.rounds, "inner_steps": args.inner_steps,
-                              "recorded_in": regions[0], "rows": rows, "ranks_agree": rank_measured == rank_predicted})
+                              "recorded_in": regions[0], "rows": rows, "ranks_agree": rank_measured == rank_predicted,
+                              "whatif_double_inner_steps": {"predicted_s": whatif_doubled, "measured_s": doubled}})
     print(f"results: {path}")
 
 
