@@ -91,6 +91,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/proxy_bench.py
 	$(BIN)/python bench/dashboard_bench.py
 	$(BIN)/python bench/time_to_target.py
+	$(BIN)/python bench/placement.py
+	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/binder_memory.py
 	$(BIN)/python bench/dark_site.py
 	$(BIN)/python bench/robustness.py
