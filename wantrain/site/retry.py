@@ -40,9 +40,12 @@ class Reconnect:
         self.backoff, self.cause = 0.5, ""
         self.first_failure: float | None = None
 
-    async def failed(self, e: BaseException, joined_before: bool) -> bool:
+    async def failed(self, e: BaseException, joined_before: bool, welcomed: bool = False) -> bool:
         """After a failed session: True when the run is over (nothing to do), False after waiting to
-        retry; raises when retrying cannot help."""
+        retry; raises when retrying cannot help. A session the PS had welcomed ends a streak of
+        failures: the time unreachable counts from its end, not from before it."""
+        if welcomed:
+            self.succeeded()
         if isinstance(e, RejectedError) and e.code == Reject.RUN_FINISHED:
             # Away at the end, or (re)started after it, e.g. by a supervisor: nothing to do.
             log.info("site %s: the run has finished (%s); nothing left to do", self.site, e)

@@ -126,6 +126,7 @@ class Site:
         self.probes: list[tuple[float, float]] = []   # (Unix time, RTT ms) not yet reported
         self._probes_sent_at = -math.inf
         self.pushed_at: float | None = None           # when the last push ended (idle accounting)
+        self.welcomed = False                         # this session got its Welcome (retry.py counts from there)
         self.stalls = Stalls(opts.stalls, log)
         self.in_hand: RoundInHand | None = None       # the round training or pushing now
         self.tails: set[asyncio.Future] = set()       # pushes of rounds that counted in part, finishing
@@ -146,11 +147,12 @@ class Site:
         retry = Reconnect(self.opts.ps, self.opts.name, self.opts.connect_timeout_s, self.opts.tls,
                           self.opts.tls_server_name)
         while not self.finished:
+            self.welcomed = False
             try:
                 await self._session()
                 retry.succeeded()
             except FAILURES as e:
-                self.finished = await retry.failed(e, joined_before=self.cfg is not None)
+                self.finished = await retry.failed(e, joined_before=self.cfg is not None, welcomed=self.welcomed)
 
     async def _session(self) -> None:
         async with session_stream(self) as (stream, stub):
@@ -194,6 +196,7 @@ class Site:
                     continue
                 await self._end_round(msg if isinstance(msg, RoundResult) else None)
                 if isinstance(msg, Welcome):
+                    self.welcomed = True
                     if self.schedule is not None:
                         await self.schedule.discard()      # a new global model: steps ahead belong to no round
                     await asyncio.to_thread(self._on_welcome, msg)
