@@ -17,8 +17,25 @@ Arms:
     time-budget          ... rounds of a fixed compute time: fast sites take more steps
     overlap              ... time-budgeted, and sites train the next round while the delta and the
                          update are in transit (train.schedule = "overlap")
+    controller           ... time-budgeted, each site's budget set by the PS's controller from what
+                         its link costs (train.controller = "adaptive", wantrain/ps/controller.py)
+    min-quorum           DiLoCo whose round closes once two thirds of its sites delivered, after an
+                         adaptive grace (train.quorum_share, as Decoupled DiLoCo has); later deltas
+                         count in a later round (the default late policy)
+    async                asynchronous DiLoCo with staleness-aware merging, in the manner of HALoS:
+                         a round closes as soon as one site delivered (and half a second more),
+                         every other delta counts when it lands, its weight halved per round it is
+                         late (late_policy "stale"); three times the rounds of the others, each
+                         about a third of their work
 
-    python bench/time_to_target.py [--quick] [--seeds 3] [--arms overlap,time-budget]
+How an arm's settings are chosen, never tuned to a scenario: DiLoCo arms take the size's inner
+steps; a time budget is the time the scenario's median site takes for those steps (this machine's
+step time, measured once per harness run in this process, times the median speed factor); every
+arm is read on the same wall-clock grid (`cadence_s`, wantrain.run_compare): the global model's
+loss every cadence_s from round 0's start, so an arm of many short rounds is not looked at more
+often than one of few long rounds.
+
+    python bench/time_to_target.py [--quick] [--seeds 3] [--arms overlap,time-budget] [--scenario S]
 
 `--quick` (CI runs it, tests/test_time_to_target.py) is one seed of short runs; the default is
 three seeds of the `make demo` scenario.
@@ -47,11 +64,13 @@ ARMS: dict[str, dict] = {
     "diloco-int8-huffman": {},
     "time-budget": {"budget": True},
     "overlap": {"budget": True, "train.schedule": "overlap"},
+    "controller": {"budget": True, "train.controller": "adaptive"},
+    "min-quorum": {"train.quorum_share": 0.67},
+    "async": {"train.quorum_share": 0.01, "train.grace_factor": 0.0, "train.late_policy": "stale",
+              "rounds_per_site": True},
 }
 EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer (--arms)
     "overlap-steps": {"train.schedule": "overlap"},
-    # time-budgeted, each site's budget from what its link costs (ps/controller.py): nobody waits idle
-    "controller": {"budget": True, "train.controller": "adaptive"},
     "trusted": {"robust.trust": "trusted"},    # diloco-int8-huffman without comparing deltas (issue 26's cost)
     # codecs below 8 bits (docs/codecs.md, bench/codec_leaderboard.py): top-k deltas of 1/64 each block,
     # the update as top-k too, or in 4 or 8 bits
@@ -67,17 +86,50 @@ EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer
 
 # quick: short runs that still separate the arms; full: the `make demo` run.
 SIZES = {
-    "quick": dict(rounds=3, inner_steps=8, budget_s=1.0, target=3.3, cap_s=20.0, seeds=1),
-    "full": dict(rounds=12, inner_steps=25, budget_s=3.0, target=2.6, cap_s=150.0, seeds=3),
+    "quick": dict(rounds=3, inner_steps=8, target=3.3, cap_s=20.0, seeds=1, cadence_s=0.5),
+    "full": dict(rounds=12, inner_steps=25, target=2.6, cap_s=150.0, seeds=3, cadence_s=2.0),
 }
+MARKS = ("budget", "rounds_per_site")     # an arm's settings that are not config fields
+
+
+def step_s(seed: int = 0) -> float:
+    """Seconds of one inner step of the harness's model on this machine, in this process, one
+    thread as each site has (site_threads=1): the median of ten after two to warm up."""
+    import torch
+
+    from wantrain.site.group import build_inner
+    from wantrain.site.train import Segment
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = RunConfig().replace(**{"train.inner_steps": 1, "train.seed": seed, "model.seed": seed})
+        inner = build_inner(cfg, 0, 0, torch.device("cpu"), "calibration")
+        times = []
+        for _ in range(12):
+            seg = Segment(0, 0.0)
+            inner.train(seg)
+            times.append(seg.compute_s)
+        return statistics.median(times[2:])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def budget_s(size: dict, speed_factors: list[float], step: float) -> float:
+    """A time-budgeted arm's compute budget: the time the scenario's median site takes for the
+    fixed-step arms' inner steps."""
+    return round(size["inner_steps"] * step * statistics.median(speed_factors), 2)
 
 
 def arm_config(arm: str, size: dict, seed: int, sites: list[str]) -> RunConfig:
+    """`size` holds what the harness chose for this scenario: its budget_s too, where an arm needs it."""
     spec = {**ARMS, **EXTRA_ARMS}[arm]
-    changes = {k: v for k, v in spec.items() if k != "budget"}
+    changes = {k: v for k, v in spec.items() if k not in MARKS}
     steps = size["inner_steps"]
     if arm == "sync-dp":
         changes.update({"train.rounds": size["rounds"] * steps, "train.inner_steps": 1})
+    elif spec.get("rounds_per_site"):
+        changes.update({"train.rounds": size["rounds"] * len(sites), "train.inner_steps": steps})
     else:
         changes.update({"train.rounds": size["rounds"], "train.inner_steps": steps})
     if spec.get("budget"):
@@ -104,7 +156,7 @@ def run_arm(arm: str, size: dict, seed: int, scenario: str, folder: Path) -> tup
                     break
         finally:
             events = list(run.events)
-    return time_to_target(events, size["target"]), time.time() - t0
+    return time_to_target(events, size["target"], size["cadence_s"]), time.time() - t0
 
 
 def summary(outcomes: list[Outcome]) -> dict:
@@ -145,7 +197,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one seed of short runs (what CI runs)")
     p.add_argument("--seeds", type=int, help="seeds per arm (quick: 1, full: 3)")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help=f"comma-separated, of {', '.join(ARMS)} (and {', '.join(EXTRA_ARMS)})")
     p.add_argument("--target", type=float, help="target validation loss")
     p.add_argument("--scenario", default="three-sites")
     p.add_argument("--out", default="time_to_target",
@@ -159,7 +212,12 @@ def main() -> None:
     if unknown:
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     seeds = range(args.seeds or size["seeds"])
-    slowest = describe_scenario(args.scenario).names[-1]     # the scenario lists its slowest link last
+    plan = describe_scenario(args.scenario)
+    slowest = plan.names[-1]     # the scenario lists its slowest link last
+    step = step_s()
+    size["budget_s"] = budget_s(size, [s.speed_factor for s in plan.sites], step)
+    print(f"{args.scenario}: an inner step takes {step * 1e3:.0f} ms here; time budget {size['budget_s']:.2f} s "
+          f"({size['inner_steps']} steps of the median site); loss read every {size['cadence_s']} s", flush=True)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="wantrain-ttt-") as tmp:
         for arm in arms:
@@ -177,7 +235,8 @@ def main() -> None:
     print()
     print(table(results, size["target"], slowest))
     result = {"size": "quick" if args.quick else "full", "scenario": args.scenario, "slowest_site": slowest,
-              "target": size["target"], "seeds": len(seeds), "arms": results}
+              "target": size["target"], "seeds": len(seeds), "step_s": step, "budget_s": size["budget_s"],
+              "cadence_s": size["cadence_s"], "arms": results}
     save_to(args.out, result)
 
 

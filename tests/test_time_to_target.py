@@ -39,6 +39,11 @@ def test_time_to_target_from_events():
     missed = time_to_target(events, 1.0)
     assert not missed.reached and missed.round == 2 and missed.time_s == 9.0
     assert time_to_target([], 3.0) is None
+    # on a 2 s grid from round 0's start: round 1 committed 5 s in, so the model is first seen at
+    # or below 3.0 at the 6 s tick; a commit on a tick is read at that tick
+    on_grid = time_to_target(events, 3.0, cadence_s=2.0)
+    assert (on_grid.round, on_grid.time_s, on_grid.commit_s) == (1, 6.0, 5.0)
+    assert time_to_target(events, 1.0, cadence_s=3.0).time_s == 9.0
 
 
 def bytes_per_round(arm: str) -> int:

@@ -6,7 +6,13 @@ codecs and round lengths are measured alike:
 
     time to target   from round 0's start to the commit of the first round whose validation loss
                      is at or below the target (process start-up and the first model download are
-                     the same for every arm, and left out)
+                     the same for every arm, and left out); with `cadence_s`, to the first tick of
+                     a wall-clock grid (every cadence_s from round 0's start) at which the global
+                     model is one at or below it. Read at commits, an arm of many short rounds is
+                     looked at more often, and one of few long rounds found late; on a common grid
+                     every arm is looked at the same moments. The global model changes only at
+                     commits, so its loss at a tick is exactly its last commit's: the grid needs no
+                     extra evaluation.
     bytes            delta bytes the sites sent and update bytes the PS sent each site, up to and
                      including that round
     work             inner steps, tokens and seconds of compute every site spent up to that round
@@ -24,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .telemetry import rows, utilization
 
-__all__ = ["Outcome", "time_to_target"]
+__all__ = ["Outcome", "time_to_target", "on_grid"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,7 @@ class Outcome:
     target: float
     reached: bool
     round: int                     # the first round at or below the target (the last round if none)
-    time_s: float                  # round 0's start -> that round's commit
+    time_s: float                  # round 0's start -> that round's commit (or the grid's next tick)
     val_loss: float                # the validation loss after that round
     uplink_mb: float
     downlink_mb: float             # to every site together
@@ -43,14 +49,21 @@ class Outcome:
     tokens: int = 0
     compute_s: float = 0.0         # seconds of compute of every site (emulated slowness included)
     curve: list[tuple[float, float]] = field(default_factory=list)   # (seconds, validation loss) per round
+    commit_s: float = 0.0          # round 0's start -> that round's commit, on or off a grid
 
     @property
     def mb(self) -> float:
         return self.uplink_mb + self.downlink_mb
 
 
-def time_to_target(events: list[dict], target: float) -> Outcome | None:
-    """The run's outcome against `target`; None when no round committed."""
+def on_grid(t: float, cadence_s: float) -> float:
+    """The first tick of a grid every `cadence_s` seconds (from 0) at or after `t`."""
+    return math.ceil(t / cadence_s - 1e-9) * cadence_s
+
+
+def time_to_target(events: list[dict], target: float, cadence_s: float = 0.0) -> Outcome | None:
+    """The run's outcome against `target`, read at its commits or (cadence_s > 0) on a wall-clock
+    grid; None when no round committed."""
     ends = rows(events, "round_end")
     starts = {e["round"]: e for e in rows(events, "round_start")}
     if not ends or 0 not in starts:
@@ -61,8 +74,10 @@ def time_to_target(events: list[dict], target: float) -> Outcome | None:
     pushes = [e for e in rows(events, "site_round") if e["round"] <= upto]
     receivers = len({e["site"] for e in pushes})
     upto_events = [e for e in events if e.get("round", 0) <= upto]
+    commit_s = last["t"] - t0
     return Outcome(
-        target=target, reached=hit is not None, round=upto, time_s=last["t"] - t0, val_loss=last["val_loss"],
+        target=target, reached=hit is not None, round=upto, val_loss=last["val_loss"], commit_s=commit_s,
+        time_s=on_grid(commit_s, cadence_s) if cadence_s > 0 else commit_s,
         uplink_mb=sum(e["wire_bytes"] for e in pushes) / 1e6,
         downlink_mb=receivers * sum(e["wire_bytes"] for e in ends if e["round"] <= upto) / 1e6,
         utilization={s: u["utilization"] for s, u in sorted(utilization(upto_events).items())},
