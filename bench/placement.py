@@ -40,7 +40,7 @@ def main() -> None:
     p.add_argument("--out", default="placement")
     args = p.parse_args()
 
-    from wantrain.commands.place import costs_from_run, predict_plan
+    from wantrain.ps_placement import costs_from_run, predict_plan
     from wantrain.config import RunConfig
     from wantrain.launch.emulator import describe_placements, describe_scenario
     from wantrain.run import Run

@@ -30,7 +30,7 @@ Arms:
 
 How an arm's settings are chosen, never tuned to a scenario: DiLoCo arms take the size's inner
 steps; a time budget is the time the scenario's median site takes for those steps (this machine's
-step time, measured once per harness run in this process, times the median speed factor); every
+step time, wantrain.models.step_seconds, times the median speed factor); every
 arm is read on the same wall-clock grid (`cadence_s`, wantrain.run_compare): the global model's
 loss every cadence_s from round 0's start, so an arm of many short rounds is not looked at more
 often than one of few long rounds.
@@ -55,6 +55,7 @@ from common import save_to
 
 from wantrain.run_compare import Outcome, time_to_target
 from wantrain.config import RunConfig
+from wantrain.models import step_seconds
 from wantrain.run import Run, describe_scenario
 
 ARMS: dict[str, dict] = {
@@ -90,29 +91,6 @@ SIZES = {
     "full": dict(rounds=12, inner_steps=25, target=2.6, cap_s=150.0, seeds=3, cadence_s=2.0),
 }
 MARKS = ("budget", "rounds_per_site")     # an arm's settings that are not config fields
-
-
-def step_s(seed: int = 0) -> float:
-    """Seconds of one inner step of the harness's model on this machine, in this process, one
-    thread as each site has (site_threads=1): the median of ten after two to warm up."""
-    import torch
-
-    from wantrain.site.group import build_inner
-    from wantrain.site.train import Segment
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = RunConfig().replace(**{"train.inner_steps": 1, "train.seed": seed, "model.seed": seed})
-        inner = build_inner(cfg, 0, 0, torch.device("cpu"), "calibration")
-        times = []
-        for _ in range(12):
-            seg = Segment(0, 0.0)
-            inner.train(seg)
-            times.append(seg.compute_s)
-        return statistics.median(times[2:])
-    finally:
-        torch.set_num_threads(threads)
 
 
 def budget_s(size: dict, speed_factors: list[float], step: float) -> float:
@@ -214,7 +192,8 @@ def main() -> None:
     seeds = range(args.seeds or size["seeds"])
     plan = describe_scenario(args.scenario)
     slowest = plan.names[-1]     # the scenario lists its slowest link last
-    step = step_s()
+    base = RunConfig()
+    step = step_seconds(base.model.preset, base.train.batch_size, base.model.block_size)
     size["budget_s"] = budget_s(size, [s.speed_factor for s in plan.sites], step)
     print(f"{args.scenario}: an inner step takes {step * 1e3:.0f} ms here; time budget {size['budget_s']:.2f} s "
           f"({size['inner_steps']} steps of the median site); loss read every {size['cadence_s']} s", flush=True)

@@ -5,7 +5,7 @@ import html
 
 import pytest
 
-from wantrain.commands.place import costs_from_run
+from wantrain.ps_placement import costs_from_run
 from wantrain.report import write_report
 from wantrain.round_time import PARTS, round_splits, site_totals
 from wantrain.run import Run

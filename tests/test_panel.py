@@ -53,6 +53,21 @@ def test_panel_settings_become_the_config_and_bad_ones_name_the_problem(tmp_path
     assert "missing.csv" in panel.message.value         # the log keeps the earlier messages
 
 
+def test_the_panel_ranks_where_the_ps_could_run_for_its_sites_and_settings(tmp_path):
+    """The placement the panel shows: every region, fastest first, from the rows as edited."""
+    panel = ControlPanel("three-sites", config=small_config(), run_root=tmp_path, rounds=3, inner_steps=7)
+    panel.work.value, panel.budget.value = "time budget", 2.0       # every site computes 2 s: links decide
+    ranking = panel.placement()
+    times = [p.round_s for _, p in ranking]
+    assert len(ranking) >= 3 and times == sorted(times) and all(t > 2.0 for t in times)
+    shown = panel.placement_view.value
+    assert [shown.index(region) for region, _ in ranking] == sorted(shown.index(region) for region, _ in ranking)
+    assert "the scenario&#39;s" in shown and "2 s budget" in shown
+    panel.rows[2].bandwidth.value = 0.5          # ap-southeast's link narrowed: every region's round is slower
+    slower = dict((region, p.round_s) for region, p in panel.placement())
+    assert all(slower[region] > p.round_s + 1.0 for region, p in ranking), (slower, ranking)
+
+
 def test_site_states_follow_the_events():
     ev = [{"kind": "join", "site": "a"}, {"kind": "ready", "site": "a", "since_join_s": 1.5},
           {"kind": "round_start", "round": 0}, {"kind": "join", "site": "b", "resumed": True},

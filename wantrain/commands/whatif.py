@@ -1,7 +1,7 @@
 """`wantrain whatif RUN_DIR`: a recorded run's round time and time to target under other settings.
 
 From what the run measured (each site's compute, codec and apply times, the PS's time, the bytes:
-`place.costs_from_run`) and its links (the run's plan: RTTs and bandwidths), round_model predicts
+`ps_placement.costs_from_run`) and its links (the run's plan: RTTs and bandwidths), round_model predicts
 its round time as recorded, which says how far to trust it, and with the settings changed: more or
 fewer inner steps (compute scales with them), another codec (bytes scale with its typical bits per
 parameter), the PS in another region (RTTs from the testbed's table). The time to a target loss
@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
-from .place import TYPICAL_BITS, costs_from_run, predict_plan
+from ..ps_placement import TYPICAL_BITS, costs_from_run, predict_plan
 
 __all__ = ["add_parser", "run"]
 

@@ -14,7 +14,8 @@ from ..presets import PRESETS
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
 
-__all__ = ["PRESETS", "build_model", "preset_config", "count_parameters", "GPT", "GPTConfig", "Llama", "LlamaConfig"]
+__all__ = ["PRESETS", "build_model", "preset_config", "count_parameters", "step_seconds", "GPT", "GPTConfig", "Llama",
+           "LlamaConfig"]
 
 _FAMILIES = {"gpt": GPTConfig, "llama": LlamaConfig}
 
@@ -47,3 +48,29 @@ def build_model(preset: str, vocab_size: int, seed: int = 0, device: str | torch
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameters (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def step_seconds(preset: str, batch: int, block: int, repeats: int = 5) -> float:
+    """Seconds of one training step (forward, backward, AdamW) of `preset` on one CPU thread here,
+    on a batch of random bytes: the median of `repeats` after one to warm up. What `wantrain place`
+    and the time-to-target harness scale a site's compute from (its speed factor times this)."""
+    import statistics
+    import time
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = build_model(preset, 256, 0)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randint(0, 256, (batch, block), generator=torch.Generator().manual_seed(0))
+        times = []
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+    finally:
+        torch.set_num_threads(threads)

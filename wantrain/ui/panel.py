@@ -2,8 +2,10 @@
 
 One row per site (name, where it runs: this machine or ssh://user@host, device, processes, link,
 custom trace, speed factor; an SSH host's state as it is prepared, and the site's log) over a testbed
-scenario, the run's settings (model preset, rounds, inner steps or a time budget, codec), Start
-and Stop, and fault buttons (kill a site, restart the PS, an outage on a link now). It drives
+scenario, the run's settings (model preset, rounds, inner steps or a time budget, codec), the
+regions the PS could run in ranked by the round time these sites and settings would see there
+(wantrain.ps_placement), Start and Stop, and fault buttons (kill a site, restart the PS, an outage
+on a link now). It drives
 the same `Run` as `wantrain demo`: the edited rows become a scenario file in the run folder. Or it
 attaches to a run that is already going (by its folder, or the PS's address and observer token)
 and only watches it.
@@ -17,6 +19,7 @@ threads, and the live `Dashboard` below it is fed by the PS's Watch stream.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import sys
 import threading
@@ -26,6 +29,8 @@ from pathlib import Path
 from ..config import CODEC_MODES, RunConfig
 from ..errors import ConfigError, ProcessError, StateError, WaitTimeoutError
 from ..plan import RunPlan
+from ..ps_placement import costs_from_step, rank
+from ..round_model import Prediction
 from ..report import write_report
 from ..launch import RemotePS
 from ..launch.base import log_tail
@@ -106,6 +111,13 @@ class ControlPanel:
                                       "starts, stops and restarts nothing")
         self.attach_button.add_class("wantrain-attach")
         self.attach_button.on_click(lambda _: self._background(self._attach_clicked))
+        # ---- where the PS could run, ranked
+        self.place_button = W.Button(description="Rank PS regions", icon="globe",
+                                     tooltip="the round time these sites and settings would see with the PS in "
+                                             "each region (RTTs from the scenario's table, an inner step timed here)")
+        self.place_button.add_class("wantrain-place")
+        self.place_button.on_click(lambda _: self._background(self.placement))
+        self.placement_view = W.HTML("")
         # Every message of the panel, newest last, with its time: a click's result stays readable
         # after the next one (the last MAX_MESSAGES are kept).
         self.messages: list[str] = []
@@ -120,6 +132,7 @@ class ControlPanel:
             site_table(self.rows), self.log_view,
             line(self.preset, self.rounds, self.codec), self.ps_on,
             line(self.work, self.inner_steps, self.budget),
+            line(self.place_button), self.placement_view,
             line(self.start_button, self.stop_button),
             line(self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button),
             line(self.attach_to, self.attach_token, self.attach_ca, self.attach_button),
@@ -150,6 +163,26 @@ class ControlPanel:
         """The scenario's run plan with the rows' edits (names, bandwidths, traces, speed factors) applied."""
         return self.plan.replace(scenario=f"{self.plan.scenario} (edited)",
                                  sites=tuple(r.edited_plan() for r in self.rows))
+
+    def placement(self) -> list[tuple[str, Prediction]]:
+        """The regions the PS could run in, fastest first: the round time the rows' sites (their
+        edits included) would see with the PS there under the panel's settings, and what sets it;
+        also shown under the settings."""
+        from ..launch.emulator import describe_placements
+
+        cfg, edited = self.config(), self.site_plan()
+        plans = {region: plan.replace(sites=tuple(dataclasses.replace(mine, rtt_ms=there.rtt_ms)
+                                                  for mine, there in zip(edited.sites, plan.sites)))
+                 for region, plan in describe_placements(str(self.scenario), self.python).items()}
+        costs, source = costs_from_step(edited, cfg)
+        ranking = rank(plans, costs)
+        cells = "".join(f"<tr><td>{i}</td><td>{html.escape(region)}{' (the scenario&#39;s)' if region == self.plan.ps_region else ''}"
+                        f"</td><td>{p.round_s:.2f}</td><td>{html.escape(p.reason())}</td></tr>"
+                        for i, (region, p) in enumerate(ranking, 1))
+        self.placement_view.value = (f"<div class='wantrain-placement'><b>Where the PS could run</b> (costs: "
+                                     f"{html.escape(source)})<table><tr><th></th><th>PS region</th><th>round s</th>"
+                                     f"<th>what sets it</th></tr>{cells}</table></div>")
+        return ranking
 
     # ------------------------------------------------------------ actions (what the buttons call)
 
