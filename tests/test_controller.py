@@ -4,7 +4,7 @@ round's start and its compute, as the PS logged them in site_round."""
 
 import pytest
 
-from wantrain.ps.controller import MAX_EXTRA, BudgetController
+from wantrain.ps.controller import LINK_BOUND, MAX_EXTRA, SMALL_CODEC, BudgetController
 
 # (round, site, arrived_s, compute_s) of a recorded run (wantrain demo --rounds 3, 2026-12-05)
 RECORDED = [(0, "us-west", 5.792, 5.081), (0, "eu-west", 7.887, 7.113), (0, "ap-southeast", 10.342, 8.944),
@@ -13,8 +13,8 @@ RECORDED = [(0, "us-west", 5.792, 5.081), (0, "eu-west", 7.887, 7.113), (0, "ap-
 SITES = {"us-west", "eu-west", "ap-southeast"}
 
 
-def fed(adaptive: bool, budget_s: float = 3.0) -> BudgetController:
-    c = BudgetController(budget_s, adaptive)
+def fed(adaptive: bool, budget_s: float = 3.0, codec_mode: str = "int8-huffman") -> BudgetController:
+    c = BudgetController(budget_s, adaptive, codec_mode)
     for _, site, arrived, compute in RECORDED:
         c.observe(site, arrived, compute)
     return c
@@ -53,25 +53,62 @@ def test_only_the_last_rounds_count():
     assert c.comm_s("a") == 1.0
 
 
+def test_a_link_bound_site_sends_its_deltas_in_the_small_codec_to_the_end():
+    """ap-southeast's link costs 0.895 s a round: with a 1.5 s budget it is link-bound (more than
+    LINK_BOUND of it), the others' (0.47-0.49 s) are not."""
+    assert 0.49 < LINK_BOUND * 1.5 < 0.895
+    c = fed(adaptive=True, budget_s=1.5)
+    plan = c.plan(SITES)
+    assert plan["ap-southeast"].codec == SMALL_CODEC and SMALL_CODEC in plan["ap-southeast"].reason
+    assert plan["us-west"].codec == plan["eu-west"].codec == ""
+    for _ in range(3):                          # in the small codec its link looks cheap: it stays in it
+        c.observe("ap-southeast", 1.6, 1.5)
+    again = c.plan(SITES)
+    assert again["ap-southeast"].codec == SMALL_CODEC and SMALL_CODEC not in again["ap-southeast"].reason
+    # never where the run's deltas are not int8 (fp32 baselines, a codec already smaller), nor "fixed"
+    for mode, adaptive in (("fp32", True), ("int4-huffman", True), ("topk", True), ("int8-huffman", False)):
+        assert all(d.codec == "" for d in fed(adaptive, 1.5, mode).plan(SITES).values()), mode
+
+
 @pytest.mark.timeout(240)
 def test_a_run_under_the_adaptive_controller_trains_each_site_for_its_own_budget(tmp_path):
-    """Real processes: the PS plans each round's budgets, tells them (a `controller` event and the
-    site's RoundStart), and each site computes for its own."""
-    from wantrain.run import Run
+    """Real processes, one site behind a 2 Mbit/s link: the PS plans each round's budgets and
+    codecs, tells them (a `controller` event and the site's RoundStart), and each site computes for
+    its own budget; the narrow link's site, link-bound, sends its deltas in int4 + Huffman, which
+    the PS counts beside the others' int8 + Huffman."""
+    from wantrain.run import Run, describe_scenario
     from wantrain.telemetry import read_events, rows
 
     from .helpers import small_config
 
-    cfg = small_config(**{"train.rounds": 4, "train.round_budget_s": 0.6, "train.controller": "adaptive"})
-    with Run(cfg, run_dir=tmp_path / "run") as run:
+    plan = describe_scenario("loopback")
+    narrow = plan.names[2]
+    plan = plan.with_site(narrow, bandwidth_mbps=2.0)        # its 0.8 MB delta: about 3 s on the wire
+    cfg = small_config(**{"train.rounds": 4, "train.round_budget_s": 2.0, "train.controller": "adaptive"})
+    with Run(cfg, run_dir=tmp_path / "run", plan=plan) as run:
         for _ in run.follow(timeout_s=200):
             pass
     events = read_events(tmp_path / "run")
     decisions = {(e["round"], e["site"]): e for e in rows(events, "controller")}
     assert len(decisions) == 3 * 4 and len(rows(events, "round_end")) == 4
-    assert all(e["comm_s"] is None and e["budget_s"] == 0.6 for (r, _), e in decisions.items() if r == 0)
-    later = [e for (r, _), e in decisions.items() if r >= 2]
-    assert all(e["comm_s"] is not None and 0.6 <= e["budget_s"] <= 1.2 for e in later), later
-    assert min(e["budget_s"] for e in later) == 0.6          # each round, the costliest link's site: the budget
+    assert all(e["comm_s"] is None and e["budget_s"] == 2.0 for (r, _), e in decisions.items() if r == 0)
+    later = [e for (r, _), e in decisions.items() if r >= 1]
+    assert all(e["comm_s"] is not None and 2.0 <= e["budget_s"] <= 4.0 for e in later), later
+    assert all(decisions[r, narrow]["budget_s"] == 2.0 for r in range(4))    # the costliest link: the budget
+    assert all(e["budget_s"] > 2.0 for e in later if e["site"] != narrow)    # the others compute longer
     for s in rows(events, "site_round"):                      # and each site computed for its own budget
         assert s["compute_s"] >= decisions[s["round"], s["site"]]["budget_s"] - 0.01, s
+        small = s["site"] == narrow and s["round"] >= 1
+        assert s["encoding"] == ("int4-huffman" if small else "int8-huffman"), s
+        assert decisions[s["round"], s["site"]]["codec"] == s["encoding"]
+    assert all(e["ok"] for e in rows(events, "hash_check")) and rows(events, "hash_check")
+    assert all(set(e["sites"]) == set(plan.names) for e in rows(events, "round_end"))   # every delta counted
+    # the dashboard and the report draw every decision, its reason in the hover
+    from wantrain.charts import figures
+
+    (chart,) = [f for f in figures(events) if f.layout.title.text.startswith("Controller")]
+    drawn = {t.name.removeprefix("budget "): t for t in chart.data if t.name.startswith("budget ")}
+    assert sorted(drawn) == sorted({site for _, site in decisions})
+    for site, trace in drawn.items():
+        assert list(trace.y) == [decisions[r, site]["budget_s"] for r in range(4)]
+        assert list(trace.customdata) == [decisions[r, site]["reason"] for r in range(4)]

@@ -35,12 +35,21 @@ def test_site_messages_round_trip(make):
 
 @pytest.mark.parametrize("make", [
     lambda: Welcome("run", 2, RunConfig(), 5, H, 7), chunk, lambda: RoundStart(4, H),
+    lambda: RoundStart(4, H, 2.5, "int4-huffman"),
     lambda: RoundResult(4, H, ("a", "b"), 2.5), lambda: ErrorMessage("duplicate_site", "taken"),
     lambda: RoundResult(4, H, ("a",), 2.5, ("c",), partial_chunks=(("b", frozenset({0, 3})),))])
 def test_server_messages_round_trip(make):
     msg = make()
     raw = wire.server_message(msg).SerializeToString()
     assert wire.server_message_from_proto(pb.ServerMessage.FromString(raw)) == msg
+
+
+def test_a_round_start_naming_no_codec_of_ours_is_rejected():
+    m = wire.server_message(RoundStart(4, H, 2.5, "int4-huffman"))
+    m.round_start.codec = "zip\n" + "x" * 500
+    with pytest.raises(ProtocolError, match="codec 'zip") as e:
+        wire.server_message_from_proto(m)
+    assert len(str(e.value)) < 200            # the hostile text is cut short in the message
 
 
 def test_payload_fits_one_mib():

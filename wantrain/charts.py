@@ -188,7 +188,8 @@ def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure
                        xaxis_title="round")
     wire.update_yaxes(title_text="MB", secondary_y=False)
     wire.update_yaxes(title_text="times smaller than fp32", secondary_y=True, rangemode="tozero")
-    extra = [round_time_figure(events, max_points), links_figure(events, links, frame, max_points),
+    extra = [round_time_figure(events, max_points), controller_figure(events, frame, max_points),
+             links_figure(events, links, frame, max_points),
              throughput_figure(links, frame, max_points)]
     return [loss, wire] + [f for f in extra if f is not None] + [timeline_figure(everything, max_points, frame)]
 
@@ -223,6 +224,33 @@ def round_time_figure(events: list[dict], max_points: int | None = None) -> go.F
     fig.update_xaxes(title_text="round", row=len(names), col=1)
     fig.update_layout(title="Where each site's round goes (seconds of the round's wall time)", barmode="relative",
                       height=160 + 170 * len(names), bargap=0.15)
+    return fig
+
+
+def controller_figure(events: list[dict], frame: _Frame, max_points: int | None = None) -> go.Figure | None:
+    """The controller's decisions (train.controller, ps/controller.py): per site and round, the
+    compute budget it gave and what it measured the site's link to cost a round; the reason in the
+    hover. None where the run had no controller events."""
+    decisions = rows(events, "controller")
+    if not decisions:
+        return None
+    fig = go.Figure()
+    colour = frame.colour
+    for name in sorted({d["site"] for d in decisions}):
+        mine = [d for d in decisions if d["site"] == name]
+        if max_points and len(mine) > max_points:
+            mine = [mine[j] for j in np.linspace(0, len(mine) - 1, max_points).round().astype(int)]
+        fig.add_trace(go.Scatter(x=[d["round"] for d in mine], y=[d["budget_s"] for d in mine], mode="lines+markers",
+                                 name=f"budget {name}", line=dict(color=colour.get(name)),
+                                 customdata=[d["reason"] for d in mine],
+                                 hovertemplate=f"{name}, round %{{x}}: %{{y:.2f}} s<br>%{{customdata}}<extra></extra>"))
+        measured = [d for d in mine if d.get("comm_s") is not None]
+        fig.add_trace(go.Scatter(x=[d["round"] for d in measured], y=[d["comm_s"] for d in measured],
+                                 mode="lines", name=f"link cost {name}", line=dict(color=colour.get(name), dash="dot"),
+                                 hovertemplate=f"{name}, round %{{x}}: its link costs %{{y:.2f}} s a round"
+                                               "<extra></extra>"))
+    fig.update_layout(title="Controller: each site's compute budget and its link's cost per round",
+                      xaxis_title="round", yaxis_title="seconds", height=380)
     return fig
 
 

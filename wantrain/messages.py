@@ -105,6 +105,7 @@ class RoundStart:
     round: int
     model_hash: str
     train_s: float = 0.0      # > 0: compute budget in seconds; 0: the configured inner steps
+    codec: str = ""           # this round's delta encoding, the controller's choice ("": the site's own)
 
 
 @dataclass(frozen=True)

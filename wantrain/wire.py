@@ -131,7 +131,7 @@ def server_message(obj: ServerMessage) -> pb.ServerMessage:
         return pb.ServerMessage(chunk=chunk_to_proto(obj))
     if isinstance(obj, RoundStart):
         return pb.ServerMessage(round_start=pb.RoundStart(round=obj.round, model_hash=obj.model_hash,
-                                                                 train_s=obj.train_s))
+                                                                 train_s=obj.train_s, codec=obj.codec))
     if isinstance(obj, RoundResult):
         return pb.ServerMessage(round_result=pb.RoundResult(
             round=obj.round, model_hash=obj.model_hash, sites=list(obj.sites), val_loss=obj.val_loss,
@@ -360,7 +360,9 @@ def server_message_from_proto(m: pb.ServerMessage) -> ServerMessage:
         rs = m.round_start
         if not (math.isfinite(rs.train_s) and 0 <= rs.train_s <= MAX_SECONDS):
             raise ProtocolError(f"round start asks for {rs.train_s} s of training")
-        return RoundStart(rs.round, _hash(rs.model_hash, "round start model_hash"), rs.train_s)
+        if rs.codec and rs.codec not in CODEC_MODES:
+            raise ProtocolError(f"round start asks for codec {safe_text(rs.codec, 40)!r}, not one of {CODEC_MODES}")
+        return RoundStart(rs.round, _hash(rs.model_hash, "round start model_hash"), rs.train_s, rs.codec)
     if which == "round_result":
         r = m.round_result
         for name in (*r.sites, *r.late_sites, *(p.site for p in r.partial)):

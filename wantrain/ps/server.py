@@ -82,7 +82,7 @@ class ParameterServer:
                                         quant_block=cfg.codec.quant_block))
         self.downloads = Downloads(g.views, model_codec, self.limits, self.recorder, self.num_params)
         self.clock = RoundClock(cfg.train)
-        self.controller = BudgetController(cfg.train.round_budget_s, cfg.train.controller == "adaptive")
+        self.controller = BudgetController(cfg.train.round_budget_s, cfg.train.controller == "adaptive", cfg.codec.mode)
         self.screen = Screen(cfg)
         self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
         saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
@@ -180,7 +180,7 @@ class ParameterServer:
                                         needs_s=self.clock.site_s(link.name))
         if train_s is not None:
             self.rounds.admit(link.name, self.round, train_s)
-            link.outbox.put_nowait(RoundStart(self.round, self.hash, train_s))
+            link.outbox.put_nowait(RoundStart(self.round, self.hash, train_s, self.controller.codec_of(link.name)))
 
     def leave(self, link: SiteLink, reason: str) -> None:
         if self.sites.leave(link, reason):
@@ -221,8 +221,8 @@ class ParameterServer:
         for name, d in sorted(decisions.items()):
             if self.controller.adaptive:
                 self.recorder.emit("controller", round=self.round, site=name, budget_s=d.budget_s, comm_s=d.comm_s,
-                                   reason=d.reason)
-            self.links[name].outbox.put_nowait(RoundStart(self.round, self.hash, d.budget_s))
+                                   codec=d.codec or self.cfg.codec.mode, reason=d.reason)
+            self.links[name].outbox.put_nowait(RoundStart(self.round, self.hash, d.budget_s, d.codec))
         self._later(deadline, self._on_deadline, self.round)
 
     def _on_deadline(self, round_: int) -> None:

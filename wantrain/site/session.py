@@ -8,8 +8,8 @@ outbound, and follows the PS's lead:
                              (a catch-up, after the stream broke)
     RoundStart(r)            train `inner_steps` steps (or `train_s` seconds) from the global
                              model (schedule.py: with "overlap", some were taken ahead), send the
-                             pseudo-gradient (start - end) through the codec with error
-                             feedback, then the round's metrics
+                             pseudo-gradient (start - end) through the codec (or the one
+                             `codec` names) with error feedback, then the round's metrics
     update chunks + result   add exactly the decoded update, hash, report the hash
     DeltaOutcome             what the PS did with a delta it did not simply count, and why: logged
 
@@ -364,7 +364,7 @@ class Site:
                 uplink.keep(delta)
                 return
         stats = await uplink.push(stream, round_, delta, {**info, "wait_s": wait_s, "decode_s": self._held().decode_s,
-                                                         "download_s": self._held().download_s}, hand.began_at)
+                                                         "download_s": self._held().download_s}, hand.began_at, start.codec)
         await self._flush_probes(stream)
         self.pushed_at = time.time()
         trim_heap()                       # the round's scratch memory, back while the PS commits

@@ -52,10 +52,8 @@ class Uplink:
         chunk plan cannot carry it."""
         self.site, self.cfg, self.roles = site, cfg, roles
         self.loss, self.late_s = loss, late_s        # chunks lost on purpose, sent late_s after the others
-        if mode and mode not in cfg.codec.delta_modes():
-            raise ConfigError(f"site {site!r}: codec {mode!r} is not one this run's deltas may be in "
-                              f"({', '.join(cfg.codec.delta_modes())}: those that fit its chunk plan)")
-        self.codec = Codec(cfg.codec.for_site(mode))
+        self.own_mode = mode                 # its setting; a round's RoundStart may ask for another (use)
+        self.codec = self._codec(mode)
         self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
         self.stalls = stalls or Stalls((), log)
         self.pending: dict[int, dict[str, np.ndarray]] = {}
@@ -64,14 +62,32 @@ class Uplink:
         self.missed: dict[int, int] = {}     # chunk -> rounds in a row its round counted the delta without it
         self.plan_size = 0                   # chunks a delta comes in (known from the first push)
 
+    def _codec(self, mode: str) -> Codec:
+        if mode and mode not in self.cfg.codec.delta_modes():
+            raise ConfigError(f"site {self.site!r}: codec {mode!r} is not one this run's deltas may be in "
+                              f"({', '.join(self.cfg.codec.delta_modes())}: those that fit its chunk plan)")
+        return Codec(self.cfg.codec.for_site(mode))
+
+    def use(self, mode: str) -> None:
+        """Encode the next deltas in `mode`, as the PS's controller asked ("": the site's own); the
+        error feedback carries on across the change (it holds values, not symbols)."""
+        mode = mode or self.own_mode
+        if mode and mode not in self.cfg.codec.delta_modes():
+            log.warning("site %s: the PS asked for deltas in %s, which this run's chunk plan cannot carry; they "
+                        "stay in %s", self.site, mode, self.codec.cfg.mode)
+        elif (mode or self.cfg.codec.mode) != self.codec.cfg.mode:
+            self.codec = self._codec(mode)
+            log.info("site %s: deltas now go in %s", self.site, self.codec.cfg.mode)
+
     @property
     def pushes_late(self) -> bool:
         """Is a delta whose round committed without it still worth sending? Only if the PS may apply it."""
         return self.cfg.train.applies_late
 
-    async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict, began_at: float = 0.0
-                   ) -> EncodeStats:
-        """Encode the round's delta (error feedback in) and send its manifest, its chunks, then its
+    async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict, began_at: float = 0.0,
+                   mode: str = "") -> EncodeStats:
+        """Encode the round's delta (error feedback in; in `mode` where the PS's controller asked for
+        one: `use`) and send its manifest, its chunks, then its
         RoundMetrics with `figures` (the training's, wait_s, decode_s) and the seconds from
         `began_at` (perf_counter: when the round began here) to the first message of the delta. The chunks go in the order
         recovery.transmissions gives (critical ones first, then by importance, so that what a
@@ -79,6 +95,7 @@ class Uplink:
         (train.critical_copies, train.parity_share) and `stream` can carry them; except that the
         smallest goes first of all: the PS times the upload from the first chunk's arrival to the
         last's, so the first must take no time itself."""
+        self.use(mode)
         stats = EncodeStats()
         protects = stream.protects
         chunks, sent, manifest, parity = await asyncio.to_thread(self._encode, round_, delta, figures, stats, protects)

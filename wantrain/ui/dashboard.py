@@ -31,7 +31,7 @@ from ..charts import figures
 __all__ = ["Dashboard", "site_states", "progress_text", "CHART_ORDER"]
 
 # Title prefixes of the charts (wantrain.charts.figures), in their order.
-CHART_ORDER = ("Loss", "Bytes on the wire", "Where each site", "Links: RTT", "Links: throughput", "Timeline")
+CHART_ORDER = ("Loss", "Bytes on the wire", "Where each site", "Controller", "Links: RTT", "Links: throughput", "Timeline")
 
 
 def site_states(events: list[dict], ended: str | None = None) -> dict[str, str]:

@@ -195,14 +195,16 @@ class Welcome(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., site_index: _Optional[int] = ..., config_json: _Optional[str] = ..., round: _Optional[int] = ..., model_hash: _Optional[str] = ..., model_chunks: _Optional[int] = ..., data_position: _Optional[int] = ..., shard_index: _Optional[int] = ..., shard_count: _Optional[int] = ...) -> None: ...
 
 class RoundStart(_message.Message):
-    __slots__ = ("round", "model_hash", "train_s")
+    __slots__ = ("round", "model_hash", "train_s", "codec")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     MODEL_HASH_FIELD_NUMBER: _ClassVar[int]
     TRAIN_S_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     round: int
     model_hash: str
     train_s: float
-    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., train_s: _Optional[float] = ...) -> None: ...
+    codec: str
+    def __init__(self, round: _Optional[int] = ..., model_hash: _Optional[str] = ..., train_s: _Optional[float] = ..., codec: _Optional[str] = ...) -> None: ...
 
 class RoundMetrics(_message.Message):
     __slots__ = ("round", "train_loss", "last_train_loss", "tokens", "steps", "raw_bytes", "wire_bytes", "huffman_bits_per_symbol", "encode_s", "decode_s", "compute_s", "send_s", "chunks", "emulated_s", "data_position", "wait_s", "steps_ahead", "hedged", "download_s", "turnaround_s")
