@@ -96,3 +96,20 @@ def test_the_quick_harness_measures_a_real_arm(tmp_path):
     assert all(0 < u <= 1.05 for u in a["utilization"].values()), a["utilization"]
     # the work it took beside the time: every site's steps of every round up to the target
     assert a["steps"] >= 3 * rounds and a["tokens"] > a["steps"] and a["compute_s"] > 0
+
+
+def test_counted_tokens_are_the_deltas_that_reached_the_model_in_time():
+    from wantrain.run_compare import counted_tokens
+
+    events = [_event("round_start", 100.0, round=0), _event("round_start", 104.0, round=1)]
+    for site, tokens in (("a", 10), ("b", 20), ("c", 40)):
+        events.append(_event("site_round", 103.0, round=0, site=site, tokens=tokens))
+    events += [_event("round_end", 104.0, round=0, sites=["a", "b"]),       # c missed round 0 ...
+               _event("late_delta", 106.0, round=0, site="c", action="deferred"),   # ... and counts in round 1
+               _event("site_round", 107.0, round=1, site="a", tokens=10),
+               _event("site_round", 107.0, round=1, site="b", tokens=20),   # b's round 1 was dropped
+               _event("late_delta", 109.0, round=1, site="b", action="dropped"),
+               _event("round_end", 108.0, round=1, sites=["a"])]
+    assert counted_tokens(events, 10.0) == {"a": 20, "b": 20, "c": 40}
+    assert counted_tokens(events, 5.0) == {"a": 10, "b": 20}                 # round 1 committed 8 s in
+    assert counted_tokens([], 5.0) == {}

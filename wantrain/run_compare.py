@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .telemetry import rows, utilization
 
-__all__ = ["Outcome", "time_to_target", "on_grid"]
+__all__ = ["Outcome", "time_to_target", "on_grid", "counted_tokens"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +84,30 @@ def time_to_target(events: list[dict], target: float, cadence_s: float = 0.0) ->
         steps=sum(e["steps"] for e in pushes), tokens=sum(e["tokens"] for e in pushes),
         compute_s=sum(e["compute_s"] for e in pushes),
         curve=[(round(e["t"] - t0, 3), e["val_loss"]) for e in ends])
+
+
+def counted_tokens(events: list[dict], until_s: float) -> dict[str, int]:
+    """Per site, the tokens of its deltas that reached the global model within `until_s` of round
+    0's start: counted in their round's commit (whole or in part), or deferred to a later one (a
+    late delta the late policy applies) and that commit made in time. Goodput's numerator: work
+    computed but never applied (dropped, kept by a dark site, never sent) is left out."""
+    starts = rows(events, "round_start")
+    if not starts:
+        return {}
+    t0 = min(e["t"] for e in starts)
+    commits = sorted((e["t"] - t0, e["round"]) for e in rows(events, "round_end"))
+    counted: dict[tuple[str, int], float] = {}           # (site, round) -> when its delta reached the model
+    for e in rows(events, "round_end"):
+        for site in e["sites"]:
+            counted[site, e["round"]] = e["t"] - t0
+    for e in rows(events, "late_delta"):
+        if e["action"] == "deferred":                     # applied by the first commit after it arrived
+            at = next((t for t, _ in commits if t >= e["t"] - t0), None)
+            if at is not None:
+                counted.setdefault((e["site"], e["round"]), at)
+    out: dict[str, int] = {}
+    for e in rows(events, "site_round"):
+        at = counted.pop((e["site"], e["round"]), None)     # (popped: one delta, one count)
+        if at is not None and at <= until_s:
+            out[e["site"]] = out.get(e["site"], 0) + e["tokens"]
+    return out
