@@ -7,9 +7,9 @@ import dataclasses
 import json
 import sys
 
-from wantrain.plan import PlanError
+from wantrain.plan import PlanError, RunPlan
 
-from .scenario import ScenarioError, load_scenario
+from .scenario import ScenarioError, load_scenario, scenario_from_plan
 from .trace import TraceError
 
 
@@ -17,7 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m testbed")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("describe", help="print a scenario's plan (sites, regions, RTTs, speed factors) as JSON")
-    d.add_argument("--scenario", required=True)
+    which = d.add_mutually_exclusive_group(required=True)
+    which.add_argument("--scenario", help="a built-in scenario's name or a scenario file")
+    which.add_argument("--plan", help="a run plan (JSON), as this prints it (wantrain's Run.move_ps)")
     d.add_argument("--ps-region", default=None, help="the plan with the PS in this region instead; 'all': a JSON "
                    "object of every known region's plan (wantrain place)")
     ln = sub.add_parser("links", help="run the site links of a run plan (or a scenario) to TARGET")
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "describe":
             from .links import plan_of
             from .regions import regions
-            sc = load_scenario(args.scenario)
+            sc = load_scenario(args.scenario) if args.scenario else scenario_from_plan(RunPlan.read(args.plan), args.plan)
             if args.ps_region == "all":
                 print(json.dumps({r: json.loads(plan_of(dataclasses.replace(sc, ps_region=r)).to_json())
                                   for r in regions()}))

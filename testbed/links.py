@@ -11,11 +11,15 @@ down), bytes each way, time stalled by outages; plus `outage_start` / `outage_en
 With `--control C`, lines appended to the file C are commands, read every tick: a JSON object
 `{"site": NAME, "outage_s": SECONDS}` takes that link down now (the notebook's "outage now"
 button); its start and end are logged like a scheduled outage, with `"forced": true`.
+`{"ps_region": REGION}` says the PS moved there (wantrain's Run.move_ps): every proxied link takes
+its traces for that region's RTT from now on (a `ps_moved` event with each link's RTT); a kernel
+link (htb) keeps its rate and takes the delay on its proxy link like the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import signal
@@ -53,6 +57,22 @@ def plan_of(sc: Scenario, handles: dict | None = None) -> RunPlan:
                  chunk_loss=s.chunk_loss, chunk_burst=s.chunk_burst, chunk_late_s=s.chunk_late_s,
                  **where(s.name)) for s in sc.sites),
         time_scale=sc.time_scale, seed=sc.seed, backend=sc.backend)
+
+
+def moved(sc: Scenario, ps_region: str, handles: dict) -> Scenario:
+    """The scenario with its PS in `ps_region`, every open link's traces swapped for that region's
+    (from the same seeds: only the RTT changes); ValueError for a region without RTTs."""
+    there = dataclasses.replace(sc, ps_region=ps_region)
+    try:
+        traces = {s.name: there.traces(s) for s in sc.sites if s.name in handles}
+    except KeyError as e:
+        raise ValueError(str(e).strip("'\"")) from None
+    for name, (up, down) in traces.items():
+        proxy = handles[name].proxy
+        if next(s for s in sc.sites if s.name == name).backend == "kernel":    # its host's htb does the rate
+            up, down = without_rate(up), without_rate(down)
+        proxy.up, proxy.down = up, down
+    return there
 
 
 async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_file: Path | None,
@@ -97,6 +117,11 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
             for cmd in commands.read():
                 p = proxies.get(str(cmd.get("site")))
                 try:
+                    if "ps_region" in cmd:
+                        sc = moved(sc, str(cmd["ps_region"]), handles)
+                        write({"kind": "ps_moved", "t": now, "ps_region": sc.ps_region,
+                               "rtt_ms": {s.name: sc.rtt_ms(s) for s in sc.sites if s.name in proxies}})
+                        continue
                     if p is None:
                         raise ValueError(f"no link {cmd.get('site')!r}")
                     p.force_outage(float(cmd["outage_s"]))

@@ -82,6 +82,33 @@ def run_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     return events, rounds, {restarted_after + 1, restarted_after + 2}
 
 
+def move_door(tmp_path) -> tuple[list[dict], int, set[int]]:
+    """The PS moved to another region mid-run (Run.move_ps): stopped, started again from its
+    checkpoint, the sites' links now with that region's RTTs; the sites come back by themselves."""
+    rounds = 5
+    cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.quorum_wait_s": 60.0})
+    with Run(cfg, run_dir=tmp_path / "run", scenario="loopback") as run:   # every site and the PS in East US
+        moved = False
+        for ev in run.follow(timeout_s=300):
+            if ev["kind"] == "round_end" and ev["round"] == 1 and not moved:
+                run.move_ps("West Europe")
+                moved = True
+        codes = run.wait_exit(60)
+        plan = run.run_plan
+    assert all(c == 0 for name, c in codes.items() if name != "link emulator"), codes   # (it runs until stopped)
+    events = read_events(run.run_dir)
+    (fault,) = [e for e in rows(events, "fault") if e["action"] == "move PS"]
+    (there,) = rows(events, "ps_moved")
+    assert there["ps_region"] == fault["region"] == plan.ps_region == "West Europe"
+    assert there["rtt_ms"] == fault["rtt_ms"] == {s.name: s.rtt_ms for s in plan.sites}
+    assert all(rtt > 50 for rtt in there["rtt_ms"].values())           # East US -> West Europe
+    links = rows(events, "link")                                        # what the links did, before and after
+    assert max(e["trace_rtt_ms"] for e in links if e["t"] < there["t"]) < 1.0
+    after = [e for e in links if e["t"] > there["t"] + 1.0]
+    assert after and all(e["trace_rtt_ms"] >= 0.95 * there["rtt_ms"][e["site"]] for e in after)
+    return events, rounds, {2, 3}
+
+
 def remote_door(tmp_path, venvs: str) -> tuple[list[dict], int, set[int]]:
     from wantrain.launch import RemotePS, RemoteSite
 
@@ -155,7 +182,8 @@ def shard_door(tmp_path) -> tuple[list[dict], int, set[int]]:
 
 DOORS = {"cluster-aggregate": lambda p, _: cluster_door(p, "aggregate@2"),
          "cluster-checkpoint": lambda p, _: cluster_door(p, "checkpoint@3"),
-         "run": lambda p, _: run_door(p), "remote": remote_door, "shard": lambda p, _: shard_door(p)}
+         "run": lambda p, _: run_door(p), "move": lambda p, _: move_door(p), "remote": remote_door,
+         "shard": lambda p, _: shard_door(p)}
 
 
 @pytest.mark.timeout(480)         # the remote door installs on two SSH hosts of a loaded machine

@@ -186,6 +186,12 @@ def outage_command(site: str, seconds: float) -> str:
     return json.dumps({"site": site, "outage_s": seconds}) + "\n"
 
 
+def move_command(ps_region: str) -> str:
+    """A line of the link emulator's command file: the PS now runs in `ps_region`; every link takes
+    that region's RTT from now on."""
+    return json.dumps({"ps_region": ps_region}) + "\n"
+
+
 class JsonlTail:
     """Each `read()` returns the JSON objects of the lines completed since the last read (a last
     line still being written waits for its newline); a line that is not a JSON object counts in

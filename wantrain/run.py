@@ -289,6 +289,16 @@ class Run:
         finally:
             self._restarting = False
 
+    def move_ps(self, region: str, timeout_s: float = 120.0) -> None:
+        """Move the PS to `region`, as a cloud PS is moved: it starts again from its checkpoint and
+        journal, the emulated links take that region's RTTs (they stand for the redirect: a DNS
+        name moved, or a relay), and the sites follow by themselves; nothing is lost."""
+        if self.emulator is None:
+            raise ProcessError("moving the PS needs a run whose links are emulated (a scenario or plan)")
+        there = self.emulator.move_ps(region)
+        self._fault("move PS", region=region, rtt_ms={s.name: s.rtt_ms for s in there.sites})
+        self.restart_ps(timeout_s)
+
     def drop_connection(self, name: str) -> None:
         """Cut an SSH site's connection, as a network failure would: its watchdog stops the site on
         the host, and the run reconnects and starts it again (it rejoins)."""

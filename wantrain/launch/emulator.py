@@ -2,12 +2,13 @@
 
 wantrain imports nothing of testbed: it starts `python -m testbed links` (argv.py) with a run plan
 (plan.py, the contract between them), waits for the plan it writes back once every link listens
-(where each site dials), and writes outages into its control file. `describe_scenario` asks testbed
+(where each site dials), and writes outages and PS moves into its control file. `describe_scenario` asks testbed
 for a scenario's plan without starting anything.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,11 +16,11 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, ProcessError
-from ..plan import RunPlan, outage_command
+from ..plan import RunPlan, move_command, outage_command
 from .argv import links_command
 from .base import Launcher, ProcessHandle, ProcessSpec
 
-__all__ = ["LinkEmulator", "describe_scenario"]
+__all__ = ["LinkEmulator", "describe_scenario", "describe_moved"]
 
 
 def describe_scenario(scenario: str | Path, python: str = sys.executable, ps_region: str | None = None) -> RunPlan:
@@ -34,8 +35,16 @@ def describe_placements(scenario: str | Path, python: str = sys.executable) -> d
             for region, plan in json.loads(_describe(scenario, python, "--ps-region", "all")).items()}
 
 
-def _describe(scenario: str | Path, python: str, *extra: str) -> str:
-    r = subprocess.run([python, "-m", "testbed", "describe", "--scenario", str(scenario), *extra], capture_output=True,
+def describe_moved(plan: RunPlan, ps_region: str, folder: Path, python: str = sys.executable) -> RunPlan:
+    """`plan` (a run's) as if its PS were in `ps_region` (each site's RTT to it); ConfigError for a
+    region the testbed has no RTTs for. The plan goes through a file in `folder`."""
+    path = folder / "plan-to-move.json"
+    plan.write(path)
+    return RunPlan.from_json(_describe(path, python, "--ps-region", ps_region, what="--plan"))
+
+
+def _describe(scenario: str | Path, python: str, *extra: str, what: str = "--scenario") -> str:
+    r = subprocess.run([python, "-m", "testbed", "describe", what, str(scenario), *extra], capture_output=True,
                        text=True, timeout=60)
     if r.returncode == 2:      # the scenario is malformed: testbed's message names the file, line and field
         raise ConfigError(r.stderr.strip().removeprefix("testbed describe: "))
@@ -72,6 +81,19 @@ class LinkEmulator:
             time.sleep(0.05)
         self.listening = RunPlan.read(listening)
         return self.listening
+
+    def move_ps(self, region: str) -> RunPlan:
+        """The PS now runs in `region`: every link takes its RTT to it from now on (the testbed's
+        table; ConfigError for a region it has none for). Returns the plan as it now stands."""
+        if self.process is None or self.process.poll() is not None or self.listening is None:
+            raise ProcessError("no link emulator is running: moving the PS needs a run with a scenario or plan")
+        there = describe_moved(self.plan, region, self.run_dir, self.python)
+        rtt = {s.name: s.rtt_ms for s in there.sites}
+        self.plan, self.listening = (dataclasses.replace(p, ps_region=there.ps_region, sites=tuple(
+            dataclasses.replace(s, rtt_ms=rtt[s.name]) for s in p.sites)) for p in (self.plan, self.listening))
+        with open(self.control, "a") as f:
+            f.write(move_command(there.ps_region))
+        return self.plan
 
     def outage(self, site: str, seconds: float) -> None:
         """Take a site's link down now for `seconds` (at most 200, as the traces' outages)."""
