@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from wantrain.errors import ConfigError
+from wantrain.errors import ConfigError, StateError
 from wantrain.telemetry import read_events
 from wantrain.ui import ControlPanel, site_states
 
@@ -60,9 +60,12 @@ def test_the_panel_ranks_where_the_ps_could_run_for_its_sites_and_settings(tmp_p
     ranking = panel.placement()
     times = [p.round_s for _, p in ranking]
     assert len(ranking) >= 3 and times == sorted(times) and all(t > 2.0 for t in times)
-    shown = panel.placement_view.value
+    shown = panel.places.table.value
     assert [shown.index(region) for region, _ in ranking] == sorted(shown.index(region) for region, _ in ranking)
     assert "the scenario&#39;s" in shown and "2 s budget" in shown
+    assert list(panel.places.move_to.options) == [region for region, _ in ranking]      # what Move PS offers
+    with pytest.raises(StateError):                       # no run to move (Run.move_ps: test_recovery.py)
+        panel.move_ps(ranking[0][0])
     panel.rows[2].bandwidth.value = 0.5          # ap-southeast's link narrowed: every region's round is slower
     slower = dict((region, p.round_s) for region, p in panel.placement())
     assert all(slower[region] > p.round_s + 1.0 for region, p in ranking), (slower, ranking)

@@ -5,7 +5,7 @@ custom trace, speed factor; an SSH host's state as it is prepared, and the site'
 scenario, the run's settings (model preset, rounds, inner steps or a time budget, codec), the
 regions the PS could run in ranked by the round time these sites and settings would see there
 (wantrain.ps_placement), Start and Stop, and fault buttons (kill a site, restart the PS, an outage
-on a link now). It drives
+on a link now, move the PS to a ranked region). It drives
 the same `Run` as `wantrain demo`: the edited rows become a scenario file in the run folder. Or it
 attaches to a run that is already going (by its folder, or the PS's address and observer token)
 and only watches it.
@@ -19,7 +19,6 @@ threads, and the live `Dashboard` below it is fed by the PS's Watch stream.
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import sys
 import threading
@@ -29,7 +28,6 @@ from pathlib import Path
 from ..config import CODEC_MODES, RunConfig
 from ..errors import ConfigError, ProcessError, StateError, WaitTimeoutError
 from ..plan import RunPlan
-from ..ps_placement import costs_from_step, rank
 from ..round_model import Prediction
 from ..report import write_report
 from ..launch import RemotePS
@@ -37,6 +35,7 @@ from ..launch.base import log_tail
 from ..run import Run, describe_scenario, new_run_dir
 from ..watch import Observer
 from .dashboard import Dashboard
+from .placement_view import PlacementView, ranked_regions
 from .site_rows import WHERE, SiteRow, ps_host, remote_hosts, site_table
 
 __all__ = ["ControlPanel"]
@@ -111,13 +110,9 @@ class ControlPanel:
                                       "starts, stops and restarts nothing")
         self.attach_button.add_class("wantrain-attach")
         self.attach_button.on_click(lambda _: self._background(self._attach_clicked))
-        # ---- where the PS could run, ranked
-        self.place_button = W.Button(description="Rank PS regions", icon="globe",
-                                     tooltip="the round time these sites and settings would see with the PS in "
-                                             "each region (RTTs from the scenario's table, an inner step timed here)")
-        self.place_button.add_class("wantrain-place")
-        self.place_button.on_click(lambda _: self._background(self.placement))
-        self.placement_view = W.HTML("")
+        # ---- where the PS could run, ranked, and the move there
+        self.places = PlacementView(lambda: self._background(self.placement),
+                                    lambda region: self._background(self.move_ps, region))
         # Every message of the panel, newest last, with its time: a click's result stays readable
         # after the next one (the last MAX_MESSAGES are kept).
         self.messages: list[str] = []
@@ -132,7 +127,7 @@ class ControlPanel:
             site_table(self.rows), self.log_view,
             line(self.preset, self.rounds, self.codec), self.ps_on,
             line(self.work, self.inner_steps, self.budget),
-            line(self.place_button), self.placement_view,
+            self.places.box,
             line(self.start_button, self.stop_button),
             line(self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button),
             line(self.attach_to, self.attach_token, self.attach_ca, self.attach_button),
@@ -167,21 +162,9 @@ class ControlPanel:
     def placement(self) -> list[tuple[str, Prediction]]:
         """The regions the PS could run in, fastest first: the round time the rows' sites (their
         edits included) would see with the PS there under the panel's settings, and what sets it;
-        also shown under the settings."""
-        from ..launch.emulator import describe_placements
-
-        cfg, edited = self.config(), self.site_plan()
-        plans = {region: plan.replace(sites=tuple(dataclasses.replace(mine, rtt_ms=there.rtt_ms)
-                                                  for mine, there in zip(edited.sites, plan.sites)))
-                 for region, plan in describe_placements(str(self.scenario), self.python).items()}
-        costs, source = costs_from_step(edited, cfg)
-        ranking = rank(plans, costs)
-        cells = "".join(f"<tr><td>{i}</td><td>{html.escape(region)}{' (the scenario&#39;s)' if region == self.plan.ps_region else ''}"
-                        f"</td><td>{p.round_s:.2f}</td><td>{html.escape(p.reason())}</td></tr>"
-                        for i, (region, p) in enumerate(ranking, 1))
-        self.placement_view.value = (f"<div class='wantrain-placement'><b>Where the PS could run</b> (costs: "
-                                     f"{html.escape(source)})<table><tr><th></th><th>PS region</th><th>round s</th>"
-                                     f"<th>what sets it</th></tr>{cells}</table></div>")
+        also shown under the settings (PlacementView)."""
+        ranking, source = ranked_regions(self.scenario, self.site_plan(), self.config(), self.python)
+        self.places.show(ranking, source, self.plan.ps_region)
         return ranking
 
     # ------------------------------------------------------------ actions (what the buttons call)
@@ -329,6 +312,15 @@ class ControlPanel:
         self._say(f"link of {name} down for {seconds:g} s")
         self._redraw()
 
+    def move_ps(self, region: str | None) -> None:
+        """Move the running PS to `region` (Run.move_ps): from its checkpoint, the links with that
+        region's RTTs, the sites following by themselves."""
+        if not region:
+            raise ConfigError("choose the region to move the PS to (Rank PS regions lists them)")
+        self._running().move_ps(region)
+        self._say(f"PS moved to {region}")
+        self._redraw()
+
     def _ps_on(self) -> RemotePS | None:
         options = {k: v for k, v in self.ssh.items() if k not in ("gpus",)}
         return ps_host(self.ps_on.value, options, lambda m: self._say(f"PS host: {m}"))
@@ -366,7 +358,7 @@ class ControlPanel:
         self.start_button.disabled = live or state == "attached"
         self.attach_button.disabled = live or state == "attached"
         self.stop_button.disabled = not live
-        for b in (self.kill_button, self.outage_button, self.ps_button):
+        for b in (self.kill_button, self.outage_button, self.ps_button, self.places.move_button):
             b.disabled = state != "running"
 
     def _fail(self, e: BaseException) -> None:
