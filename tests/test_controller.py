@@ -65,6 +65,10 @@ def test_a_link_bound_site_sends_its_deltas_in_the_small_codec_to_the_end():
         c.observe("ap-southeast", 1.6, 1.5)
     again = c.plan(SITES)
     assert again["ap-southeast"].codec == SMALL_CODEC and SMALL_CODEC not in again["ap-southeast"].reason
+    assert c.update_mode() == SMALL_CODEC             # and the update, one for every site, goes small too
+    roomy = fed(adaptive=True, budget_s=3.0)
+    roomy.plan(SITES)
+    assert not roomy.link_bound and roomy.update_mode() == ""          # no link-bound site: the run's
     # never where the run's deltas are not int8 (fp32 baselines, a codec already smaller), nor "fixed"
     for mode, adaptive in (("fp32", True), ("int4-huffman", True), ("topk", True), ("int8-huffman", False)):
         assert all(d.codec == "" for d in fed(adaptive, 1.5, mode).plan(SITES).values()), mode
@@ -75,7 +79,7 @@ def test_a_run_under_the_adaptive_controller_trains_each_site_for_its_own_budget
     """Real processes, one site behind a 2 Mbit/s link: the PS plans each round's budgets and
     codecs, tells them (a `controller` event and the site's RoundStart), and each site computes for
     its own budget; the narrow link's site, link-bound, sends its deltas in int4 + Huffman, which
-    the PS counts beside the others' int8 + Huffman."""
+    the PS counts beside the others' int8 + Huffman, and the updates go in int4 + Huffman."""
     from wantrain.run import Run, describe_scenario
     from wantrain.telemetry import read_events, rows
 
@@ -101,6 +105,9 @@ def test_a_run_under_the_adaptive_controller_trains_each_site_for_its_own_budget
         small = s["site"] == narrow and s["round"] >= 1
         assert s["encoding"] == ("int4-huffman" if small else "int8-huffman"), s
         assert decisions[s["round"], s["site"]]["codec"] == s["encoding"]
+    # from round 1 on every update goes in int4 + Huffman too, and every replica decodes it alike
+    update_mb = [e["wire_bytes"] / 1e6 for e in rows(events, "round_end")]
+    assert all(mb < 0.6 * update_mb[0] for mb in update_mb[1:]), update_mb
     assert all(e["ok"] for e in rows(events, "hash_check")) and rows(events, "hash_check")
     assert all(set(e["sites"]) == set(plan.names) for e in rows(events, "round_end"))   # every delta counted
     # the dashboard and the report draw every decision, its reason in the hover

@@ -71,6 +71,32 @@ def test_a_restarted_ps_replays_the_journal_bit_identically(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_updates_the_controller_sent_in_int4_replay_bit_identically(tmp_path):
+    """Once a site is link-bound the adaptive controller sends every update in int4 + Huffman
+    (ps/controller.py); the journal records that, and a restarted PS replays those rounds exactly."""
+    from wantrain.ps.controller import SMALL_CODEC
+
+    cfg = small_config(num_sites=2, **{"train.rounds": 6, "train.checkpoint_every": 10, "train.round_budget_s": 1.0,
+                                       "train.controller": "adaptive"})
+
+    async def scenario():
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        await play_round(ps, [a, b], seed=0)
+        ps.controller.link_bound.add("b")           # as its plan does for a link that costs too much
+        for r in (1, 2):
+            await play_round(ps, [a, b], seed=10 * r)
+        records = [json.loads((tmp_path / JOURNAL_DIR / f"commit-{r:06d}.json").read_text()) for r in range(3)]
+        assert [rec.get("update_mode", "") for rec in records] == ["", SMALL_CODEC, SMALL_CODEC]
+        sent = [m for m in ps.catchup.since(2) if hasattr(m, "data")]                  # round 2's update as sent
+        assert sent and {m.data.encoding for m in sent} == {SMALL_CODEC}
+        state = state_of(ps)
+        assert_same_state(state_of(ParameterServer(cfg, run_dir=tmp_path)), state)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
 def test_a_journal_that_does_not_replay_to_its_hash_is_refused(tmp_path):
     cfg = small_config(num_sites=1, **{"train.rounds": 4, "train.checkpoint_every": 10})
 

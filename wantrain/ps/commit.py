@@ -161,12 +161,13 @@ class Committer:
         self.journal, self.checkpoints, self.recorder, self.stalls = journal, checkpoints, recorder, stalls
 
     async def commit(self, uploads: dict[str, Upload], stale: dict[str, Upload], late: dict[str, Upload],
-                     started_at: float, close: str = "complete", partial: bool = False, split: bool = False
-                     ) -> Committed:
+                     started_at: float, close: str = "complete", partial: bool = False, split: bool = False,
+                     update_mode: str = "") -> Committed:
         """Screen and aggregate the closed round (`uploads` of its members, `stale` late deltas kept
         for it, `late` the sites owing a delta, as it stands when the round ends; `close`: why it
         closed; `partial`: it counts the chunks in of a delta with a manifest), apply it and make it
-        durable. `split`: its update goes in a head and a tail (recovery/downlink.py)."""
+        durable. `split`: its update goes in a head and a tail (recovery/downlink.py). `update_mode`:
+        the update's encoding, as the controller chose it ("": the run's; journaled, for the replay)."""
         round_ = self.ledger.round
         closed_s = time.time() - started_at      # the round's deltas are in (or its deadline came)
         outside = self.cfg.train.zero_substitute      # zeros stand in (zero-outside, zero-carry)
@@ -216,7 +217,7 @@ class Committer:
             for site in counted_chunks:
                 await asyncio.to_thread(self.journal.write_delta, round_, site, views[site][0], True)
         result, stats, update = await asyncio.to_thread(self._aggregate, round_, parts, side, accepted,
-                                                        accepted_stale, counted_chunks)
+                                                        accepted_stale, counted_chunks, update_mode)
         for alert in self.screen.record(round_, verdicts):
             self.recorder.emit("alert", round=round_, **alert)
             log.warning("alert: %s", alert["message"])
@@ -227,7 +228,7 @@ class Committer:
                                            for k, up in accepted_stale.items() if up.counted}}
             record = commit_record(self.ledger, self.screen, round_, parts, side, verdicts,
                                    {**{k: up.round for k, up in used.items()}, **dict.fromkeys(counted_chunks, round_)},
-                                   self.cfg.train.late_policy, chunks, set(counted_chunks))
+                                   self.cfg.train.late_policy, chunks, set(counted_chunks), update_mode)
             await asyncio.to_thread(self.journal.commit, record)
         finished = self.ledger.round >= self.cfg.train.rounds
         if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
@@ -278,11 +279,12 @@ class Committer:
         return views, refused
 
     def _aggregate(self, round_: int, parts: dict[str, Contribution], side: dict[str, Contribution],
-                   uploads: dict[str, Upload], stale: dict[str, Upload], counted_chunks: dict[str, frozenset[int]]
-                   ) -> tuple[RoundResult, EncodeStats, list]:
+                   uploads: dict[str, Upload], stale: dict[str, Upload], counted_chunks: dict[str, frozenset[int]],
+                   update_mode: str = "") -> tuple[RoundResult, EncodeStats, list]:
         """The round's aggregate applied to the global model, in a worker thread."""
         self.stalls.sleep("aggregate", round_)
-        msgs, stats, model_hash = self.model.apply(round_, parts, side or None, substitute_of(self.cfg.train.late_policy))
+        msgs, stats, model_hash = self.model.apply(round_, parts, side or None, substitute_of(self.cfg.train.late_policy),
+                                                   update_mode)
         val = self.model.evaluate()
         late_sites = tuple(parse_key(k)[0] for k in stale)
         return RoundResult(round_, model_hash, tuple(uploads), val, late_sites,

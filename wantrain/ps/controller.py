@@ -17,7 +17,9 @@ of the budget a round is link-bound: its deltas go in `SMALL_CODEC` from then on
 the run: its link measured again in the smaller codec would look cheap and switch it back), where
 the run's deltas are int8 (+ Huffman). int4 + Huffman is 2.4x fewer bits than int8 + Huffman at
 no loss measured (docs/codecs.md: -0.01 % on tiny, -0.07 % on small, three seeds); sites on good
-links keep the run's codec. The update, which every site applies, keeps the run's.
+links keep the run's codec. The update, which every site applies (so one encoding for all: the
+replicas stay identical), goes in SMALL_CODEC too once any site is link-bound: the link-bound
+site downloads it as well (no loss measured with int4 both ways either).
 """
 
 from __future__ import annotations
@@ -85,10 +87,14 @@ class BudgetController:
                    f"the costliest link ({c:.2f} s a round): the configured budget")
             if self.shrinks and s not in self.link_bound and c > LINK_BOUND * b:
                 self.link_bound.add(s)
-                why += (f"; its link costs more than {LINK_BOUND:.0%} of the budget: its deltas go in {SMALL_CODEC} "
-                        f"from now on (2.4x fewer bits, no loss measured)")
+                why += (f"; its link costs more than {LINK_BOUND:.0%} of the budget: its deltas, and every "
+                        f"update, go in {SMALL_CODEC} from now on (2.4x fewer bits, no loss measured)")
             out[s] = Decision(s, budget, c, why, self.codec_of(s))
         return out
+
+    def update_mode(self) -> str:
+        """The encoding of the next update ("": the run's): SMALL_CODEC once any site is link-bound."""
+        return SMALL_CODEC if self.link_bound else ""
 
     def codec_of(self, site: str) -> str:
         """The encoding a site's deltas go in now ("": its own)."""

@@ -10,6 +10,8 @@ and validation loss are taken.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import numpy as np
@@ -52,6 +54,7 @@ class GlobalModel:
         self.num_params = sum(self.shapes.values())
         self.plan = plan_chunks(self.shapes, cfg.codec.chunk_elements())   # every delta and update
         self.codec = Codec(cfg.codec.for_update())
+        self.codecs = {"": self.codec}      # the update's encodings by mode ("": the run's), made as asked
         self.outer = OuterNesterov(cfg.train.outer_lr, cfg.train.outer_momentum)
         self.feedback = ErrorFeedback() if cfg.codec.error_feedback else None
         self.norm = self.l2_norm()
@@ -67,15 +70,18 @@ class GlobalModel:
         return l2_norm(self.views.values())
 
     def apply(self, round_: int, contributions: dict[str, Contribution], side: dict[str, Contribution] | None = None,
-              substitute: str = "peer") -> tuple[list[TensorChunk], EncodeStats, str]:
+              substitute: str = "peer", update_mode: str = "") -> tuple[list[TensorChunk], EncodeStats, str]:
         """Aggregate, take the outer step, encode the update and apply exactly what was encoded;
         returns the update's chunks, its encoding stats and the new hash. (Evaluation is separate:
         a replayed round takes its validation loss from its commit record.) `side`, `substitute`:
-        deltas or chunks that missed their round (aggregate.py)."""
+        deltas or chunks that missed their round (aggregate.py). `update_mode`: the update's
+        encoding this round, where the controller chose one ("": the run's)."""
         robust = self.cfg.robust
+        if update_mode not in self.codecs:
+            self.codecs[update_mode] = Codec(dataclasses.replace(self.cfg.codec.for_update(), mode=update_mode))
         msgs, stats = aggregate_round(round_, self.plan, self.shapes, self.views, contributions,
-                                      self.outer, self.feedback, self.codec, robust.aggregate, robust.trim_fraction,
-                                      side, substitute)
+                                      self.outer, self.feedback, self.codecs[update_mode], robust.aggregate,
+                                      robust.trim_fraction, side, substitute)
         self.norm = self.l2_norm()
         return msgs, stats, self.hash()
 

@@ -384,7 +384,8 @@ class ParameterServer:
                                                     self.rounds.take_stale(self.round), self.late,
                                                     self.rounds.started_at, self.rounds.close_reason,
                                                     self.close_policy.counts_partial(self.round),
-                                                    self.close_policy.splits_update(self.round))
+                                                    self.close_policy.splits_update(self.round),
+                                                    self.controller.update_mode())
         except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
             log.exception("round %d failed to commit", self.round)
             self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")

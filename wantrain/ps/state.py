@@ -70,12 +70,12 @@ def substitute_of(late_policy: str) -> str:
 def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, Contribution],
                   side: dict[str, Contribution], verdicts: dict[str, Verdict], upload_rounds: dict[str, int],
                   late_policy: str, chunks: dict[str, frozenset[int]] | None = None,
-                  partial: Collection[str] = ()) -> dict:
+                  partial: Collection[str] = (), update_mode: str = "") -> dict:
     """Round `round_`'s commit record, once the PS has applied it: the deltas that counted (keys
     "site" or "site@round" for a late one), each with its weight and clip factor, whether it went
     outside the outer momentum (`side`) or was missing (counted as zeros), which of its chunks
     counted where not all did (`chunks`; `partial`: read from the journal's partial delta), and
-    the state after."""
+    the state after; and the update's encoding where the controller chose one (`update_mode`)."""
     chunks = chunks or {}
 
     def entry(key: str, c: Contribution, side: bool) -> dict:
@@ -89,7 +89,7 @@ def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, 
 
     counted = [entry(k, c, False) for k, c in sorted(parts.items())] + [entry(k, c, True) for k, c in sorted(side.items())]
     return {**_small_state(ledger, screen), "round": round_, "hash": ledger.hash, "contributions": counted,
-            "substitute": substitute_of(late_policy)}
+            "substitute": substitute_of(late_policy), **({"update_mode": update_mode} if update_mode else {})}
 
 
 def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen, catchup: Catchup) -> int:
@@ -113,7 +113,8 @@ def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen,
                 delta = [x if i in taken else None for i, x in enumerate(delta)]
             into = side if c.get("side") else parts
             into[c["key"]] = Contribution(delta if c["factor"] is None else clipped(delta, c["factor"]), c["weight"])
-        msgs, _, model_hash = model.apply(rec["round"], parts, side or None, rec.get("substitute", "peer"))
+        msgs, _, model_hash = model.apply(rec["round"], parts, side or None, rec.get("substitute", "peer"),
+                                          rec.get("update_mode", ""))
         if model_hash != rec["hash"]:
             raise CheckpointError(f"{journal.folder}: replaying round {rec['round']} gives parameters hashing to "
                                   f"{model_hash}, the round committed {rec['hash']}")
