@@ -25,8 +25,8 @@ TYPICAL_BITS = {"fp32": 32.0, "int8": 8.01, "int8-huffman": 7.3, "int4-huffman":
 def costs_from_run(run_dir: Path) -> dict:
     """What each site's round cost in a recorded run: per site `compute_s`, `encode_s`, `apply_s`
     (medians over its rounds after the first), and `up_bytes`, `down_bytes`, `ps_s`, `lanes`."""
-    from ..round_time import round_splits
-    from ..telemetry import read_events, rows
+    from .round_time import round_splits
+    from .telemetry import read_events, rows
 
     events = read_events(run_dir)
     splits = [s for s in round_splits(events) if s["round"] > 0] or round_splits(events)
