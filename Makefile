@@ -95,6 +95,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/binder_memory.py
 	$(BIN)/python bench/dark_site.py
+	$(BIN)/python bench/goodput.py
 	$(BIN)/python bench/robustness.py
 	$(BIN)/python bench/late_policy.py
 	$(BIN)/python bench/loss_recovery.py --arms reliable,drop,zero,quorum,salr,salr-no-parity

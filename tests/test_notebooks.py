@@ -1,4 +1,4 @@
-"""The tutorials as committed: eight of them, no outputs, sized through the documented switch.
+"""The tutorials as committed: nine of them, no outputs, sized through the documented switch.
 
 (nbmake runs them: `notebooks` is in pytest's testpaths and `--nbmake` in its options.)
 """
@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = ["00-what-is-diloco", "01-quickstart", "02-compression", "03-wan-traces", "04-faults", "05-heterogeneous-sites",
-             "06-remote-sites", "07-loss-recovery"]
+             "06-remote-sites", "07-loss-recovery", "08-wan-aware"]
 
 
 def committed_notebooks() -> list[Path]:
