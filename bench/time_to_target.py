@@ -116,16 +116,23 @@ def arm_config(arm: str, size: dict, seed: int, sites: list[str]) -> RunConfig:
                                                                      "train.quorum_wait_s": 60.0, **changes})
 
 
+STARTUP_S = 600.0    # processes, the first model download (over a lossy link: minutes) and round 0's start
+
+
 def run_arm(arm: str, size: dict, seed: int, scenario: str, folder: Path) -> tuple[Outcome | None, float]:
-    """One arm's run, stopped at the target or `cap_s` after round 0 started (start-up, which a busy
-    machine stretches, is not capped: `follow` gives up after 120 s more); (outcome, wall seconds)."""
+    """One arm's run, stopped at the target or `cap_s` after round 0 started. Start-up is not
+    measured and not capped by `cap_s` (a busy machine, or a slow lossy link's first model
+    download, stretches it): the run gives up STARTUP_S after its start if round 0 has not
+    started; (outcome, None if no round committed; wall seconds)."""
     sites = describe_scenario(scenario).names
     cfg = arm_config(arm, size, seed, sites)
     t0 = time.time()
     started = None
     with Run(cfg, run_dir=folder / f"{arm}-{seed}", site_threads=1, scenario=scenario) as run:
         try:
-            for ev in run.follow(timeout_s=size["cap_s"] + 120):
+            for ev in run.follow(timeout_s=STARTUP_S + size["cap_s"] + 60):   # link events come every 0.5 s
+                if started is None and time.time() - t0 > STARTUP_S:
+                    break
                 if ev["kind"] == "round_end" and ev["val_loss"] <= size["target"]:
                     break
                 if ev["kind"] == "round_start" and ev["round"] == 0:
