@@ -30,6 +30,10 @@ from wantrain.launch.argv import ps_args
 from .helpers import Proc, free_port, small_config
 
 TOKENS = {"a": "token-of-a-0123456789", "b": "token-of-b-9876543210"}
+# One PS (a module fixture) takes every attack in turn and the last tests read what it logged of
+# them: the module's tests run on one xdist worker, in order (make test's --dist loadgroup), or a
+# worker that got only those last tests would find a PS nobody attacked.
+pytestmark = pytest.mark.xdist_group("hostile")
 JOINS_SENT: collections.Counter[str] = collections.Counter()    # well-formed Joins with a true token, by site
 
 
