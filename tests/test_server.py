@@ -8,7 +8,7 @@ import pytest
 from wantrain.codec import Codec, EncodeStats, encode_arrays
 from wantrain.config import CodecConfig
 from wantrain.errors import ProtocolError, RejectedError
-from wantrain.messages import (DELTA, MODEL, UPDATE, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
+from wantrain.messages import (DELTA, MODEL, UPDATE, HashReport, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
                                Welcome)
 from wantrain.ps import ParameterServer
 from wantrain.replica import param_hash
@@ -244,3 +244,28 @@ def test_a_site_refuses_an_encoding_the_runs_plan_cannot_carry():
     with pytest.raises(ConfigError, match="codec 'fp32' is not one this run's deltas may be in"):
         Uplink("a", small_config(), {}, mode="fp32")
     assert Uplink("a", small_config(**{"codec.mode": "fp32"}), {}, mode="topk").codec.cfg.mode == "topk"
+
+
+@pytest.mark.timeout(120)
+def test_the_ps_waits_at_the_end_for_a_site_that_does_not_hold_the_final_model(tmp_path):
+    """Both sites are in the last round's update when it commits; a reports the final hash, b's
+    stream broke before: only a holds the final model, so only a is done with (the PS waits for b
+    to come back and be told the run is over, rather than leaving it to retry a PS that is gone)."""
+    async def scenario():
+        ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 1}), run_dir=tmp_path)
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        for site, seed in ((a, 0), (b, 1)):
+            msgs, m = delta_chunks(ps, 0, seed=seed)
+            for c in msgs:
+                ps.on_chunk(site, c)
+            await ps.on_metrics(site, m)
+        await ps.round_task
+        assert ps.done.is_set() and ps.told_finished == set()
+        ps.on_hash_report(a, HashReport(0, ps.hash))
+        ps.leave(b, "connection lost")
+        assert ps.told_finished == {"a"}
+        with pytest.raises(RejectedError, match="finished after 1 rounds"):
+            ps.join(Join("b", resume_round=0))
+        assert ps.told_finished == {"a", "b"}
+
+    asyncio.run(scenario())

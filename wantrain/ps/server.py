@@ -370,6 +370,8 @@ class ParameterServer:
         ok = expected == h.model_hash
         self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
                            ps_hash=expected)
+        if ok and h.round + 1 == self.cfg.train.rounds:
+            self.told_finished.add(link.name)    # it holds the final model: the PS need not wait for it
         if ok and link.ready and h.round + 1 == self.round:
             self._admit_to_round(link)    # a rejoined or dark site that caught up with the rounds it missed
             self.maybe_start_round()
@@ -411,8 +413,6 @@ class ParameterServer:
             for chunk in head:
                 link.outbox.put_nowait(chunk)
             link.outbox.put_nowait(result)
-        if c.finished:
-            self.told_finished.update(self.links)
         self.rounds.finish()
         self.last_commit_at = time.time()
         self.sites.send_awaited_models()

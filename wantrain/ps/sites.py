@@ -89,7 +89,7 @@ class Sites:
                                                                                recorder)
         self.links: dict[str, SiteLink] = {}    # connected now
         self.awaiting_model: set[str] = set()   # joined while a round was aggregating: the model after it
-        self.told_finished: set[str] = set()    # sites that know the run is over
+        self.told_finished: set[str] = set()    # sites that hold the final model, or were told the run is over
 
     def join(self, msg: Join, finished: bool, aggregating: bool) -> SiteLink:
         """Admit a site or raise RejectedError; queues the Welcome and the model download (or, while
@@ -124,6 +124,8 @@ class Sites:
         """The site loaded its model: from now on it counts for rounds."""
         link.check_ready(msg, self.ledger.hashes)
         link.ready = True
+        if msg.round == self.cfg.train.rounds:      # joined at the end: it holds the final model
+            self.told_finished.add(link.name)
         self.recorder.emit("ready", site=link.name, round=msg.round, since_join_s=time.time() - link.joined_at)
 
     def ready(self) -> set[str]:

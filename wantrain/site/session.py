@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -57,6 +56,7 @@ from .schedule import Schedule
 from .sharded import ShardMemory
 from .stream import Stream, addresses, probe_rtt, session_stream
 from .group import build_inner
+from .hand import Hands, RoundInHand
 from .train import InnerLoop
 from .uplink import Uplink
 
@@ -89,19 +89,6 @@ class SiteOptions:
     codec: str = ""                # this site's delta encoding, one of the run's codec.delta_modes() ("": codec.mode)
 
 
-@dataclass(eq=False)
-class RoundInHand:
-    """The round a site is training or pushing while its session goes on reading from the PS."""
-
-    round: int
-    steps_planned: str                  # for the log: "10 inner steps" or "a 2.0 s budget"
-    stop: threading.Event = field(default_factory=threading.Event)   # set: no more inner steps
-    closed: bool = False                # its result came first: it committed without this delta
-    abandoned: bool = False             # the session ended under it
-    task: asyncio.Future | None = None
-    began_at: float = 0.0               # perf_counter: the first chunk of the update it starts from, or its RoundStart
-
-
 class Site:
     """One site of a run (usually its own OS process: `wantrain worker`)."""
 
@@ -128,8 +115,7 @@ class Site:
         self.pushed_at: float | None = None           # when the last push ended (idle accounting)
         self.welcomed = False                         # this session got its Welcome (retry.py counts from there)
         self.stalls = Stalls(opts.stalls, log)
-        self.in_hand: RoundInHand | None = None       # the round training or pushing now
-        self.tails: set[asyncio.Future] = set()       # pushes of rounds that counted in part, finishing
+        self.hands = Hands(opts.name)                 # the round training or pushing now, and tails
 
     @property
     def round(self) -> int:
@@ -180,9 +166,12 @@ class Site:
         self.replica.new_session()
         model_specs: list = []           # model chunks placed so far (each straight into the model)
         expected_model = 0
+        receiving: asyncio.Future | None = None       # the read under way (a read is never cancelled midway)
         try:
             while not self.finished:
-                msg = await stream.receive()
+                receiving = receiving or asyncio.ensure_future(stream.receive())
+                await self.hands.until_received(receiving)
+                msg, receiving = receiving.result(), None
                 if isinstance(msg, ErrorMessage):
                     raise RejectedError(Reject.from_wire(msg.code), msg.message)
                 if isinstance(msg, DeltaOutcome):
@@ -194,7 +183,7 @@ class Site:
                     else:                       # the last update's tail, while the next round trains
                         await self._patch(stream, msg)
                     continue
-                await self._end_round(msg if isinstance(msg, RoundResult) else None)
+                await self.hands.end(msg if isinstance(msg, RoundResult) else None)
                 if isinstance(msg, Welcome):
                     self.welcomed = True
                     if self.schedule is not None:
@@ -236,7 +225,9 @@ class Site:
                 else:
                     raise ProtocolError(f"unexpected message from the PS: {type(msg).__name__}")
         finally:
-            await self._abandon_round()
+            if receiving is not None:
+                receiving.cancel()
+            await self.hands.abandon()
         await stream.close()
 
     async def _patch(self, stream: Stream, c: TensorChunk) -> None:
@@ -252,47 +243,8 @@ class Site:
     def _start_round(self, stream: Stream, start: RoundStart, began_at: float) -> None:
         planned = (f"a {start.train_s:.1f} s budget" if start.train_s
                    else f"{self._config().train.inner_steps} inner steps")
-        hand = RoundInHand(start.round, planned, began_at=began_at)
-        hand.task = asyncio.ensure_future(self._train_and_push(stream, start, hand))
-        self.in_hand = hand
-
-    async def _end_round(self, result: RoundResult | None) -> None:
-        """Be done with the round in hand before the next message is taken: wait for its push. With
-        its own `result`, the round committed without this site: it stops first. If that round
-        counted the chunks it had in, the rest (its tail) goes on in the background, beside the
-        next rounds: the PS counts on this site meanwhile (ps/rounds.py)."""
-        hand, self.in_hand = self.in_hand, None
-        if hand is None or hand.task is None:
-            return
-        if result is not None and result.round == hand.round:
-            hand.closed = True
-            hand.stop.set()
-            if self.opts.name in dict(result.partial_chunks):
-                self.tails.add(hand.task)
-                hand.task.add_done_callback(self._tail_done)
-                return
-        await hand.task
-
-    def _tail_done(self, task: asyncio.Future) -> None:
-        self.tails.discard(task)
-        if not task.cancelled() and (e := task.exception()) is not None:   # taken, not logged at GC
-            log.debug("site %s: a delta's tail ended with its session: %r", self.opts.name, e)
-
-    async def _abandon_round(self) -> None:
-        """The session ends (the stream broke, the PS refused): the round in hand stops and pushes
-        nothing more, nor does a tail; no training thread outlives the session."""
-        for tail in list(self.tails):     # the rest of a delta counted in part: it will not come now
-            tail.cancel()
-        if self.tails:
-            await asyncio.wait(self.tails)
-        hand, self.in_hand = self.in_hand, None
-        if hand is None or hand.task is None:
-            return
-        hand.abandoned = True
-        hand.stop.set()
-        await asyncio.wait([hand.task])       # its failure (a send on a broken stream) is this one's
-        if not hand.task.cancelled() and (e := hand.task.exception()) is not None:   # taken, not logged at GC
-            log.debug("site %s: round %d ended with its session: %r", self.opts.name, hand.round, e)
+        self.hands.start(RoundInHand(start.round, planned, began_at=began_at),
+                         lambda hand: self._train_and_push(stream, start, hand))
 
     async def _finish(self) -> None:
         self.finished = True
