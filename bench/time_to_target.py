@@ -27,6 +27,11 @@ Arms:
                          every other delta counts when it lands, its weight halved per round it is
                          late (late_policy "stale"); three times the rounds of the others, each
                          about a third of their work
+    streaming            Streaming DiLoCo's fragments (train.fragments = 4, wantrain/fragments.py):
+                         round r synchronizes a quarter of the tensors, the rest train on at the
+                         sites; four times the rounds of a quarter of the inner steps, so each
+                         fragment is synchronized every DiLoCo round's steps (its overlap of a
+                         fragment's sync with the next steps is not built)
 
 How an arm's settings are chosen, never tuned to a scenario: DiLoCo arms take the size's inner
 steps; a time budget is the time the scenario's median site takes for those steps (this machine's
@@ -69,6 +74,7 @@ ARMS: dict[str, dict] = {
     "min-quorum": {"train.quorum_share": 0.67},
     "async": {"train.quorum_share": 0.01, "train.grace_factor": 0.0, "train.late_policy": "stale",
               "rounds_per_site": True},
+    "streaming": {"train.fragments": 4},
 }
 EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer (--arms)
     "overlap-steps": {"train.schedule": "overlap"},
@@ -106,6 +112,9 @@ def arm_config(arm: str, size: dict, seed: int, sites: list[str]) -> RunConfig:
     steps = size["inner_steps"]
     if arm == "sync-dp":
         changes.update({"train.rounds": size["rounds"] * steps, "train.inner_steps": 1})
+    elif (fragments := spec.get("train.fragments", 1)) > 1:     # each fragment synced every `steps` steps
+        changes.update({"train.rounds": size["rounds"] * fragments,
+                        "train.inner_steps": max(1, round(steps / fragments))})
     elif spec.get("rounds_per_site"):
         changes.update({"train.rounds": size["rounds"] * len(sites), "train.inner_steps": steps})
     else:

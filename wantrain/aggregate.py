@@ -96,11 +96,14 @@ def trimmed_mean(values: list[np.ndarray], trim: int) -> np.ndarray:
 def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], params: dict[str, np.ndarray],
                     contributions: dict[str, Contribution], outer: OuterNesterov, feedback: ErrorFeedback | None,
                     codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0,
-                    side: dict[str, Contribution] | None = None, substitute: str = "peer") -> tuple[list[TensorChunk], EncodeStats]:
+                    side: dict[str, Contribution] | None = None, substitute: str = "peer",
+                    only: frozenset[str] | None = None) -> tuple[list[TensorChunk], EncodeStats]:
     """Apply one round to `params` (flat float32 views of the global model); returns the update chunks
     every replica adds, and their encoding statistics (`seconds`: encoding time summed over chunks).
     Missing chunks, `substitute` and `side`: see the module's docstring (the trimmed mean takes the
-    chunks there are and ignores the rest)."""
+    chunks there are and ignores the rest). `only`: the tensors this round synchronizes (a fragment,
+    wantrain/fragments.py); every other tensor's update is zero, its momentum and residual untouched,
+    and what a delta carries for it is ignored."""
     if substitute not in ("peer", "zero"):
         raise WantrainError(f"unknown substitute {substitute!r}: 'peer' or 'zero'")
     keys = sorted(contributions)
@@ -118,6 +121,9 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
     def step(i: int) -> tuple[TensorChunk, EncodeStats]:
         spec, stats = plan[i], EncodeStats()
         part = slice(spec.offset, spec.offset + spec.length)
+        if only is not None and spec.tensor not in only:     # another fragment's: it trains on at the sites
+            enc, _ = codec.compress(np.zeros(spec.length, np.float32), stats)
+            return TensorChunk(UPDATE, round_, i, len(plan), spec, enc), stats
         parts = [contributions[k].parts[i] for k in keys]
         chunks = [c for c in parts if c is not None]
         if not chunks:                      # nobody's chunk arrived: the momentum alone moves it

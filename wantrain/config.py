@@ -192,6 +192,10 @@ class TrainConfig:
     # site; "adaptive", the time its link leaves it before the costliest link's site delivers, so
     # that no site waits idle for another's delta (a budget from 1 to 2 x round_budget_s).
     controller: str = "fixed"
+    # Streaming DiLoCo (wantrain/fragments.py): 1, every round synchronizes the whole model; P > 1,
+    # the tensors are cut into P fragments and round r synchronizes fragment r mod P alone (the
+    # others train on at the sites). Run P times the rounds of 1/P the inner steps. Sync schedule only.
+    fragments: int = 1
 
     def validate(self, prefix: str = "train") -> None:
         for name in ("rounds", "inner_steps", "batch_size"):
@@ -230,6 +234,10 @@ class TrainConfig:
         _check(0 <= self.downlink_budget < 1, f"{prefix}.downlink_budget", "must be in [0, 1)", self.downlink_budget)
         _check(self.reliable_rounds >= 0, f"{prefix}.reliable_rounds", "must be >= 0", self.reliable_rounds)
         _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
+        _check(self.fragments >= 1, f"{prefix}.fragments", "must be >= 1 (1: the whole model every round)",
+               self.fragments)
+        _check(self.fragments == 1 or self.schedule == "sync", f"{prefix}.fragments",
+               "fragments need train.schedule 'sync' (overlap moves the whole model's steps ahead)", self.fragments)
         _check(self.controller in CONTROLLERS, f"{prefix}.controller", f"must be one of {CONTROLLERS}", self.controller)
         _check(self.controller == "fixed" or self.round_budget_s > 0, f"{prefix}.controller",
                "'adaptive' sets each site's compute budget: it needs round_budget_s > 0", self.controller)

@@ -21,6 +21,7 @@ from ..aggregate import Contribution, aggregate_round
 from ..codec import Codec, EncodeStats, ErrorFeedback, plan_chunks
 from ..config import RunConfig
 from ..data import eval_batches
+from ..fragments import synced
 from ..messages import TensorChunk
 from ..models import build_model, count_parameters
 from ..outer import OuterNesterov
@@ -43,7 +44,8 @@ class GlobalModel:
         sharded = shard[1] > 1
         self.val = [] if sharded else eval_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size,
                                                    cfg.train.eval_batches)
-        self.layout = ShardLayout.balanced({k: p.numel() for k, p in named_params(self.model).items()}, shard[1])
+        self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}    # every shard's tensors
+        self.layout = ShardLayout.balanced(self.sizes, shard[1])
         self.roles = roles_of({k: tuple(p.shape) for k, p in named_params(self.model).items()})  # the downlink's order
         if sharded:       # the other shards' tensors: never read here, so not held either
             for name, p in named_params(self.model).items():
@@ -81,7 +83,8 @@ class GlobalModel:
             self.codecs[update_mode] = Codec(dataclasses.replace(self.cfg.codec.for_update(), mode=update_mode))
         msgs, stats = aggregate_round(round_, self.plan, self.shapes, self.views, contributions,
                                       self.outer, self.feedback, self.codecs[update_mode], robust.aggregate,
-                                      robust.trim_fraction, side, substitute)
+                                      robust.trim_fraction, side, substitute,
+                                      synced(self.sizes, self.cfg.train.fragments, round_))
         self.norm = self.l2_norm()
         return msgs, stats, self.hash()
 

@@ -16,6 +16,11 @@ it, and it is what is hashed); the model itself holds the parameters being train
              Nesterov momentum amplifies deltas that are a round late, and steps that go on from
              the site's own end point lean the way the next model moves.
 
+Under sync with train.fragments > 1 (Streaming DiLoCo, wantrain/fragments.py), a round reloads
+from the replica only the tensors synchronized since the site last trained (the whole model after a
+Welcome, or when it missed a whole cycle of fragments); the others go on from where they were, and
+its delta is zero outside its own round's fragment.
+
 Under sync, a round may start before the last update's tail is in (train.downlink_budget,
 recovery/downlink.py): it starts from a copy of the replica, and each tail chunk, added to the
 replica as it lands, is added between two inner steps to the parameters being trained and to that
@@ -38,6 +43,7 @@ import numpy as np
 import torch
 
 from ..codec import ChunkSpec
+from ..fragments import synced
 from ..messages import TensorChunk
 from ..replica import flat_copy, load_flat, named_params
 from .replica import Replica
@@ -49,8 +55,10 @@ __all__ = ["Schedule"]
 class Schedule:
     """A site's rounds of inner steps under the sync or overlap schedule (see the module's doc)."""
 
-    def __init__(self, inner: InnerLoop, overlap: bool, budget_s: float) -> None:
-        self.inner, self.overlap, self.budget_s = inner, overlap, budget_s
+    def __init__(self, inner: InnerLoop, overlap: bool, budget_s: float, fragments: int = 1) -> None:
+        self.inner, self.overlap, self.budget_s, self.fragments = inner, overlap, budget_s, fragments
+        self.sizes = {k: p.numel() for k, p in named_params(inner.model).items()}
+        self.trained: int | None = None             # the round last trained from the model as it is (fragments)
         self.ahead: Segment | None = None           # the next round's steps, taken before its RoundStart
         self.base: dict[str, np.ndarray] | None = None   # where the steps ahead started (None once moved)
         self._stop = threading.Event()
@@ -79,7 +87,7 @@ class Schedule:
         else:
             ahead = dict(steps_ahead=0, ahead_s=0.0)
             await self.discard()
-            start = await asyncio.to_thread(self._load, replica)
+            start = await asyncio.to_thread(self._load, replica, self._reloaded(round_))
             seg = Segment(round_, train_s)
         self.ahead = None
         patch = self._take_patches if self.inner.takes_patches else None
@@ -87,6 +95,9 @@ class Schedule:
         end = await asyncio.to_thread(self._end)
         delta, info = await asyncio.to_thread(self.inner.delta, start, end, seg, start_hash)
         self._start = None
+        if (fragment := synced(self.sizes, self.fragments, round_)) is not None:
+            delta = {k: v if k in fragment else np.zeros_like(v) for k, v in delta.items()}
+            self.trained = round_
         if probe is not None:
             info["probe"] = await asyncio.to_thread(probe, end, delta)
         if self.overlap:
@@ -95,14 +106,24 @@ class Schedule:
             self._resume(start_hash)
         return delta, {**info, **ahead}
 
-    def _load(self, replica: Replica) -> dict[str, np.ndarray]:
-        """Load the replica into the model; the arrays the round starts from (a copy while the last
-        update's tail is still to come: the replica's then change under the round)."""
+    def _reloaded(self, round_: int) -> frozenset[str] | None:
+        """Under fragments, the tensors synchronized since the site last trained (None: all)."""
+        if self.trained is None or round_ - self.trained >= self.fragments:
+            return None
+        return frozenset().union(*(synced(self.sizes, self.fragments, r) or () for r in range(self.trained, round_)))
+
+    def reload(self) -> None:
+        """A Welcome: the next round starts from the whole replica (fragments)."""
+        self.trained = None
+
+    def _load(self, replica: Replica, only: frozenset[str] | None = None) -> dict[str, np.ndarray]:
+        """Load the replica into the model (`only` those tensors); the arrays the round starts from
+        (a copy while the last update's tail is still to come: the replica's then change under the round)."""
         with self._lock:
             self._patches.clear()           # already in the replica, so in what is loaded
             self._start = None if replica.whole else {k: v.copy() for k, v in replica.arrays.items()}
             start = replica.arrays if self._start is None else self._start
-            load_flat(self.inner.model, start)
+            load_flat(self.inner.model, start if only is None else {k: start[k] for k in only})
             return start
 
     def patch(self, replica: Replica, c: TensorChunk) -> None:

@@ -188,6 +188,7 @@ class Site:
                     self.welcomed = True
                     if self.schedule is not None:
                         await self.schedule.discard()      # a new global model: steps ahead belong to no round
+                        self.schedule.reload()
                     await asyncio.to_thread(self._on_welcome, msg)
                     if msg.model_chunks == 0:       # the PS lets it keep its replica; missed updates follow
                         await stream.send(Ready(self.round, self.hash))
@@ -284,7 +285,7 @@ class Site:
                                      self.opts.speed_factor)
             self.model = self.inner.model
             t = w.config.train
-            self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s)
+            self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s, t.fragments)
             self.replica.build(self.model, w.shards, w.config.codec.chunk_elements())
             rate, burst, late_s = self.opts.chunk_loss
             self.uplink = Uplink(self.opts.name, w.config,

@@ -30,6 +30,7 @@ from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, plan_chunk
 from ..config import RunConfig
 from ..errors import ConfigError
 from ..faults import Stalls
+from ..fragments import synced
 from ..messages import MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult
 from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, Transmission, build_manifest, promote, protect,
                         to_resend, transmissions, xor_parity)
@@ -142,7 +143,12 @@ class Uplink:
                 ) -> tuple[list, dict[str, np.ndarray], Manifest, dict[int, bytes]]:
         """The delta's chunks, its values as the PS will decode them, its manifest (with parity groups
         where the run asks and the stream can carry them) and each group's parity payload."""
+        fragment = synced({k: v.size for k, v in delta.items()}, self.cfg.train.fragments, round_)
+        held = {k: self.feedback.residuals.pop(k) for k in delta          # another fragment's residual waits
+                if fragment is not None and k not in fragment and self.feedback and k in self.feedback.residuals}
         chunks, sent = encode_arrays(delta, self.codec, self.feedback, stats)
+        if self.feedback is not None:
+            self.feedback.residuals.update(held)
         self.plan_size = len(chunks)
         t0 = time.perf_counter()
         manifest = build_manifest(round_, chunks, sent, self.roles, self.role_weights, tokens=figures["tokens"],
