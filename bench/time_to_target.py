@@ -155,7 +155,9 @@ def run_arm(arm: str, size: dict, seed: int, scenario: str, folder: Path) -> tup
 
 def summary(outcomes: list[Outcome]) -> dict:
     reached = [o for o in outcomes if o.reached]
-    util = {s: statistics.mean(o.utilization.get(s, 0.0) for o in outcomes) for s in outcomes[0].utilization}
+    # a site that reported no round in a seed (dark to the target) computed nothing that counted: 0 there
+    sites = sorted({s for o in outcomes for s in o.utilization})
+    util = {s: statistics.mean(o.utilization.get(s, 0.0) for o in outcomes) for s in sites}
     return {
         "reached": f"{len(reached)}/{len(outcomes)}",
         "time_s": statistics.median(o.time_s for o in reached) if reached else None,

@@ -275,13 +275,17 @@ class Run:
     def restart_ps(self, timeout_s: float = 120.0) -> None:
         """SIGKILL the PS and start it again on the same port: it resumes from its checkpoint
         and the sites reconnect by themselves."""
+        self._restart_ps(timeout_s, "restart PS")
+
+    def _restart_ps(self, timeout_s: float, *fault, **details) -> None:
+        """Restart the PS, recorded as the fault `fault` (a restart, or a move: one marker for one act)."""
         if self.ps is None or self.ps_port is None:
             raise ProcessError("the run has not started: there is no parameter server to restart")
         self._restarting = True
         try:
             old = self.ps
             self._killed.add(id(old))
-            self._fault("restart PS")
+            self._fault(*fault, **details)
             old.kill()
             old.wait(10)
             self._ps_restarts += 1
@@ -296,8 +300,7 @@ class Run:
         if self.emulator is None:
             raise ProcessError("moving the PS needs a run whose links are emulated (a scenario or plan)")
         there = self.emulator.move_ps(region)
-        self._fault("move PS", region=region, rtt_ms={s.name: s.rtt_ms for s in there.sites})
-        self.restart_ps(timeout_s)
+        self._restart_ps(timeout_s, "move PS", region=region, rtt_ms={s.name: s.rtt_ms for s in there.sites})
 
     def drop_connection(self, name: str) -> None:
         """Cut an SSH site's connection, as a network failure would: its watchdog stops the site on

@@ -88,9 +88,7 @@ class LinkEmulator:
         if self.process is None or self.process.poll() is not None or self.listening is None:
             raise ProcessError("no link emulator is running: moving the PS needs a run with a scenario or plan")
         there = describe_moved(self.plan, region, self.run_dir, self.python)
-        rtt = {s.name: s.rtt_ms for s in there.sites}
-        self.plan, self.listening = (dataclasses.replace(p, ps_region=there.ps_region, sites=tuple(
-            dataclasses.replace(s, rtt_ms=rtt[s.name]) for s in p.sites)) for p in (self.plan, self.listening))
+        self.plan, self.listening = _moved(self.plan, there), _moved(self.listening, there)
         with open(self.control, "a") as f:
             f.write(move_command(there.ps_region))
         return self.plan
@@ -105,3 +103,11 @@ class LinkEmulator:
             raise ConfigError(f"an outage lasts (0, 200] s, got {seconds}")
         with open(self.control, "a") as f:
             f.write(outage_command(site, seconds))
+
+
+def _moved(plan: RunPlan, there: RunPlan) -> RunPlan:
+    """`plan` with the PS in `there`'s region and each site's RTT to it (nothing else changes: the
+    listening plan keeps its ports)."""
+    rtt = {s.name: s.rtt_ms for s in there.sites}
+    return dataclasses.replace(plan, ps_region=there.ps_region,
+                               sites=tuple(dataclasses.replace(s, rtt_ms=rtt[s.name]) for s in plan.sites))
