@@ -41,6 +41,15 @@ def delta_chunks(ps, round_, scale=1e-3, seed=0):
     return msgs, metrics_for(ps.cfg, round_, stats, len(msgs))
 
 
+async def deliver(ps, round_, *links):
+    """Each of `links` sends a whole delta of `round_` (its own seed) and its metrics."""
+    for seed, link in enumerate(links):
+        msgs, m = delta_chunks(ps, round_, seed=seed)
+        for c in msgs:
+            ps.on_chunk(link, c)
+        await ps.on_metrics(link, m)
+
+
 def one_site_round(tmp_path, **changes):
     """A PS for one site, that site joined and in round 0, and a valid delta for it."""
     ps = ParameterServer(small_config(num_sites=1, **changes), run_dir=tmp_path)
@@ -153,11 +162,7 @@ def test_a_site_leaving_never_stalls_or_cancels_the_round(tmp_path):
         ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 3}), run_dir=tmp_path)
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
         # Round 0: b's delta completes the round, then b's connection drops mid-aggregation.
-        for site, seed in ((a, 0), (b, 1)):
-            msgs, m = delta_chunks(ps, 0, seed=seed)
-            for c in msgs:
-                ps.on_chunk(site, c)
-            await ps.on_metrics(site, m)
+        await deliver(ps, 0, a, b)
         ps.leave(b, "connection lost")
         await ps.round_task
         assert ps.round == 1 and not ps.aggregating
@@ -254,11 +259,7 @@ def test_the_ps_waits_at_the_end_for_a_site_that_does_not_hold_the_final_model(t
     async def scenario():
         ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 1}), run_dir=tmp_path)
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
-        for site, seed in ((a, 0), (b, 1)):
-            msgs, m = delta_chunks(ps, 0, seed=seed)
-            for c in msgs:
-                ps.on_chunk(site, c)
-            await ps.on_metrics(site, m)
+        await deliver(ps, 0, a, b)
         await ps.round_task
         assert ps.done.is_set() and ps.told_finished == set()
         ps.on_hash_report(a, HashReport(0, ps.hash))
