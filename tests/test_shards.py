@@ -55,12 +55,14 @@ def _same_rounds(shards: list[list[dict]], rounds: int) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("schedule", ["sync", "overlap"])
-def test_two_shards_train_and_agree(tmp_path, schedule):
+@pytest.mark.parametrize("schedule,fragments", [("sync", 1), ("overlap", 1), ("sync", 2)])
+def test_two_shards_train_and_agree(tmp_path, schedule, fragments):
     """Two shards and two sites (in this process, over gRPC: tests/harness.py; a shard killed is
-    test_recovery.py's)."""
+    test_recovery.py's), whole rounds or Streaming DiLoCo's fragments (each shard cuts the whole
+    model's tensors, so they agree on a round's fragment)."""
     rounds = 3
-    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.schedule": schedule})
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.schedule": schedule,
+                          "train.fragments": fragments})
     _, c = run_in_process(cfg, tmp_path / "run", shards=2)
     shards = [c.events(i) for i in range(2)]
     for ev in shards:
