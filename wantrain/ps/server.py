@@ -371,7 +371,7 @@ class ParameterServer:
         self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
                            ps_hash=expected)
         if ok and h.round + 1 == self.cfg.train.rounds:
-            self.told_finished.add(link.name)    # it holds the final model: the PS need not wait for it
+            self.sites.holds_final(link.name)
         if ok and link.ready and h.round + 1 == self.round:
             self._admit_to_round(link)    # a rejoined or dark site that caught up with the rounds it missed
             self.maybe_start_round()

@@ -124,9 +124,13 @@ class Sites:
         """The site loaded its model: from now on it counts for rounds."""
         link.check_ready(msg, self.ledger.hashes)
         link.ready = True
-        if msg.round == self.cfg.train.rounds:      # joined at the end: it holds the final model
-            self.told_finished.add(link.name)
+        if msg.round == self.cfg.train.rounds:      # joined at the end
+            self.holds_final(link.name)
         self.recorder.emit("ready", site=link.name, round=msg.round, since_join_s=time.time() - link.joined_at)
+
+    def holds_final(self, name: str) -> None:
+        """Site `name` holds the final model: the PS need not wait for it at the end (serve.py)."""
+        self.told_finished.add(name)
 
     def ready(self) -> set[str]:
         return {name for name, link in self.links.items() if link.ready}
