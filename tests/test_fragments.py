@@ -7,6 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 
+from wantrain.aggregate import Contribution
+from wantrain.codec import Extracted
 from wantrain.config import RunConfig
 from wantrain.errors import ConfigError
 from wantrain.fragments import fragments, synced
@@ -36,6 +38,8 @@ def test_fragments_cut_the_tensors_in_order_into_parts_of_about_equal_size():
         fragments(sizes, 9)
     with pytest.raises(ConfigError, match="train.fragments.*schedule 'sync'"):
         RunConfig().replace(**{"train.fragments": 2, "train.schedule": "overlap"})
+    with pytest.raises(ConfigError, match="train.late_policy.*'stale'.*another fragment"):
+        RunConfig().replace(**{"train.fragments": 2, "train.late_policy": "stale"})
 
 
 @pytest.mark.timeout(120)
@@ -57,6 +61,36 @@ def test_a_round_moves_only_its_fragment_and_only_its_momentum(tmp_path):
         assert all(np.any(momentum[k]) for k in mine) and not any(np.any(momentum[k]) for k in other)
 
     asyncio.run(scenario())
+
+
+def _parts(values, plan):
+    return [Extracted(values[s.tensor][s.offset: s.offset + s.length].copy(), None, 0) for s in plan]
+
+
+@pytest.mark.timeout(120)
+def test_a_late_delta_moves_its_own_fragment_when_a_later_round_commits_outside_the_momentum(tmp_path):
+    """Round 1 synchronizes the second fragment; a delta late from round 0 (the first fragment's
+    round) moves the first by -lr x its share, no momentum, and nothing of it reaches the second
+    (not even values a site should not have sent there)."""
+    cfg = small_config(num_sites=2, **{"train.fragments": 2, "codec.mode": "fp32"})
+    models = [ParameterServer(cfg, run_dir=tmp_path / name).global_model for name in ("with", "without")]
+    first, second = fragments(models[0].sizes, 2)
+    rng = np.random.default_rng(3)
+    now = {k: (rng.standard_normal(n) * 1e-3).astype(np.float32) for k, n in models[0].shapes.items()}
+    late = {k: (rng.standard_normal(n) * 1e-3).astype(np.float32) for k, n in models[0].shapes.items()}
+    before = {k: v.copy() for k, v in models[0].views.items()}
+    plan = models[0].plan
+    models[0].apply(1, {"a": Contribution(_parts(now, plan), 1.0)}, {"b@0": Contribution(_parts(late, plan), 0.5)},
+                    "zero")
+    models[1].apply(1, {"a": Contribution(_parts(now, plan), 1.0)}, None, "zero")
+    lr = cfg.train.outer_lr
+    for k in first:
+        np.testing.assert_allclose(models[0].views[k] - before[k], -lr * 0.5 * late[k], rtol=1e-4, atol=1e-7)
+        assert np.array_equal(models[1].views[k], before[k])
+        assert not np.any(models[0].outer.buf.get(k, 0))
+    for k in second:
+        assert np.array_equal(models[0].views[k], models[1].views[k]) and not np.array_equal(before[k],
+                                                                                             models[1].views[k])
 
 
 @pytest.mark.timeout(60)
@@ -85,6 +119,16 @@ def test_a_site_trains_the_other_fragments_on_and_sends_only_its_rounds():
         for k in second:          # the replica (unchanged since round 0's start) minus round 1's end
             np.testing.assert_array_equal(delta1[k], start[k] - end1[k])
             assert not np.array_equal(end1[k], end0[k])
+        # A late delta of round 0, applied when round 1 commits, moved the first fragment: round 2
+        # reloads the second (just synced) and moves the first's training by as much.
+        moved = {k: (np.full_like(held.arrays[k], 1e-2)) for k in first}
+        for k in first:
+            held.arrays[k] += moved[k]
+        sched._load(held, sched._reloaded(2))
+        loaded = flat_copy(loop.model)
+        for k in first:
+            np.testing.assert_allclose(loaded[k], end1[k] + moved[k], rtol=1e-6, atol=1e-7)
+        assert all(np.array_equal(loaded[k], held.arrays[k]) for k in second)
         sched.reload()            # a Welcome: the next round loads the whole replica again
         assert sched._reloaded(2) is None and sched._reloaded(1) is None
 

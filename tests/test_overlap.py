@@ -72,7 +72,7 @@ def test_steps_ahead_move_onto_the_new_global_model():
         await sched._pause()                      # hold the steps ahead still to look at them ...
         await asyncio.to_thread(loop.train, sched.ahead)    # ... after they took the whole round
         before = flat_copy(loop.model)
-        sched._move(replica)
+        sched._move(replica, sched.base)
         moved = flat_copy(loop.model)
         for k in replica:   # parameters + (new global - end of round 0), nothing else
             np.testing.assert_allclose(moved[k], before[k] + (replica[k] - end0[k]), rtol=0, atol=1e-6)

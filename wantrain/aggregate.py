@@ -102,8 +102,9 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
     every replica adds, and their encoding statistics (`seconds`: encoding time summed over chunks).
     Missing chunks, `substitute` and `side`: see the module's docstring (the trimmed mean takes the
     chunks there are and ignores the rest). `only`: the tensors this round synchronizes (a fragment,
-    wantrain/fragments.py); every other tensor's update is zero, its momentum and residual untouched,
-    and what a delta carries for it is ignored."""
+    wantrain/fragments.py); every other tensor's update is zero, its momentum untouched and what a
+    delta of this round carries for it ignored, unless a late delta of `side` moves it (its residual
+    then goes with it)."""
     if substitute not in ("peer", "zero"):
         raise WantrainError(f"unknown substitute {substitute!r}: 'peer' or 'zero'")
     keys = sorted(contributions)
@@ -118,30 +119,38 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
     if feedback is not None:
         feedback.prepare(shapes)
 
+    def late_sum(i: int) -> np.ndarray | None:
+        """-lr x the late deltas' chunk i, each at its share (None: no late delta holds it)."""
+        late = [(p, c) for k, c in zip(side_keys, side_coefficients) if (p := side[k].parts[i]) is not None] \
+            if side else []
+        return weighted_sum([p for p, _ in late], [c for _, c in late]) if late else None
+
     def step(i: int) -> tuple[TensorChunk, EncodeStats]:
         spec, stats = plan[i], EncodeStats()
         part = slice(spec.offset, spec.offset + spec.length)
-        if only is not None and spec.tensor not in only:     # another fragment's: it trains on at the sites
-            enc, _ = codec.compress(np.zeros(spec.length, np.float32), stats)
-            return TensorChunk(UPDATE, round_, i, len(plan), spec, enc), stats
-        parts = [contributions[k].parts[i] for k in keys]
-        chunks = [c for c in parts if c is not None]
-        if not chunks:                      # nobody's chunk arrived: the momentum alone moves it
-            avg = np.zeros(spec.length, np.float32)
-        elif aggregate == "trimmed_mean":
-            avg = trimmed_mean([c.values() for c in chunks], trim_count(len(chunks), trim_fraction))
-        else:
-            missing = sum(w for w, c in zip(weights, parts) if c is None) if substitute == "zero" else 0.0
-            avg = weighted_mean(chunks, [w for w, c in zip(weights, parts) if c is not None], missing)
         residual = feedback.residuals[spec.tensor][part] if feedback is not None else kernels.NO_RESIDUAL
-        plus = residual
-        if side:                            # -lr x each late delta's share, outside the momentum
-            late = [(p, c) for k, c in zip(side_keys, side_coefficients) if (p := side[k].parts[i]) is not None]
-            if late:
-                plus = weighted_sum([p for p, _ in late], [c for _, c in late])
-                if residual.size:
-                    plus += residual
-        update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg, plus=plus)
+        late = late_sum(i)
+        if late is not None and residual.size:
+            late += residual                    # the residual goes out with the late deltas
+        if only is not None and spec.tensor not in only:
+            # Another fragment's: it trains on at the sites, and moves here only by a late delta of a
+            # round that synchronized it (every site moves its training by the update: site/schedule.py).
+            if late is None or not late.any():
+                enc, _ = codec.compress(np.zeros(spec.length, np.float32), stats)
+                return TensorChunk(UPDATE, round_, i, len(plan), spec, enc), stats
+            update = late
+        else:
+            parts = [contributions[k].parts[i] for k in keys]
+            chunks = [c for c in parts if c is not None]
+            if not chunks:                      # nobody's chunk arrived: the momentum alone moves it
+                avg = np.zeros(spec.length, np.float32)
+            elif aggregate == "trimmed_mean":
+                avg = trimmed_mean([c.values() for c in chunks], trim_count(len(chunks), trim_fraction))
+            else:
+                missing = sum(w for w, c in zip(weights, parts) if c is None) if substitute == "zero" else 0.0
+                avg = weighted_mean(chunks, [w for w, c in zip(weights, parts) if c is not None], missing)
+            plus = residual if late is None else late     # outside the momentum
+            update = outer.update_part(spec.tensor, shapes[spec.tensor], part, avg, plus=plus)
         t0 = time.perf_counter()
         enc, sent = codec.compress(update, stats)
         stats.seconds += time.perf_counter() - t0

@@ -238,6 +238,10 @@ class TrainConfig:
                self.fragments)
         _check(self.fragments == 1 or self.schedule == "sync", f"{prefix}.fragments",
                "fragments need train.schedule 'sync' (overlap moves the whole model's steps ahead)", self.fragments)
+        _check(self.fragments == 1 or self.late_policy != "stale", f"{prefix}.late_policy",
+               "'stale' counts a late delta in a later round's mean, which under train.fragments moves another "
+               "fragment: use 'zero-outside' (a late delta applied outside the momentum), 'zero-carry', 'drop' "
+               "or 'rescale'", self.late_policy)
         _check(self.controller in CONTROLLERS, f"{prefix}.controller", f"must be one of {CONTROLLERS}", self.controller)
         _check(self.controller == "fixed" or self.round_budget_s > 0, f"{prefix}.controller",
                "'adaptive' sets each site's compute budget: it needs round_budget_s > 0", self.controller)

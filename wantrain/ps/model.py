@@ -27,7 +27,7 @@ from ..models import build_model, count_parameters
 from ..outer import OuterNesterov
 from ..recovery import roles_of
 from ..replica import load_flat, named_params, values_hash
-from ..screening import l2_norm
+from ..screening import l2_norm, parse_key
 from ..shards import ShardLayout
 from .downloads import live_views
 
@@ -81,12 +81,23 @@ class GlobalModel:
         robust = self.cfg.robust
         if update_mode not in self.codecs:
             self.codecs[update_mode] = Codec(dataclasses.replace(self.cfg.codec.for_update(), mode=update_mode))
+        if side and self.cfg.train.fragments > 1:
+            side = {k: self._in_own_fragment(k, c) for k, c in side.items()}
         msgs, stats = aggregate_round(round_, self.plan, self.shapes, self.views, contributions,
                                       self.outer, self.feedback, self.codecs[update_mode], robust.aggregate,
                                       robust.trim_fraction, side, substitute,
                                       synced(self.sizes, self.cfg.train.fragments, round_))
         self.norm = self.l2_norm()
         return msgs, stats, self.hash()
+
+    def _in_own_fragment(self, key: str, late: Contribution) -> Contribution:
+        """A late delta (key "site@round") under fragments: only the chunks of the fragment its round
+        synchronized (the rest of it is zero at an honest site, and is ignored as a round's is)."""
+        late_round = parse_key(key)[1]
+        own = synced(self.sizes, self.cfg.train.fragments, late_round) if late_round is not None else None
+        assert own is not None, key
+        return Contribution([p if spec.tensor in own else None for spec, p in zip(self.plan, late.parts)],
+                            late.weight)
 
     @torch.no_grad()
     def evaluate(self) -> float:

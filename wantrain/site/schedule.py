@@ -19,7 +19,10 @@ it, and it is what is hashed); the model itself holds the parameters being train
 Under sync with train.fragments > 1 (Streaming DiLoCo, wantrain/fragments.py), a round reloads
 from the replica only the tensors synchronized since the site last trained (the whole model after a
 Welcome, or when it missed a whole cycle of fragments); the others go on from where they were, and
-its delta is zero outside its own round's fragment.
+its delta is zero outside its own round's fragment. Where an update moved a tensor outside its
+round's fragment (a late delta of the round that synchronized it, applied at a later commit), the
+tensor's training moves by as much, as steps ahead do under overlap: its next delta is then the
+steps alone, and does not take back the late delta.
 
 Under sync, a round may start before the last update's tail is in (train.downlink_budget,
 recovery/downlink.py): it starts from a copy of the replica, and each tail chunk, added to the
@@ -59,6 +62,7 @@ class Schedule:
         self.inner, self.overlap, self.budget_s, self.fragments = inner, overlap, budget_s, fragments
         self.sizes = {k: p.numel() for k, p in named_params(inner.model).items()}
         self.trained: int | None = None             # the round last trained from the model as it is (fragments)
+        self.held: dict[str, np.ndarray] = {}       # and the replica the tensors it did not sync stand on
         self.ahead: Segment | None = None           # the next round's steps, taken before its RoundStart
         self.base: dict[str, np.ndarray] | None = None   # where the steps ahead started (None once moved)
         self._stop = threading.Event()
@@ -98,6 +102,7 @@ class Schedule:
         if (fragment := synced(self.sizes, self.fragments, round_)) is not None:
             delta = {k: v if k in fragment else np.zeros_like(v) for k, v in delta.items()}
             self.trained = round_
+            self.held = {k: start[k].copy() for k in delta if k not in fragment}
         if probe is not None:
             info["probe"] = await asyncio.to_thread(probe, end, delta)
         if self.overlap:
@@ -114,7 +119,7 @@ class Schedule:
 
     def reload(self) -> None:
         """A Welcome: the next round starts from the whole replica (fragments)."""
-        self.trained = None
+        self.trained, self.held = None, {}
 
     def _load(self, replica: Replica, only: frozenset[str] | None = None) -> dict[str, np.ndarray]:
         """Load the replica into the model (`only` those tensors); the arrays the round starts from
@@ -124,6 +129,8 @@ class Schedule:
             self._start = None if replica.whole else {k: v.copy() for k, v in replica.arrays.items()}
             start = replica.arrays if self._start is None else self._start
             load_flat(self.inner.model, start if only is None else {k: start[k] for k in only})
+            if only is not None:      # a tensor that trains on moves as the replica moved (a late delta)
+                self._move(start, {k: v for k, v in self.held.items() if k not in only})
             return start
 
     def patch(self, replica: Replica, c: TensorChunk) -> None:
@@ -160,16 +167,18 @@ class Schedule:
         if self.ahead is None or self.base is None:
             return
         await self._pause()
-        await asyncio.to_thread(self._move, replica)
+        await asyncio.to_thread(self._move, replica, self.base)
         self.base = None
         self._resume("")
 
-    def _move(self, replica: dict[str, np.ndarray]) -> None:
-        assert self.base is not None
+    def _move(self, replica: dict[str, np.ndarray], base: dict[str, np.ndarray]) -> None:
+        """The parameters of `base`'s tensors move by replica - base: steps taken from `base` go on
+        from the global model the replica now holds."""
+        params = named_params(self.inner.model)
         with torch.no_grad():
-            for name, p in named_params(self.inner.model).items():
-                shift = replica[name] - self.base[name]          # new global - where the steps started
-                p.add_(torch.from_numpy(shift).view(p.shape).to(p.device))
+            for name, was in base.items():
+                p = params[name]
+                p.add_(torch.from_numpy(replica[name] - was).view(p.shape).to(p.device))
 
     async def discard(self) -> None:
         """Drop the steps ahead (a new model was loaded, or the run ended)."""
