@@ -22,7 +22,7 @@ time, counted in their round or deferred to a later commit):
 
 Decoupled DiLoCo reports 88 % goodput under its failure model; the goal here is the same figure.
 
-    python bench/goodput.py [--window 480] [--seed 0]
+    python bench/goodput.py [--window 480] [--seed 0] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -103,13 +103,14 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=480.0, help="seconds of each run, from round 0's start")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="goodput", help="result name under bench/results, or a path ending in .json")
+    ap.add_argument("--keep", type=Path, help="keep the two run folders here (clean/, faults/) to look at after")
     args = ap.parse_args()
     results = {}
     with tempfile.TemporaryDirectory(prefix="wantrain-goodput-") as tmp:
         for faults in (False, True):
             name = "faults" if faults else "clean"
             print(f"{name}: {args.window:.0f} s", flush=True)
-            results[name] = summary(one_run(faults, args.window, args.seed, Path(tmp)), args.window)
+            results[name] = summary(one_run(faults, args.window, args.seed, args.keep or Path(tmp)), args.window)
     clean, hurt = (sum(results[k]["tokens"].values()) for k in ("clean", "faults"))
     left = 1 - unavailable_s(args.window) / (3 * args.window)
     goodput = hurt / clean

@@ -80,18 +80,22 @@ def test_protocol_version_mismatch(ps):
 
 
 @pytest.mark.timeout(120)
-def test_duplicate_site_name_is_refused(ps, tmp_path):
+def test_a_second_process_under_a_site_s_name_replaces_it_and_the_first_stops(ps, tmp_path):
+    """Over real gRPC: a site restarted while the PS still holds its session takes its place at once;
+    were two processes running under one name, the older is told it was replaced and stops."""
     address, proc = ps
     first = Proc(*site_args(address, "twin", threads=1), log=tmp_path / "w1.log")
     try:
         first.wait_for("model at round 0 loaded", timeout=60)
         second = Proc(*site_args(address, "twin", threads=1), log=tmp_path / "w2.log")
         try:
-            assert second.p.wait(60) == 1
-            assert "already connected" in second.text() and "Traceback" not in second.text()
+            assert first.p.wait(60) == 1
+            assert "replaced" in first.text() and "another process runs under its name" in first.text()
+            assert "Traceback" not in first.text()
+            second.wait_for("model at round 0 loaded", timeout=60)
+            assert second.p.poll() is None and proc.p.poll() is None
         finally:
             second.kill()
-        assert first.p.poll() is None and proc.p.poll() is None
         got, err = raw_join(address, site="", protocol_version=PROTOCOL_VERSION)
         assert err is not None and err.code() == grpc.StatusCode.INVALID_ARGUMENT
     finally:

@@ -7,7 +7,7 @@ import pytest
 
 from wantrain.codec import Codec, EncodeStats, encode_arrays
 from wantrain.config import CodecConfig
-from wantrain.errors import ProtocolError, RejectedError
+from wantrain.errors import ProtocolError, Reject, RejectedError
 from wantrain.messages import (DELTA, MODEL, UPDATE, HashReport, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
                                Welcome)
 from wantrain.ps import ParameterServer
@@ -67,8 +67,6 @@ def test_round_without_network(tmp_path):
         first = drain(a)
         assert isinstance(first[0], Welcome) and all(c.kind == MODEL for c in first[1:])
         assert len(first) - 1 == first[0].model_chunks
-        with pytest.raises(RejectedError, match="already connected"):
-            ps.join(Join("a"))
         with pytest.raises(RejectedError, match="wire protocol"):
             ps.join(Join("b", protocol_version=99))
         b = enter(ps, Join("b"))
@@ -177,6 +175,39 @@ def test_a_site_leaving_never_stalls_or_cancels_the_round(tmp_path):
         ps.leave(b, "connection lost")
         await ps.round_task
         assert ps.round == 2 and rows_of(ps, "round_end")[-1]["sites"] == ["a"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
+def test_a_site_joining_again_replaces_its_open_session(tmp_path):
+    """b's stream broke where the PS could not tell, mid-upload; b joins again: its old session ends
+    `replaced` (what it still sends is void), the new one is welcomed, and the round goes on with b's
+    delta sent again on it."""
+    async def scenario():
+        ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 2}), run_dir=tmp_path)
+        a, old = enter(ps, Join("a")), enter(ps, Join("b"))
+        drain(a), drain(old)
+        msgs, m = delta_chunks(ps, 0, seed=1)
+        for c in msgs[:len(msgs) // 2]:
+            ps.on_chunk(old, c)
+        new = ps.join(Join("b"))
+        assert ps.sites.links["b"] is new and old.closed and old.ended[0] == Reject.REPLACED
+        assert "another process runs under its name" in old.ended[1]
+        assert drain(old)[-1] is None                              # its stream sends what was queued, then ends
+        assert isinstance(drain(new)[0], Welcome)
+        left = rows_of(ps, "leave")[-1]
+        assert (left["site"], left["reason"]) == ("b", "replaced by a new session of the site")
+        for c in msgs[len(msgs) // 2:]:                          # the old stream's last chunks: ignored
+            await ps.handle(old, c)
+        await ps.handle(old, m)
+        assert "b" not in ps.rounds.uploads
+        ps.leave(old, "stream closed by the site")               # the old stream's end changes nothing now
+        assert ps.sites.links["b"] is new
+        ps.on_ready(new, Ready(ps.round, ps.hash))
+        await deliver(ps, 0, a, new)
+        await ps.round_task
+        assert ps.round == 1 and rows_of(ps, "round_end")[-1]["sites"] == ["a", "b"]
 
     asyncio.run(scenario())
 

@@ -67,13 +67,14 @@ class Reject(str, Enum):
 
     PROTOCOL_VERSION = "protocol_version"
     UNAUTHENTICATED = "unauthenticated"
-    DUPLICATE_SITE = "duplicate_site"
+    DUPLICATE_SITE = "duplicate_site"    # sent by a PS before "replaced" (a site still retries it)
     UNKNOWN_SITE = "unknown_site"
     RUN_FULL = "run_full"
     RUN_FINISHED = "run_finished"
     RATE_LIMITED = "rate_limited"
     INVALID_MESSAGE = "invalid_message"
     JOIN_TIMEOUT = "join_timeout"
+    REPLACED = "replaced"           # a new session of the same site joined: the old one ends
     INTERNAL = "internal"
     UNKNOWN = "unknown"             # a code this version does not know (never sent by this PS)
 

@@ -142,14 +142,22 @@ class ParameterServer:
     # ------------------------------------------------------------ site lifecycle
 
     def join(self, msg: Join) -> SiteLink:
-        """Admit a site or raise RejectedError; queues the Welcome and the model download (sites.py)."""
-        return self.sites.join(msg, self.done.is_set(), self.aggregating)
+        """Admit a site or raise RejectedError; queues the Welcome and the model download (sites.py).
+        A site still connected replaces its session: the old one left, as if its stream had ended."""
+        replacing = msg.site in self.sites.links
+        link = self.sites.join(msg, self.done.is_set(), self.aggregating)
+        if replacing:
+            self.rounds.drop(link.name)
+            self._maybe_finish_round()
+        return link
 
     async def handle(self, link: SiteLink, msg) -> None:
         """One message from a joined site, after wire.py has checked its form; raises ProtocolError or
         RejectedError for this site alone. Each kind is bounded by the protocol (metrics once per
         upload, Ready once per download, a hash report once per committed round) or by a rate
         (link probes), so a site can cause only a bounded number of events."""
+        if link.closed:          # a session replaced by the site's new one: what it still sends is void
+            return
         if isinstance(msg, TensorChunk):
             self.on_chunk(link, msg)
         elif isinstance(msg, Manifest):

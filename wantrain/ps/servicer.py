@@ -49,6 +49,7 @@ STATUS = {
     Reject.INVALID_MESSAGE: grpc.StatusCode.INVALID_ARGUMENT,
     Reject.JOIN_TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     Reject.INTERNAL: grpc.StatusCode.INTERNAL,
+    Reject.REPLACED: grpc.StatusCode.ABORTED,
 }
 
 
@@ -191,6 +192,8 @@ class Servicer:
                             msg.finished = True
                         continue
                     yield wire.server_message(msg)
+                if link.ended is not None and not ended:      # the PS ended it (a new session replaced it)
+                    ended.append(_Ended(*link.ended))
                 if ended:
                     yield wire.server_message(ErrorMessage(str(ended[0].code), str(ended[0])))
             finally:

@@ -43,10 +43,16 @@ class SiteLink:
     last_hash_round: int = -1     # the last round whose hash the site reported
     lanes: int = 0                # Lane calls open (train.lanes: extra connections for its deltas)
     joined_at: float = field(default_factory=time.time)
+    ended: tuple[Reject, str] | None = None   # why the PS ended this session (a new one replaced it)
 
     def __post_init__(self) -> None:
         self.probe_messages = TokenBucket(self.limits.probe_messages_burst, self.limits.probe_messages_per_s)
         self.probe_samples = TokenBucket(self.limits.probe_samples_burst, self.limits.probe_samples_per_s)
+
+    def end(self, code: Reject, message: str) -> None:
+        """The PS ends this session: its stream sends what is queued, then `code` (servicer.py)."""
+        self.closed, self.ended = True, (code, message)
+        self.outbox.put_nowait(None)
 
     def check_probe(self, p: LinkProbe) -> None:
         """Link probes are the one message the protocol does not bound per round, so they are rate-limited."""
@@ -93,14 +99,16 @@ class Sites:
 
     def join(self, msg: Join, finished: bool, aggregating: bool) -> SiteLink:
         """Admit a site or raise RejectedError; queues the Welcome and the model download (or, while
-        a round is `aggregating`, holds it until the commit: `send_awaited_models`)."""
+        a round is `aggregating`, holds it until the commit: `send_awaited_models`). A site that
+        is connected already replaces its session (`replace`)."""
         try:
-            check_join(msg, self.cfg, self.auth, self.links, self.ledger.registry,
-                       self.ledger.round if finished else None)
+            check_join(msg, self.cfg, self.auth, self.ledger.registry, self.ledger.round if finished else None)
         except RejectedError as e:
             if e.code == Reject.RUN_FINISHED:
                 self.told_finished.add(msg.site)
             raise
+        if (old := self.links.get(msg.site)) is not None:
+            self.replace(old)
         self.downloads.charge(msg.site)
         # Named sites keep their place (and data shard) whatever order they join in.
         index, resumed = self.ledger.enrol(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
@@ -134,6 +142,19 @@ class Sites:
 
     def ready(self) -> set[str]:
         return {name for name, link in self.links.items() if link.ready}
+
+    def replace(self, old: SiteLink) -> None:
+        """A site joined again while the PS still holds its session: the site restarted, or its end
+        of the stream broke where the PS could not tell (a dead host, a dropped forward: found only
+        by the keepalive, minutes later). The name's token proved it, so the new session takes the
+        site's place and the old one ends with `replaced`, which a site does not retry: were two
+        processes running under one name, the older stops and says why."""
+        del self.links[old.name]
+        self.awaiting_model.discard(old.name)
+        old.end(Reject.REPLACED, f"this session of site {old.name!r} was replaced by a new one that joined the "
+                                 "parameter server (the site restarted, or another process runs under its name)")
+        self.recorder.emit("leave", site=old.name, reason="replaced by a new session of the site")
+        log.warning("site %s joined again while its session was open: the new session replaces it", old.name)
 
     def leave(self, link: SiteLink, reason: str) -> bool:
         """Forget a site whose stream ended; False if `link` is no longer the site's (it rejoined)."""
@@ -182,7 +203,7 @@ class Sites:
         self.awaiting_model.clear()
 
 
-def check_join(msg: Join, cfg: RunConfig, auth: Authenticator, connected: dict, registry: dict[str, int],
+def check_join(msg: Join, cfg: RunConfig, auth: Authenticator, registry: dict[str, int],
                finished_after: int | None) -> None:
     """May this site join now? RejectedError (with its Reject code) or ProtocolError if not."""
     if msg.protocol_version != PROTOCOL_VERSION:
@@ -194,9 +215,6 @@ def check_join(msg: Join, cfg: RunConfig, auth: Authenticator, connected: dict, 
     if msg.resume_round > cfg.train.rounds:
         raise ProtocolError(f"join says the site's replica holds round {msg.resume_round}; "
                             f"the run has {cfg.train.rounds} rounds")
-    if msg.site in connected:
-        raise RejectedError(Reject.DUPLICATE_SITE, f"a site named {msg.site!r} is already connected; "
-                                                   "each site needs its own name")
     if cfg.sites and msg.site not in cfg.sites:
         raise RejectedError(Reject.UNKNOWN_SITE, f"{msg.site!r} is not one of the run's sites "
                                                  f"({', '.join(cfg.sites)})")

@@ -50,8 +50,9 @@ class Reconnect:
             # Away at the end, or (re)started after it, e.g. by a supervisor: nothing to do.
             log.info("site %s: the run has finished (%s); nothing left to do", self.site, e)
             return True
-        # Retry a refusal only when waiting helps: a rate limit, or our old stream still open (after
-        # a reset the PS may not have noticed it yet and still holds our name).
+        # Retry a refusal only when waiting helps: a rate limit, or (a PS before "replaced") our old
+        # stream still open after a reset, the PS not having noticed it yet. "replaced" is not
+        # retried: a newer session of this site took its place, so another process runs as it.
         if isinstance(e, RejectedError) and not (
                 e.code == Reject.RATE_LIMITED or (e.code == Reject.DUPLICATE_SITE and joined_before)):
             raise e
