@@ -107,9 +107,9 @@ class Sites:
             if e.code == Reject.RUN_FINISHED:
                 self.told_finished.add(msg.site)
             raise
-        if (old := self.links.get(msg.site)) is not None:
-            self.replace(old)
         self.downloads.charge(msg.site)
+        if (old := self.links.get(msg.site)) is not None:      # last: a refused Join changes nothing
+            self.replace(old)
         # Named sites keep their place (and data shard) whatever order they join in.
         index, resumed = self.ledger.enrol(msg.site, self.cfg.sites.index(msg.site) if self.cfg.sites
                                            else len(self.ledger.registry))
