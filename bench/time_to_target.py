@@ -78,6 +78,8 @@ ARMS: dict[str, dict] = {
 }
 EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer (--arms)
     "overlap-steps": {"train.schedule": "overlap"},
+    # the controller's budgets and codec under the overlap schedule (the schedule as a lever, measured)
+    "controller-overlap": {"budget": True, "train.controller": "adaptive", "train.schedule": "overlap"},
     "trusted": {"robust.trust": "trusted"},    # diloco-int8-huffman without comparing deltas (issue 26's cost)
     # codecs below 8 bits (docs/codecs.md, bench/codec_leaderboard.py): top-k deltas of 1/64 each block,
     # the update as top-k too, or in 4 or 8 bits
