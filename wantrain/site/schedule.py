@@ -177,8 +177,10 @@ class Schedule:
         params = named_params(self.inner.model)
         with torch.no_grad():
             for name, was in base.items():
-                p = params[name]
-                p.add_(torch.from_numpy(replica[name] - was).view(p.shape).to(p.device))
+                shift = replica[name] - was
+                if shift.any():   # under fragments a round leaves most tensors where they were: no copy to the device
+                    p = params[name]
+                    p.add_(torch.from_numpy(shift).view(p.shape).to(p.device))
 
     async def discard(self) -> None:
         """Drop the steps ahead (a new model was loaded, or the run ended)."""
