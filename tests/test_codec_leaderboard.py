@@ -25,8 +25,10 @@ def test_quick_codec_leaderboard_counts_every_byte_and_writes_its_folder(tmp_pat
         assert {"codec", "bits_per_param", "loss_gap_pct", "encode_mb_s", "decode_mb_s"} <= set(r)
         assert r["encode_mb_s"] > 0 and r["decode_mb_s"] > 0
         assert r["val"][-1] < r["val"][0]                       # it trained
-    # fp32 is 32 bits a parameter, and the chunks' framing a little more; both ways
-    assert 32 < rows["fp32"]["bits_per_param"] < 32.5 and 32 < rows["fp32"]["downlink_bits_per_param"] < 32.5
+    # fp32 is 32 bits a parameter, and the chunks' framing a little more; up, a site's protection
+    # besides (manifest, critical copies, parity: full in its first round, fading on a clean link)
+    assert 32 < rows["fp32"]["downlink_bits_per_param"] < 32.5
+    assert rows["fp32"]["downlink_bits_per_param"] + 0.5 < rows["fp32"]["bits_per_param"] < 36
     assert rows["fp32"]["loss_gap_pct"] == 0
     assert 7 < rows["int8-huffman"]["bits_per_param"] < 8.5              # the paper's codec: under 8 bits
     assert rows["topk-1b"]["bits_per_param"] < 0.3                      # 1/64 kept: positions, signs, scales

@@ -150,6 +150,20 @@ def test_buttons_drive_a_real_run(tmp_path):
     samples = [e for e in logged if e["kind"] == "link" and e["site"] == "us-west"]
     up = [e["bandwidth_mbps"] for e in samples if not e["down"]]          # (the forced outage reads 0)
     assert up and set(up) == {80.0}                                          # the link shapes at 80 Mbit/s
+    # The headline counts every byte: recounted from the events, the uplink ratio is fp32 bytes over
+    # every message of every delta as gRPC carried it, protection included; and what the emulated
+    # links carried up (TLS, HTTP/2, the Join, probes, hash reports, a killed site's lost upload
+    # besides) is at least that, and not much more.
+    from wantrain.report import summarize
+
+    s = summarize(logged)
+    assert s["uplink_ratio"] == pytest.approx(sum(e["raw_bytes"] for e in rounds) / sum(e["framed_bytes"] for e in rounds))
+    assert all(e["framed_bytes"] > e["received_wire_bytes"] + e["protection_bytes"] for e in rounds)
+    assert s["uplink_mb"] == pytest.approx(s["uplink_delta_mb"] + s["uplink_protection_mb"] + s["uplink_framing_mb"])
+    for site in {e["site"] for e in rounds}:
+        framed = sum(e["framed_bytes"] for e in rounds if e["site"] == site)
+        carried = max(ln["bytes_up"] for ln in links if ln["kind"] == "link" and ln["site"] == site)
+        assert framed <= carried <= 1.5 * framed + 2_000_000, (site, framed, carried)
 
 
 @pytest.mark.timeout(400)     # the install on the "host" takes a minute on a loaded machine

@@ -72,6 +72,26 @@ def test_the_parity_rebuilds_any_one_lost_member_and_the_round_commits_as_if_it_
     assert asyncio.run(commit(lost=two))[:2] == whole[:2]
 
 
+def test_a_parity_that_overtakes_its_member_rebuilds_nothing_lost_and_every_byte_is_counted():
+    """Over lanes a group's parity may arrive before its last member (another lane): the PS rebuilds
+    that member at once, and when the member itself comes it is neither a repeat nor a loss. And the
+    delta's bytes on the wire are every message of it as gRPC carries it (wire.framed_size)."""
+    from wantrain.wire import framed_size
+
+    ps = ParameterServer(small_config(num_sites=1), run_dir=None)
+    manifest, msgs, m, parity = protected(ps)
+    last = max(c.index for c in manifest.chunks if c.group == 0)
+    whole = asyncio.run(commit())
+    round_, hash_, site_round = asyncio.run(commit(lost={last}, extra=[msgs[last]]))   # parity first, then it
+    assert (round_, hash_) == whole[:2]
+    assert site_round["rebuilt"] == 0 and site_round["protection_bytes"] == whole[2]["protection_bytes"]
+    sent = [manifest, *msgs, *parity.values(), m]
+    assert whole[2]["framed_bytes"] == sum(framed_size(x) for x in sent)
+    assert whole[2]["parity_bytes"] == sum(len(p.payload) for p in parity.values())
+    assert whole[2]["ratio"] == pytest.approx(m.raw_bytes / whole[2]["framed_bytes"])
+    assert site_round["framed_bytes"] == whole[2]["framed_bytes"]     # the same messages, another order
+
+
 def test_two_members_lost_from_a_group_are_not_rebuilt():
     ps = ParameterServer(small_config(num_sites=1), run_dir=None)
     manifest, _, _, _ = protected(ps)

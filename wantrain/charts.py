@@ -20,7 +20,7 @@ from .palette import run_start_time, site_colours
 from .round_time import LABELS as ROUND_PARTS
 from .round_time import PARTS, round_splits
 from .run_tables import describe
-from .telemetry import LINK_KINDS, rows
+from .telemetry import LINK_KINDS, on_wire, rows
 
 __all__ = ["split", "thin", "rtt_samples", "figures", "links_figure", "throughput_figure", "round_time_figure",
            "recovery_marks", "timeline_figure"]
@@ -171,15 +171,15 @@ def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure
     wire = make_subplots(specs=[[{"secondary_y": True}]])
     for name in names:
         mine = [e for e in sites if e["site"] == name]
-        x, y = _xy([e["round"] for e in mine], [e["wire_bytes"] / 1e6 for e in mine], max_points)
+        x, y = _xy([e["round"] for e in mine], [on_wire(e) / 1e6 for e in mine], max_points)
         wire.add_trace(go.Bar(x=x, y=y, name=f"uplink MB {name}", marker_color=colour[name]), secondary_y=False)
-    x, y = _xy([e["round"] for e in ends], [e["wire_bytes"] / 1e6 for e in ends], max_points)
+    x, y = _xy([e["round"] for e in ends], [on_wire(e) / 1e6 for e in ends], max_points)
     wire.add_trace(go.Bar(x=x, y=y, name="downlink MB (update, per site)", marker_color="#7f7f7f"), secondary_y=False)
     by_round: dict[int, list[dict]] = {}
     for e in sites:
         by_round.setdefault(e["round"], []).append(e)
     rounds = sorted(by_round)
-    x, y = _xy(rounds, [sum(e["raw_bytes"] for e in by_round[r]) / max(1, sum(e["wire_bytes"] for e in by_round[r]))
+    x, y = _xy(rounds, [sum(e["raw_bytes"] for e in by_round[r]) / max(1, sum(on_wire(e) for e in by_round[r]))
                         for r in rounds], max_points)
     wire.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name="uplink: times smaller than fp32",
                               line=dict(color="black")), secondary_y=True)

@@ -199,7 +199,8 @@ def codec_run(cfg: RunConfig, seed: int, threads: int = 1, progress=None) -> dic
     """DiLoCo as `diloco_vs_sync` runs it, with `cfg.codec` for the sites' deltas and the PS's update
     alike. Returns the validation loss before training and after each round, and per round the bits
     per parameter each way as gRPC messages (wire.framed_bytes: payload, scales, every header and
-    table, the chunk's framing): up, the mean over the sites of one site's delta; down, the update
+    table, the chunk's framing): up, the mean over the sites of one site's delta with what a site
+    sends beside it on a clean link (manifest, critical copies, parity: InProcessRun.protection); down, the update
     every site downloads. `progress(round)` is called after every round."""
     import torch
 
@@ -217,7 +218,7 @@ def codec_run(cfg: RunConfig, seed: int, threads: int = 1, progress=None) -> dic
     for r in range(run.train.rounds):
         start = ps.start()
         sent = {name: ps.train(name, r, start)[1] for name in ps.names}
-        up.append(8 * float(np.mean([s.framed_bytes for s in sent.values()])) / n)
+        up.append(8 * float(np.mean([s.on_wire for s in sent.values()])) / n)
         for name, s in sent.items():
             assert s.values is not None
             mask = np.concatenate([v != 0 for v in s.values.values()])

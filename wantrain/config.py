@@ -158,6 +158,10 @@ class TrainConfig:
     critical_copies: bool = True
     parity_share: float = 0.5
     parity_group_size: int = 8
+    # parity_share as the most a delta's parity covers: each site sizes its parity by the share of
+    # its chunks its link lost lately (hedged or sent again; full from 2 %, none below 0.2 %, full
+    # until it has pushed once: site/uplink.py), so a clean link pays close to nothing for parity.
+    parity_adapts: bool = True
     # Extra TCP connections (Lane calls, docs/protocol.md 4b) a site spreads each delta's manifest,
     # chunks and parities over, a critical chunk's copy and a parity group's members on different
     # ones: one lost segment then stalls one lane, not the whole delta, and on a lossy path each
@@ -308,7 +312,9 @@ class CodecConfig:
 
     def validate(self, prefix: str = "codec") -> None:
         _check(self.mode in CODEC_MODES, f"{prefix}.mode", f"must be one of {CODEC_MODES}", self.mode)
-        _check(self.quant_block >= 1, f"{prefix}.quant_block", "must be >= 1", self.quant_block)
+        _check(1 <= self.quant_block <= self.chunk_bytes, f"{prefix}.quant_block",
+               f"must be 1 to codec.chunk_bytes ({self.chunk_bytes}) elements: a chunk holds at least one block",
+               self.quant_block)
         _check(2 <= self.huffman_block <= 5460 and self.huffman_block % 2 == 0,
                f"{prefix}.huffman_block", "must be even and in [2, 5460]", self.huffman_block)
         _check(1 <= self.huffman_tables <= 4, f"{prefix}.huffman_tables", "must be in [1, 4]", self.huffman_tables)

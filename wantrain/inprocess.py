@@ -17,9 +17,11 @@ import numpy as np
 from .aggregate import Contribution
 from .codec import ChunkSpec, Codec, Encoded, EncodeStats, ErrorFeedback, Extracted, encode_arrays
 from .config import RunConfig
-from .messages import DELTA, TensorChunk
+from .messages import DELTA, DeltaParity, TensorChunk
+from .recovery import ParityGauge, build_manifest, protect, roles_of, xor_parity
+from .replica import named_params
 from .screening import Screen, Verdict, counted, gram
-from .wire import framed_bytes
+from .wire import framed_bytes, framed_size
 
 __all__ = ["Sent", "InProcessRun"]
 
@@ -34,6 +36,12 @@ class Sent:
     values: dict[str, np.ndarray] | None = None     # per tensor, the values the PS decodes
     encoded: list[tuple[ChunkSpec, Encoded]] | None = None   # the chunks as they went on the wire
     framed_bytes: int = 0                            # those chunks as gRPC messages (wire.framed_bytes)
+    protection_framed_bytes: int = 0                 # what a site sends beside them: `InProcessRun.protection`
+
+    @property
+    def on_wire(self) -> int:
+        """Every byte the delta took as gRPC messages: its chunks and their protection."""
+        return self.framed_bytes + self.protection_framed_bytes
 
 
 class InProcessRun:
@@ -52,6 +60,8 @@ class InProcessRun:
         self.sites = {n: build_inner(cfg, k, 0, torch.device("cpu"), n) for k, n in enumerate(self.names)}
         self.uplinks = {n: Codec(cfg.codec) for n in self.names}
         self.feedback = {n: ErrorFeedback() if cfg.codec.error_feedback else None for n in self.names}
+        self.parity = {n: ParityGauge(cfg.train) for n in self.names}
+        self.roles = roles_of({k: tuple(p.shape) for k, p in named_params(self.sites[self.names[0]].model).items()})
         self.alerts: list[dict] = []
         self.update_bytes: list[int] = []     # each committed round's encoded update (scales and payloads)
         self.update_framed_bytes: list[int] = []   # ... as the gRPC messages every site downloads
@@ -75,7 +85,33 @@ class InProcessRun:
         seg = Segment(round_, 0.0)
         inner.train(seg)
         delta, info = inner.delta(start, flat_copy(inner.model), seg)
-        return delta, self.encode(delta, info["tokens"], self.uplinks[name], self.feedback[name])
+        sent = self.encode(delta, info["tokens"], self.uplinks[name], self.feedback[name])
+        sent.protection_framed_bytes = self.protection(name, round_, sent, info["tokens"], info["steps"])
+        return delta, sent
+
+    def protection(self, name: str, round_: int, sent: Sent, tokens: int, steps: int) -> int:
+        """Bytes a site of this run sends beside its delta's chunks over a clean link (site/uplink.py):
+        the manifest, a copy of each critical chunk (train.critical_copies) and the parity its gauge
+        sizes (nothing lost, so with train.parity_adapts it fades after the first rounds), each as a
+        gRPC message."""
+        assert sent.encoded is not None and sent.values is not None
+        t = self.cfg.train
+        manifest = build_manifest(round_, sent.encoded, sent.values, self.roles, tokens=int(tokens), steps=steps,
+                                  by=t.importance)
+        gauge = self.parity[name]
+        if (share := gauge.share()) > 0:
+            manifest = protect(manifest, share, t.parity_group_size)
+        gauge.saw_loss(0.0)
+        total = framed_size(manifest)
+        if t.critical_copies:
+            total += sum(framed_size(TensorChunk(DELTA, round_, i, len(sent.encoded), *sent.encoded[i]))
+                         for i in manifest.critical())
+        groups: dict[int, list[bytes]] = {}
+        for e in manifest.chunks:
+            if e.group >= 0:
+                enc = sent.encoded[e.index][1]
+                groups.setdefault(e.group, []).append(enc.scales + enc.payload)
+        return total + sum(framed_size(DeltaParity(round_, g, xor_parity(m))) for g, m in groups.items())
 
     @staticmethod
     def encode(delta: dict[str, np.ndarray], tokens: float, codec: Codec, feedback: ErrorFeedback | None) -> Sent:

@@ -26,7 +26,7 @@ def costs_from_run(run_dir: Path) -> dict:
     """What each site's round cost in a recorded run: per site `compute_s`, `encode_s`, `apply_s`
     (medians over its rounds after the first), and `up_bytes`, `down_bytes`, `ps_s`, `lanes`."""
     from .round_time import round_splits
-    from .telemetry import read_events, rows
+    from .telemetry import on_wire, read_events, rows
 
     events = read_events(run_dir)
     splits = [s for s in round_splits(events) if s["round"] > 0] or round_splits(events)
@@ -39,8 +39,8 @@ def costs_from_run(run_dir: Path) -> dict:
         sites[name] = {k: statistics.median(s[f"{k}_s"] for s in mine) for k in ("compute", "encode", "apply")}
     config = rows(events, "run_start")[0]["config"]
     return {"sites": sites, "ps_s": statistics.median(s["ps_s"] for s in splits),
-            "up_bytes": statistics.median(e["wire_bytes"] for e in rows(events, "site_round")),
-            "down_bytes": statistics.median(e["wire_bytes"] for e in rows(events, "round_end")),
+            "up_bytes": statistics.median(on_wire(e) for e in rows(events, "site_round")),
+            "down_bytes": statistics.median(on_wire(e) for e in rows(events, "round_end")),
             "lanes": config["train"]["lanes"] > 0}
 
 

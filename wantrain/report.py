@@ -13,7 +13,7 @@ from pathlib import Path
 from .charts import figures, rtt_samples, split
 from .round_time import summary_lines
 from .run_tables import incidents, round_rows, settings
-from .telemetry import read_events, rows
+from .telemetry import on_wire, read_events, rows
 
 __all__ = ["write_report", "summarize", "link_summary"]
 
@@ -47,9 +47,11 @@ def summarize(events: list[dict]) -> dict:
     sites = rows(events, "site_round")
     checks = rows(events, "hash_check")
     up_raw = sum(e["raw_bytes"] for e in sites)
-    up_wire = sum(e["wire_bytes"] for e in sites)
+    up_wire = sum(on_wire(e) for e in sites)            # every byte of every delta (telemetry.on_wire)
+    up_delta = sum(e["wire_bytes"] for e in sites)       # of which the encoded delta's own
+    up_protection = sum(e.get("protection_bytes", 0) for e in sites)
     down_raw = sum(e["raw_bytes"] for e in ends)
-    down_wire = sum(e["wire_bytes"] for e in ends)
+    down_wire = sum(on_wire(e) for e in ends)
     hb = [e["huffman_bits_per_symbol"] for e in sites if e.get("huffman_bits_per_symbol")]
     return {
         "run_id": start[0]["run_id"] if start else "?",
@@ -60,6 +62,9 @@ def summarize(events: list[dict]) -> dict:
         "wall_s": (events[-1]["elapsed_s"] - events[0]["elapsed_s"]) if events else 0.0,
         "uplink_mb": up_wire / 1e6,
         "uplink_ratio": up_raw / up_wire if up_wire else 0.0,
+        "uplink_delta_mb": up_delta / 1e6,
+        "uplink_protection_mb": up_protection / 1e6,
+        "uplink_framing_mb": max(0, up_wire - up_delta - up_protection) / 1e6,
         "downlink_mb": down_wire / 1e6,
         "downlink_ratio": down_raw / down_wire if down_wire else 0.0,
         "huffman_bits_per_symbol": sum(hb) / len(hb) if hb else 0.0,
@@ -113,7 +118,10 @@ table.rounds th,table.rounds td{{text-align:right;padding:0 0.6em;font-variant-n
 _SUMMARY_LABELS = {
     "run_id": "run", "num_params": "parameters", "rounds": "rounds committed",
     "initial_val_loss": "validation loss before training", "final_val_loss": "validation loss at the end",
-    "wall_s": "wall time (s)", "uplink_mb": "uplink, all sites (MB)", "uplink_ratio": "uplink: x smaller than fp32",
+    "wall_s": "wall time (s)", "uplink_mb": "uplink, all sites (MB)", "uplink_ratio": "uplink: x smaller than fp32 (every byte)",
+    "uplink_delta_mb": "of the uplink: the encoded deltas (MB)",
+    "uplink_protection_mb": "of the uplink: critical copies, hedges, parity (MB)",
+    "uplink_framing_mb": "of the uplink: manifests, chunk headers, metrics, gRPC framing (MB)",
     "downlink_mb": "downlink, per site (MB)", "downlink_ratio": "downlink: x smaller than fp32",
     "huffman_bits_per_symbol": "Huffman bits per symbol (uplink mean)", "hash_checks": "replica hash checks",
     "hash_mismatches": "hash mismatches", "errors": "errors",

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .telemetry import rows, utilization
+from .telemetry import on_wire, rows, utilization
 
 __all__ = ["Outcome", "time_to_target", "on_grid", "counted_tokens"]
 
@@ -78,8 +78,8 @@ def time_to_target(events: list[dict], target: float, cadence_s: float = 0.0) ->
     return Outcome(
         target=target, reached=hit is not None, round=upto, val_loss=last["val_loss"], commit_s=commit_s,
         time_s=on_grid(commit_s, cadence_s) if cadence_s > 0 else commit_s,
-        uplink_mb=sum(e["wire_bytes"] for e in pushes) / 1e6,
-        downlink_mb=receivers * sum(e["wire_bytes"] for e in ends if e["round"] <= upto) / 1e6,
+        uplink_mb=sum(on_wire(e) for e in pushes) / 1e6,
+        downlink_mb=receivers * sum(on_wire(e) for e in ends if e["round"] <= upto) / 1e6,
         utilization={s: u["utilization"] for s, u in sorted(utilization(upto_events).items())},
         steps=sum(e["steps"] for e in pushes), tokens=sum(e["tokens"] for e in pushes),
         compute_s=sum(e["compute_s"] for e in pushes),

@@ -4,7 +4,7 @@ TensorBoard text log all read these, so each says the same thing the same way.""
 
 from __future__ import annotations
 
-from .telemetry import rows
+from .telemetry import on_wire, rows
 
 __all__ = ["INCIDENT_KINDS", "describe", "incidents", "round_rows", "settings"]
 
@@ -48,8 +48,8 @@ def incidents(events: list[dict]) -> list[tuple[float, str]]:
 def round_rows(events: list[dict]) -> list[dict]:
     """A row per committed round: `round`, `val_loss`, `round_s` (start to commit), `counted`
     (sites whose delta it used), `late` (late deltas it applied), `missed` (sites it went on
-    without), `uplink_mb` (every site's delta of that round), `uplink_ratio` (times smaller than
-    fp32), `huffman_bits` (mean bits per symbol, 0 without Huffman), `downlink_mb` (the update, per
+    without), `uplink_mb` (every byte of every site's delta of that round: telemetry.on_wire),
+    `uplink_ratio` (times smaller than fp32), `huffman_bits` (mean bits per symbol, 0 without Huffman), `downlink_mb` (the update, per
     site) and `close` (why the round closed)."""
     by_round: dict[int, list[dict]] = {}
     for e in rows(events, "site_round"):
@@ -57,13 +57,13 @@ def round_rows(events: list[dict]) -> list[dict]:
     out = []
     for e in rows(events, "round_end"):
         ups = by_round.get(e["round"], [])
-        wire = sum(u["wire_bytes"] for u in ups)
+        wire = sum(on_wire(u) for u in ups)
         raw = sum(u["raw_bytes"] for u in ups)
         out.append({"round": e["round"], "val_loss": e["val_loss"], "round_s": e["round_s"],
                     "counted": len(e["sites"]), "late": len(e["late_sites"]), "missed": len(e["missed"]),
                     "uplink_mb": wire / 1e6, "uplink_ratio": raw / wire if wire else 0.0,
                     "huffman_bits": sum(u["huffman_bits_per_symbol"] for u in ups) / len(ups) if ups else 0.0,
-                    "downlink_mb": e["wire_bytes"] / 1e6, "close": e.get("close", "complete")})
+                    "downlink_mb": on_wire(e) / 1e6, "close": e.get("close", "complete")})
     return out
 
 

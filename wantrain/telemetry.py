@@ -26,7 +26,7 @@ from typing import Any
 from .errors import MissingTelemetryError, TelemetryError
 
 __all__ = ["SCHEMA_VERSION", "Recorder", "read_events", "rows", "EVENT_KINDS", "PS_KINDS", "LINK_KINDS",
-           "REPORTED_KINDS", "round_windows", "utilization"]
+           "REPORTED_KINDS", "round_windows", "utilization", "on_wire"]
 
 SCHEMA_VERSION = 2
 PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
@@ -163,6 +163,14 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 def rows(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     """The events of one kind, in order."""
     return [e for e in events if e["kind"] == kind]
+
+
+def on_wire(e: dict[str, Any]) -> int:
+    """Bytes a site_round's delta (every message of it: manifest, chunks, copies, hedges, parities,
+    metrics) or a round_end's update (its chunks, per site) took on the wire: `framed_bytes`, which
+    PSs before it was recorded lacked (then the encoded chunks alone, `wire_bytes`). Every headline
+    figure of bytes counts this."""
+    return e.get("framed_bytes") or e["wire_bytes"]
 
 
 def round_windows(events: list[dict]) -> dict[int, tuple[float, float]]:

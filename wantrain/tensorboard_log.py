@@ -30,7 +30,7 @@ from pathlib import Path
 from .errors import ConfigError
 from .round_time import PARTS, round_splits
 from .run_tables import INCIDENT_KINDS, describe
-from .telemetry import read_events
+from .telemetry import on_wire, read_events
 
 __all__ = ["TensorBoardLog", "export"]
 
@@ -57,12 +57,12 @@ class TensorBoardLog:
         elif kind == "site_round" and not e.get("late"):
             step, site = e["round"] + 1, e["site"]
             self._scalar(f"loss/train/{site}", e["train_loss"], step, t)
-            self._scalar(f"wire/uplink_mb/{site}", e["wire_bytes"] / 1e6, step, t)
+            self._scalar(f"wire/uplink_mb/{site}", on_wire(e) / 1e6, step, t)
             self._scalar(f"wire/uplink_ratio/{site}", e["ratio"], step, t)
         elif kind == "round_end":
             self.round = e["round"] + 1
             self._scalar("loss/validation", e["val_loss"], self.round, t)
-            self._scalar("wire/downlink_mb", e["wire_bytes"] / 1e6, self.round, t)
+            self._scalar("wire/downlink_mb", on_wire(e) / 1e6, self.round, t)
             self._scalar("round/seconds", e["round_s"], self.round, t)
         elif kind == "controller":
             self._scalar(f"controller/budget_s/{e['site']}", e["budget_s"], e["round"] + 1, t)

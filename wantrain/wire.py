@@ -34,7 +34,7 @@ __all__ = ["site_message", "server_message", "parse_site_message", "parse_server
            "site_message_from_proto", "server_message_from_proto", "event_to_proto", "ping_request", "ping_reply",
            "watch_request", "report_request", "report_reply", "parse_ping", "parse_watch", "parse_report",
            "MAX_MESSAGE_BYTES", "MAX_NAME_LEN", "MAX_DEVICE_LEN", "MAX_TOKEN_LEN", "MAX_PROBE_SAMPLES",
-           "MAX_REPORTED_EVENTS", "MAX_REPORTED_EVENT_CHARS", "MAX_MANIFEST_CHUNKS", "framed_bytes"]
+           "MAX_REPORTED_EVENTS", "MAX_REPORTED_EVENT_CHARS", "MAX_MANIFEST_CHUNKS", "framed_bytes", "framed_size"]
 
 MAX_MESSAGE_BYTES = Limits.max_message_bytes   # a chunk carries at most ~1 MiB of payload; leave headroom
 MAX_NAME_LEN = 256               # tensor names
@@ -112,10 +112,15 @@ def site_message(obj: SiteMessage) -> pb.SiteMessage:
 GRPC_PREFIX_BYTES = 5     # gRPC frames each message with a compressed flag and a u32 length
 
 
+def framed_size(obj: SiteMessage) -> int:
+    """Bytes one site message takes on a gRPC stream: serialized, with gRPC's prefix (HTTP/2's frame
+    headers and TCP/IP's below are not counted). A chunk takes the same as a ServerMessage."""
+    return site_message(obj).ByteSize() + GRPC_PREFIX_BYTES
+
+
 def framed_bytes(chunks) -> int:
-    """Bytes these delta or update chunks take on a gRPC stream: each message serialized, and
-    gRPC's prefix (HTTP/2's frame headers and TCP/IP's below are not counted)."""
-    return sum(site_message(c).ByteSize() + GRPC_PREFIX_BYTES for c in chunks)
+    """Bytes these delta or update chunks (or any site messages) take on a gRPC stream."""
+    return sum(framed_size(c) for c in chunks)
 
 
 ServerMessage = Welcome | TensorChunk | RoundStart | RoundResult | DeltaOutcome | ErrorMessage | LaneAck

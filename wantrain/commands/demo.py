@@ -7,6 +7,7 @@ import argparse
 
 from ..config import CODEC_MODES, CONTROLLERS, SCHEDULES, TrainConfig
 from ..presets import PRESETS
+from ..telemetry import on_wire
 
 __all__ = ["add_parser", "run", "demo_config"]
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                 bar.write(f"  site {ev['site']} left: {ev['reason']}")
             elif ev["kind"] == "round_end":
                 bar.update(1)
-                bar.set_postfix_str(f"val loss {ev['val_loss']:.3f}, update {ev['wire_bytes'] / 1e6:.2f} MB "
+                bar.set_postfix_str(f"val loss {ev['val_loss']:.3f}, update {on_wire(ev) / 1e6:.2f} MB "
                                     f"({ev['ratio']:.2f}x)")
             elif ev["kind"] == "error":
                 bar.write(f"  error: {ev['message']}")

@@ -33,6 +33,7 @@ from ..messages import DeltaOutcome, RoundResult, TensorChunk
 from ..recovery.downlink import split_update, update_energies
 from ..screening import Screen, Verdict, counted, gram, norms_on_supports, parse_key, sum_of_squares
 from ..telemetry import Recorder
+from ..wire import framed_bytes
 from .downloads import Downloads
 from .journal import Journal
 from .ledger import Ledger
@@ -121,16 +122,18 @@ def recovery(policy: str, close: str, missing: list[str], chunks: int,
 
 def round_end(round_: int, result: RoundResult, stats: EncodeStats, verdicts: dict[str, Verdict],
               accepted: dict[str, Upload], missed: list[str], closed_s: float, round_s: float,
-              aggregate_s: float, recovered: dict) -> dict:
-    """The fields of a `round_end` event: who counted, what the update cost, where the time went,
-    what stood in for what was missing (`recovered`: `recovery`)."""
+              aggregate_s: float, recovered: dict, framed_bytes: int) -> dict:
+    """The fields of a `round_end` event: who counted, what the update cost (`framed_bytes`: its
+    chunks as gRPC messages, as each site downloads them), where the time went, what stood in for
+    what was missing (`recovered`: `recovery`)."""
     per_site = {s: {"steps": m.steps, "tokens": m.tokens, "compute_s": m.compute_s,
                     "idle_s": max(0.0, round_s - m.compute_s)}
                 for s, m in ((s, up.metrics) for s, up in accepted.items()) if m is not None}
     return dict(round=round_, val_loss=result.val_loss, model_hash=result.model_hash, sites=list(result.sites),
                 late_sites=list(result.late_sites), missed=missed,
                 rejected=sorted(k for k, v in verdicts.items() if v.action == "reject"), per_site=per_site,
-                raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, ratio=stats.ratio,
+                raw_bytes=stats.raw_bytes, wire_bytes=stats.wire_bytes, framed_bytes=framed_bytes,
+                ratio=stats.raw_bytes / framed_bytes if framed_bytes else 0.0,
                 huffman_bits_per_symbol=stats.huffman_bits_per_symbol, encode_s=stats.seconds,
                 aggregate_s=aggregate_s, closed_s=closed_s, round_s=round_s, close=recovered["close"],
                 substitute=recovered["substitute"], partial=recovered["partial"],
@@ -235,9 +238,10 @@ class Committer:
             self.checkpoints.start()
         recovered = recovery(self.cfg.train.late_policy, close, missing, len(self.model.plan),
                              counted_chunks, side)
+        framed = await asyncio.to_thread(framed_bytes, update)
         self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
                                                     closed_s, time.time() - started_at, aggregate_s,
-                                                    recovered))
+                                                    recovered, framed))
         tail = 0
         if split:
             update, tail = await asyncio.to_thread(self._split, round_, update)

@@ -40,6 +40,7 @@ from ..limits import Limits
 from ..memory import trim_heap
 from ..messages import DeltaParity, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk
 from ..screening import Screen, check_claims
+from .. import wire
 from ..telemetry import Recorder
 from .commit import Committed, Committer
 from .downloads import Downloads
@@ -151,21 +152,25 @@ class ParameterServer:
             self._maybe_finish_round()
         return link
 
-    async def handle(self, link: SiteLink, msg) -> None:
+    async def handle(self, link: SiteLink, msg, nbytes: int | None = None) -> None:
         """One message from a joined site, after wire.py has checked its form; raises ProtocolError or
         RejectedError for this site alone. Each kind is bounded by the protocol (metrics once per
         upload, Ready once per download, a hash report once per committed round) or by a rate
-        (link probes), so a site can cause only a bounded number of events."""
+        (link probes), so a site can cause only a bounded number of events. `nbytes`: what it took
+        on the wire (serialized, with gRPC's prefix; counted again from the message when not given),
+        counted into the delta it belongs to."""
         if link.closed:          # a session replaced by the site's new one: what it still sends is void
             return
-        if isinstance(msg, TensorChunk):
-            self.on_chunk(link, msg)
-        elif isinstance(msg, Manifest):
-            self.on_manifest(link, msg)
-        elif isinstance(msg, DeltaParity):
-            self.on_parity(link, msg)
-        elif isinstance(msg, RoundMetrics):
-            await self.on_metrics(link, msg)
+        if isinstance(msg, (TensorChunk, Manifest, DeltaParity, RoundMetrics)):
+            framed = wire.framed_size(msg) if nbytes is None else nbytes
+            if isinstance(msg, TensorChunk):
+                self.on_chunk(link, msg, framed)
+            elif isinstance(msg, Manifest):
+                self.on_manifest(link, msg, framed)
+            elif isinstance(msg, DeltaParity):
+                self.on_parity(link, msg, framed)
+            else:
+                await self.on_metrics(link, msg, framed)
         elif isinstance(msg, HashReport):
             self.on_hash_report(link, msg)
         elif isinstance(msg, Ready):
@@ -249,37 +254,42 @@ class ParameterServer:
         log.warning("round %d: deadline passed, %d site(s) missing: %s", round_, len(missing), ", ".join(missing))
         self._maybe_finish_round()
 
-    def on_manifest(self, link: SiteLink, m: Manifest) -> None:
+    def on_manifest(self, link: SiteLink, m: Manifest, framed: int = 0) -> None:
         """Take a delta's manifest, before its chunks; raises ProtocolError if it does not belong."""
         up = self.rounds.upload_for(link.name, m.round, self.round)
         check_manifest(self.cfg, up, m, self.plan)
         up.take_manifest(m)
+        up.framed_bytes += framed
 
-    def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
+    def on_chunk(self, link: SiteLink, c: TensorChunk, framed: int = 0) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         up = self.rounds.upload_for(link.name, c.round, self.round)
-        if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.delta_modes(),
+        if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.delta_modes(), self.cfg.codec.quant_block,
                            self.cfg.train.hedges_every_chunk):
             up.add_repeat(c)            # a second copy: the first is in
+            up.framed_bytes += framed
             return
+        up.framed_bytes += framed
         up.add(link.name, c)
         if up.manifest is not None and (group := up.manifest.chunks[c.index].group) in up.groups:
             rebuild_member(up, link.name, group, self.plan, self.shapes, self.cfg.codec)
         self._maybe_close_early()
 
-    def on_parity(self, link: SiteLink, p: DeltaParity) -> None:
+    def on_parity(self, link: SiteLink, p: DeltaParity, framed: int = 0) -> None:
         """Take a parity group's XOR parity, and rebuild the one member the group lacks if the others
         are in; raises ProtocolError if it does not belong or rebuilds no chunk of the delta."""
         up = self.rounds.upload_for(link.name, p.round, self.round)
         check_parity(up, p)
         up.take_parity(p)
+        up.framed_bytes += framed
         rebuild_member(up, link.name, p.group, self.plan, self.shapes, self.cfg.codec)
         self._maybe_close_early()
 
-    async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
+    async def on_metrics(self, link: SiteLink, m: RoundMetrics, framed: int = 0) -> None:
         up = self.rounds.upload_for(link.name, m.round, self.round)
         if up.metrics is not None:
             raise ProtocolError(f"round {m.round} metrics from {link.name!r} arrived twice")
+        up.framed_bytes += framed
         if len(up.decoding) != up.count or m.chunks != up.count:
             raise ProtocolError(f"metrics after {len(up.decoding)} of {max(up.count, m.chunks)} delta chunks")
         check_claims(self.cfg, m, up.train_s, self.num_params, up.wire_bytes, self.round)
@@ -308,10 +318,11 @@ class ParameterServer:
         self.recorder.emit("site_round", round=m.round, site=link.name, late=late,
                            first_in_s=None if late else to_round + up.first_chunk_at,
                            arrived_s=None if late else to_round + up.last_chunk_at,
-                           ratio=m.raw_bytes / m.wire_bytes if m.wire_bytes else 0.0,
+                           ratio=m.raw_bytes / up.framed_bytes if up.framed_bytes else 0.0,
                            received_wire_bytes=up.wire_bytes, upload_s=up.upload_s, delta_norm=norm,
                            encoding=up.encoding,
                            rebuilt=len(up.rebuilt), protection_bytes=up.protection_bytes,
+                           parity_bytes=up.parity_bytes, framed_bytes=up.framed_bytes,
                            delta_to_model=norm / self.global_model.norm if self.global_model.norm else 0.0, **fields)
         if late:
             if up.round == self.round:     # its round is closed but not committed: its timing is known

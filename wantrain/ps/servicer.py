@@ -229,7 +229,7 @@ class Servicer:
                     break
                 except Exception:              # the connection broke (reset, cancelled by the peer)
                     break
-                await self.ps.handle(link, wire.parse_site_message(raw))
+                await self.ps.handle(link, wire.parse_site_message(raw), len(raw) + wire.GRPC_PREFIX_BYTES)
         except (ProtocolError, CodecError) as e:
             ended.append(_Ended(Reject.INVALID_MESSAGE, str(e)))
         except RejectedError as e:
@@ -304,7 +304,7 @@ class Servicer:
                     log.debug("site %s: chunk %d of round %d on lane %d after its round closed to it: ignored",
                               link.name, msg.index, msg.round, lane)
                 else:
-                    await self.ps.handle(link, msg)
+                    await self.ps.handle(link, msg, len(raw) + wire.GRPC_PREFIX_BYTES)
             except (ProtocolError, CodecError, RejectedError) as e:
                 code = Reject(e.code) if isinstance(e, RejectedError) else Reject.INVALID_MESSAGE
                 self._refused(host, code, f"lane {lane}: {e}", site=link.name)

@@ -65,9 +65,14 @@ class Upload:
     parities: dict[int, bytes] = field(default_factory=dict)   # a group's parity, until the group is whole
     parity_seen: set[int] = field(default_factory=set)         # groups whose parity came
     member_bytes: dict[int, bytes] = field(default_factory=dict)   # scales + payload of members of such groups
-    rebuilt: set[int] = field(default_factory=set)     # chunks made from their group's parity
+    rebuilt: set[int] = field(default_factory=set)     # chunks made from their group's parity and never
+                                                       # come themselves: lost (a parity that overtook its
+                                                       # member on another lane rebuilt nothing lost)
     repeats: dict[int, int] = field(default_factory=dict)   # chunk -> times it came again (a copy, a hedge)
     protection_bytes: int = 0      # copies and parity: bytes beyond the delta's own
+    parity_bytes: int = 0          # of which parity
+    framed_bytes: int = 0          # every message of this delta as it came over gRPC (manifest, chunks,
+                                   # copies, hedges, parities, metrics: serialized, with gRPC's prefix)
     encoding: str = ""             # its chunks' encoding, from its first (one delta, one encoding)
 
     @property
@@ -96,7 +101,11 @@ class Upload:
         self.wire_bytes += c.data.wire_bytes
 
     def add_repeat(self, c: TensorChunk) -> None:
-        """A chunk that came again (check_chunk allowed it): counted as bytes, nothing else."""
+        """A chunk that came again (check_chunk allowed it): counted as bytes, nothing else. The first
+        coming of a chunk its group's parity rebuilt is not a repeat: it was not lost after all."""
+        if c.index in self.rebuilt:
+            self.rebuilt.discard(c.index)      # its bytes are the delta's own, counted when it was rebuilt
+            return
         self.repeats[c.index] = self.repeats.get(c.index, 0) + 1
         self.protection_bytes += c.data.wire_bytes
 
@@ -105,6 +114,7 @@ class Upload:
         self.parities[p.group] = p.payload
         self.parity_seen.add(p.group)
         self.protection_bytes += len(p.payload)
+        self.parity_bytes += len(p.payload)
         self._settle_group(p.group)
 
     def lacks(self, group: int) -> list[int]:
@@ -200,7 +210,7 @@ MAX_HEDGED_ARRIVALS = 1 + MAX_HEDGES
 
 
 def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[str, int], modes: tuple[str, ...],
-                hedge_all: bool = False) -> bool:
+                quant_block: int, hedge_all: bool = False) -> bool:
     """Does chunk `c` belong in `up`? Caps it so that one upload holds at most one model's worth of
     delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
     each index once, but that a protected chunk (critical, in a parity group, or rebuilt from
@@ -208,7 +218,8 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
     (docs/protocol.md 4a, 4b); with `hedge_all` (train.hedge_all), any other chunk of a delta with
     a manifest MAX_HEDGED_ARRIVALS times: itself and its hedges. A repeat is counted, not kept.
     (A site has one upload per round it still owes: at most a few.) A delta's chunks share one of
-    `modes` (codec.delta_modes: a site's codec is its own setting). True for a chunk not in yet;
+    `modes` (codec.delta_modes: a site's codec is its own setting), quantized in blocks of the run's
+    `quant_block` (which sizes what decoding allocates). True for a chunk not in yet;
     False for such a repeat."""
     if c.kind != DELTA:
         raise ProtocolError(f"sites send delta chunks only, got a {c.kind} chunk")
@@ -230,6 +241,9 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
     if c.data.encoding not in modes:
         raise ProtocolError(f"delta chunk {c.index} is encoded {c.data.encoding}; this run's deltas may be "
                             f"{', '.join(modes)} (those that fit the chunk plan of its codec.mode)")
+    if c.data.encoding != "fp32" and c.data.quant_block != quant_block:
+        raise ProtocolError(f"delta chunk {c.index} is quantized in blocks of {c.data.quant_block} elements; this "
+                            f"run's codec.quant_block is {quant_block}")
     if up.encoding and c.data.encoding != up.encoding:
         raise ProtocolError(f"delta chunk {c.index} of round {c.round} is encoded {c.data.encoding}, the delta's "
                             f"first {up.encoding} (a delta is in one encoding)")
@@ -276,7 +290,7 @@ def rebuild_member(up: Upload, site: str, group: int, plan: list[ChunkSpec], sha
     if (c := up.rebuilt_chunk(group, plan, codec.quant_block)) is None:
         return
     try:
-        check_chunk(up, c, plan, shapes, codec.delta_modes())
+        check_chunk(up, c, plan, shapes, codec.delta_modes(), codec.quant_block)
     except ProtocolError as e:
         raise ProtocolError(f"the parity of group {group} of round {up.round} rebuilt a chunk that does not "
                             f"belong: {e}") from None

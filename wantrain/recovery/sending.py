@@ -9,6 +9,7 @@ PS cannot have when the transmissions at positions `lost` did not arrive: a chun
 is lost, unless it is in a parity group whose other members and parity all arrived.
 `to_resend(manifest, order, lost)` is what the site sends again: those chunks, in sending order,
 less one of each group whose parity arrived (the PS rebuilds it once the others come).
+`ParityGauge` sizes a site's parity by the loss its link showed.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from ..config import TrainConfig
 from .manifest import Manifest
 
-__all__ = ["Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes", "MAX_HEDGES"]
+__all__ = ["Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes", "MAX_HEDGES",
+           "ParityGauge", "PARITY_FULL_AT"]
 
 MAX_HEDGES = 3      # times a site hedges one chunk at most (site/sender.py); the PS takes that many repeats
 
@@ -98,3 +101,30 @@ def overhead_bytes(manifest: Manifest) -> int:
         if c.group >= 0:
             groups[c.group] = max(groups.get(c.group, 0), c.nbytes)
     return sum(c.nbytes for c in manifest.chunks if c.role == "critical") + sum(groups.values())
+
+
+# train.parity_adapts: a delta gets all of train.parity_share's parity once this share of a push's
+# chunks was lost lately (bench/loss_recovery.py measured parity's gain at 1-10 % of chunks lost).
+PARITY_FULL_AT = 0.02
+
+
+class ParityGauge:
+    """How much of a delta's importance its parity covers (a site's, one per uplink): with
+    train.parity_adapts, train.parity_share in proportion to the share of its chunks the link lost
+    lately (hedged or sent again), full from PARITY_FULL_AT, none below a tenth of it; the loss seen
+    halves with each clean push, and counts as PARITY_FULL_AT until the first. A clean link then
+    pays parity on its first pushes only."""
+
+    def __init__(self, train: TrainConfig) -> None:
+        self.most, self.adapts = train.parity_share, train.parity_adapts
+        self.loss_seen = PARITY_FULL_AT
+
+    def saw_loss(self, share: float) -> None:
+        """A push's chunks its link lost (hedged, or sent again late), as a share of its chunks."""
+        self.loss_seen = max(share, self.loss_seen / 2)
+
+    def share(self) -> float:
+        if not self.adapts:
+            return self.most
+        scale = min(1.0, self.loss_seen / PARITY_FULL_AT)
+        return self.most * scale if scale >= 0.1 else 0.0

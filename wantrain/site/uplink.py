@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..faults import Stalls
 from ..fragments import synced
 from ..messages import MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult
-from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, Transmission, build_manifest, promote, protect,
+from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, ParityGauge, Transmission, build_manifest, promote, protect,
                         to_resend, transmissions, xor_parity)
 from ..recovery.probe import role_energy, role_weights
 from .sender import Sender
@@ -62,6 +62,7 @@ class Uplink:
         self.role_weights = dict(DEFAULT_ROLE_WEIGHTS)   # of the manifests' importance (recovery/probe.py)
         self.missed: dict[int, int] = {}     # chunk -> rounds in a row its round counted the delta without it
         self.plan_size = 0                   # chunks a delta comes in (known from the first push)
+        self.parity = ParityGauge(cfg.train)     # how much parity its deltas carry, by the loss seen
 
     def _codec(self, mode: str) -> Codec:
         if mode and mode not in self.cfg.codec.delta_modes():
@@ -120,9 +121,11 @@ class Uplink:
                 await self.stalls.asleep("push", round_)
         send_s = time.perf_counter() - t0       # the send calls alone: hedges and late chunks wait for acks
         late = to_resend(manifest, order, lost) if lost else []   # what the PS cannot rebuild
+        hedged: set[int] = set()
         if out.lanes is not None and t.hedge_s > 0:
             hedged = await out.hedge(manifest, order, t.hedge_s, self.loss, float(np.mean(sizes)), t.hedge_all)
             late = [i for i in late if i not in hedged]
+        self.parity.saw_loss(len(set(late) | hedged) / len(chunks))
         if lost:
             log.warning("site %s: %d of the %d transmissions of round %d lost on purpose (chunk loss); %d chunk(s) "
                         "not rebuilt at the PS%s go %.1f s after the others", self.site, len(lost), len(order),
@@ -159,8 +162,8 @@ class Uplink:
                      "without them %d times in a row", self.site, ", ".join(map(str, promoted)), round_, PROMOTE_AFTER)
         t = self.cfg.train
         parity: dict[int, bytes] = {}
-        if protects and t.parity_share > 0:
-            manifest = protect(manifest, t.parity_share, t.parity_group_size)
+        if protects and (share := self.parity.share()) > 0:
+            manifest = protect(manifest, share, t.parity_group_size)
             groups: dict[int, list[bytes]] = {}
             for c in manifest.chunks:
                 if c.group >= 0:

@@ -27,6 +27,7 @@ import plotly.graph_objects as go
 
 from ..errors import ProcessError, WaitTimeoutError
 from ..charts import figures
+from ..telemetry import on_wire
 
 __all__ = ["Dashboard", "site_states", "progress_text", "CHART_ORDER"]
 
@@ -54,7 +55,7 @@ def site_states(events: list[dict], ended: str | None = None) -> dict[str, str]:
                 if not st.startswith(("left", "downloading")):
                     states[name] = f"training round {e['round']}"
         elif k == "site_round":
-            states[site] = f"sent its delta of round {e['round']} ({e['wire_bytes'] / 1e6:.2f} MB)"
+            states[site] = f"sent its delta of round {e['round']} ({on_wire(e) / 1e6:.2f} MB)"
         elif k == "leave":
             states[site] = f"left: {e['reason']}"
         elif k == "fault" and e.get("action") == "SSH connection lost":
