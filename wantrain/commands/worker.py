@@ -44,6 +44,13 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     join_group(torch.device(device))
+    # The codec's compiled loops, before the Join: loaded from numba's cache (an install on a host
+    # writes it: launch/install.py), or compiled here, rather than in the first round's encode
+    # and decode, where a fresh host spent 13 s "encoding" and 6 s "applying".
+    from ..codec import load_kernels
+    from ..config import CODEC_MODES
+
+    load_kernels(CODEC_MODES)
     if rank > 0:                     # only rank 0 speaks to the PS; the others follow it
         leave(follow(torch.device(device)))
     token = read_secret(args.token_file) if args.token_file else ""

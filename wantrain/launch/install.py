@@ -142,4 +142,10 @@ def _install(launcher, run: Callable[..., str], wheel: Path, python: str, venv: 
     progress(f"{target}: installing {wheel.name} and its dependencies (minutes the first time)")
     run(f"cd {q} && bin/python -m pip install -q --disable-pip-version-check -c constraints.txt {wheel.name} 2>&1",
         "installing wantrain", timeout_s)
+    # The codec's compiled loops into numba's cache in the venv now, once per host: each site's
+    # process loads them before its Join in a fraction of a second (commands/worker.py) instead of
+    # compiling them in its first round (13 s "encoding" and 6 s "applying" seen on a fresh host).
+    progress(f"{target}: compiling the codec's loops")
+    run(f"{q}/bin/python -c 'from wantrain.codec import load_kernels; from wantrain.config import CODEC_MODES; "
+        f"load_kernels(CODEC_MODES)' 2>&1", "compiling the codec's loops", 600)
     run(f"{q}/bin/python -c 'import wantrain' && touch {q}/installed", "checking the install")

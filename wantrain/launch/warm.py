@@ -137,8 +137,9 @@ def _load_codec_kernels() -> None:
     thread, so the children inherit them. A failure here is the children's to report."""
     try:
         from wantrain.codec import load_kernels
+        from wantrain.config import CODEC_MODES
 
-        load_kernels()
+        load_kernels(CODEC_MODES)
     except Exception:                                # (see the docstring)
         pass
 
