@@ -1,4 +1,4 @@
-"""Conventions from DESIGN.md that a grep can check."""
+"""Conventions of docs/architecture.md that a grep can check."""
 
 import re
 from pathlib import Path

@@ -3,7 +3,7 @@
 (wire.py turns messages into domain objects and back; this module is the only other one that
 touches the generated code: the service's stub and name.)
 
-The options encode what DESIGN.md measured about gRPC on a WAN: the HTTP/2 ping that detects a
+The options encode what was measured about gRPC on a WAN: the HTTP/2 ping that detects a
 dead connection waits behind queued data (so its timeout must exceed the slowest transfer of
 one message), clients must not ping faster than the server permits, and reconnect backoff must
 suit interactive use. On the server side they also bound what an outsider can hold: no second
@@ -27,7 +27,7 @@ __all__ = ["server_options", "channel_options", "new_server", "bind", "channel",
            "stub", "add_service", "explain_unreachable"]
 
 MAX_STREAMS_PER_CONNECTION = 16     # a site uses two at once (Session and Ping), an observer one (Watch)
-# A site's link may go dark for up to 200 s (DESIGN.md) and its connection must outlive that: the
+# A site's link may go dark for up to 200 s (the testbed's longest outage) and its connection must outlive that: the
 # site rides the outage on its stream and never downloads the model again. gRPC ends a connection
 # whose HTTP/2 ping is not answered within the ping timeout, and uses the keepalive timeout as the
 # socket's TCP_USER_TIMEOUT (data unacknowledged, or a closed window, for that long), so both
