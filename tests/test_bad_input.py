@@ -143,6 +143,26 @@ def test_a_broken_scenario_is_bad_input(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_version_names_the_package_the_wire_protocol_and_the_telemetry_schema(capsys):
+    try:
+        import tomllib
+    except ImportError:                  # Python 3.10
+        import tomli as tomllib
+    from pathlib import Path
+
+    from wantrain import __version__
+    from wantrain.cli import main
+    from wantrain.messages import PROTOCOL_VERSION
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    said = capsys.readouterr().out.strip()
+    assert said == f"wantrain {__version__} (wire protocol {PROTOCOL_VERSION}, telemetry schema 2)"
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    assert project["version"] == __version__           # one version, said in two places
+
+
 def test_every_option_of_every_command_has_a_help_line():
     import argparse
 

@@ -37,6 +37,8 @@ def test_binder_pins_match_the_project():
     assert "--extra-index-url https://download.pytorch.org/whl/cpu" in lines
     assert f"torch=={pins()['torch']}+cpu" in lines
     assert "-e .[notebook]" in lines
+    assert "-c ../constraints.txt" in lines             # every dependency at the version the tests ran
+    assert lines.index("-c ../constraints.txt") < lines.index("-e .[notebook]")
     assert (BINDER / "runtime.txt").read_text().strip() == "python-3.11"
     post = BINDER / "postBuild"
     assert os.access(post, os.X_OK)

@@ -294,5 +294,18 @@ def test_quickstart_in_a_real_browser(lab):
             for prefix in ("Loss", "Bytes on the wire", "Where each site", "Links: RTT", "Links: throughput", "Timeline"):
                 assert any(t.startswith(prefix) for t in titles), titles
             assert all(d["traces"] > 0 and d["points"] > 0 for d in drawn), drawn
+
+            # Attach, typed as a person would, to an address where nothing listens: the panel says so
+            # (it used to wait on with no word).
+            import socket
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                nowhere = f"127.0.0.1:{s.getsockname()[1]}"
+            where = panel.locator(".wantrain-attach-to input")
+            where.fill(nowhere)
+            where.press("Tab")
+            panel.locator(".wantrain-attach").click(no_wait_after=True)
+            panel.get_by_text(f"nothing listens on {nowhere} (connection refused)").wait_for(timeout=120_000)
+            _shot(panel, SHOTS / "6-attach-to-nothing.png")
         finally:
             ctx.close()

@@ -103,6 +103,8 @@ def test_figures_thin_every_series_and_tolerate_empty_probe_batches():
     rtt = next(f for f in thinned if f.layout.title.text.startswith("Links: RTT"))
     b = next(tr for tr in rtt.data if tr.name == "measured RTT b")
     assert len(b.y) <= 50 and max(b.y) == 900.0                      # the spike survives thinning
+    axis = rtt.layout.yaxis                                           # a log axis labelled 1-2-5 in ms only
+    assert axis.type == "log" and list(axis.ticktext[3:6]) == ["10", "20", "50"] and axis.minor.showgrid is False
     assert max(len(tr.x) for f in full for tr in f.data if tr.x is not None) == 1000
 
 

@@ -50,6 +50,15 @@ def _wait_for_output(h, timeout_s: float = 30) -> str:
     return h.log_tail().strip()
 
 
+def test_a_run_says_what_it_is_where_a_notebook_shows_it(tmp_path):
+    from wantrain.run import Run
+
+    from .helpers import small_config
+
+    run = Run(small_config(), run_dir=tmp_path / "r1")
+    assert repr(run) == f"<wantrain Run r1: 3 sites (us-east, eu-west, ap-southeast), not started; folder {tmp_path / 'r1'}>"
+
+
 @pytest.mark.timeout(60)
 def test_start_poll_log_and_exit_code(launcher, tmp_path):
     code = "import os; print('hi', os.environ['WANTRAIN_TEST']); raise SystemExit(3)"

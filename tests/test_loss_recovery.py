@@ -59,7 +59,7 @@ def test_parity_follows_the_loss_the_link_showed():
     for _ in range(6):
         shares.append(gauge.share())
         gauge.saw_loss(0.0)
-    assert shares == [0.5, 0.25, 0.125, 0.0625, 0.0, 0.0]    # a clean link: parity on its first pushes
+    assert shares == [0.5, 0.125, 0.0, 0.0, 0.0, 0.0]    # a clean link: parity on its first pushes
     gauge.saw_loss(PARITY_FULL_AT / 2)
     assert gauge.share() == 0.25                               # half the loss that earns it all
     gauge.saw_loss(0.3)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from wantrain.errors import ConfigError, StateError
+from wantrain.errors import ConfigError, ProcessError, StateError
 from wantrain.telemetry import read_events
 from wantrain.ui import ControlPanel, site_states
 
@@ -163,7 +163,7 @@ def test_buttons_drive_a_real_run(tmp_path):
     for site in {e["site"] for e in rounds}:
         framed = sum(e["framed_bytes"] for e in rounds if e["site"] == site)
         carried = max(ln["bytes_up"] for ln in links if ln["kind"] == "link" and ln["site"] == site)
-        assert framed <= carried <= 1.5 * framed + 2_000_000, (site, framed, carried)
+        assert framed <= carried <= 1.1 * framed + 500_000, (site, framed, carried)   # 1.007-1.008x seen
 
 
 @pytest.mark.timeout(400)     # the install on the "host" takes a minute on a loaded machine
@@ -299,3 +299,22 @@ def test_attach_names_what_is_wrong(tmp_path):
     with pytest.raises(ConfigError, match="not both"):
         panel.attach("127.0.0.1:1", "token", run_dir=tmp_path)
     assert panel.state == "idle" and panel.dashboard is None
+
+
+@pytest.mark.timeout(60)
+def test_attach_to_an_address_where_nothing_listens_fails_and_says_why(monkeypatch):
+    import socket
+
+    import wantrain.ui.panel as panel_module
+
+    monkeypatch.setattr(panel_module, "ATTACH_CONTACT_S", 0.5)
+    with socket.socket() as s:            # a port that was free a moment ago, now closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    panel = ControlPanel()
+    panel.attach(f"127.0.0.1:{port}", "token")
+    with pytest.raises(ProcessError) as failed:
+        panel.wait(30)
+    assert panel.state == "failed"
+    assert f"nothing listens on 127.0.0.1:{port} (connection refused)" in str(failed.value)
+    assert "nothing listens on" in panel.message.value

@@ -37,5 +37,8 @@ def test_place_ranks_every_region_and_names_what_sets_each():
     assert [region for region, _, why in rows if "(the scenario's)" in why] == ["East US"]
     assert rows[0][0] == "Southeast Asia"                       # beside the slowest site (speed factor 1.5)
     assert all(why.split(":")[0] in ("us-west", "eu-west", "ap-southeast") for _, _, why in rows)
+    # the PS's part is timed here (the codec, once the last delta is in), never a blank 0.00 s
+    ps_s = {float(m.group(1)) for _, _, why in rows if (m := re.search(r"PS (\d+\.\d+) s", why))}
+    assert len(ps_s) == 1 and ps_s.pop() > 0, rows
     bad = wantrain("place", "--scenario", "three-sites", "--from-run", "/no/such/run")
     assert bad.returncode == 2 and "run folder /no/such/run does not exist" in bad.stderr

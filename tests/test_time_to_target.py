@@ -113,3 +113,34 @@ def test_counted_tokens_are_the_deltas_that_reached_the_model_in_time():
     assert counted_tokens(events, 10.0) == {"a": 20, "b": 20, "c": 40}
     assert counted_tokens(events, 5.0) == {"a": 10, "b": 20}                 # round 1 committed 8 s in
     assert counted_tokens([], 5.0) == {}
+
+
+def test_a_stored_figure_meets_a_goal_only_where_its_whole_spread_does():
+    from wantrain.run_compare import Spread, against, faster
+
+    assert Spread.of([1.82, 0.46]) == Spread(1.82, 1.82 - 0.46, 1.82 + 0.46)        # mean ± sd
+    assert Spread.of([32, 22, 32]) == Spread(32, 22, 32) and Spread.of(2.81) == Spread(2.81, 2.81, 2.81)
+    assert against(Spread.of([1.82, 0.46]), at_least=1.3) == "met"
+    assert against(Spread.of([1.83, 0.20]), at_least=2.0).startswith("cannot tell")
+    assert against(Spread.of([1.24, 0.11]), at_least=2.0) == "not met"
+    assert against(Spread.of(1.07), at_most=1.05) == "not met" and against(Spread.of(1.03), at_most=1.05) == "met"
+    assert faster("a", Spread(20, 18, 22), "b", Spread(30, 25, 35)).startswith("a is faster")
+    assert faster("a", Spread(32, 22, 32), "b", Spread(36, 32, 36)).startswith("cannot tell a and b apart")
+
+
+def test_the_tutorials_verdicts_come_from_the_stored_figures_whatever_a_run_measured():
+    """07 and 08 print their verdict from bench/published: the same lines every time they run."""
+    from pathlib import Path
+
+    from wantrain.run_compare import loss_recovery_verdict, read_published, time_to_target_verdict
+
+    published = Path(__file__).resolve().parents[1] / "bench" / "published"
+    lines = loss_recovery_verdict(read_published(published / "loss_recovery.json"))
+    assert any(ln.startswith("time to the target at 1 % loss") and ln.endswith(": met") for ln in lines)
+    assert any(ln.startswith("time to the target at 10 % loss") and ln.endswith(": not met") for ln in lines)
+    ttt = read_published(published / "time_to_target.json")
+    lines = time_to_target_verdict(ttt, "three-sites")
+    assert "cannot tell controller and time-budget apart" in lines[2]
+    assert sum(ln.endswith(": not met") for ln in lines) == 3            # 2x, 95 %, 88 %: none met
+    assert lines == time_to_target_verdict(ttt, "three-sites")
+    assert set(ttt["scenarios"]) == {"three-sites", "comm-bound", "heterogeneous", "spiky"}

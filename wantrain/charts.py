@@ -114,9 +114,14 @@ def links_figure(events: list[dict], links: list[dict], frame: _Frame, max_point
                               showarrow=False, xanchor="left", yanchor="top"))
     fig.update_layout(shapes=shapes, annotations=notes,
                       title="Links: RTT measured by the sites (Ping) and the trace in force", height=420,
-                      xaxis_title="seconds since start", yaxis_title="RTT (ms)", yaxis_type="log",
-                      xaxis_range=frame.span)
+                      xaxis_title="seconds since start", yaxis_title="RTT (ms)", xaxis_range=frame.span)
+    # A log axis labels its minor ticks ("2", "5" between the decades), which read as RTTs: label
+    # 1-2-5 steps in milliseconds, and nothing else.
+    fig.update_yaxes(type="log", tickvals=RTT_TICKS_MS, ticktext=[f"{v:g}" for v in RTT_TICKS_MS], minor_showgrid=False)
     return fig
+
+
+RTT_TICKS_MS = [v * 10 ** k for k in range(0, 6) for v in (1, 2, 5)]
 
 
 def throughput_figure(links: list[dict], frame: _Frame, max_points: int | None = None) -> go.Figure | None:
@@ -158,7 +163,7 @@ def figures(events: list[dict], max_points: int | None = None) -> list[go.Figure
     for name in names:
         mine = [e for e in sites if e["site"] == name]
         x, y = _xy([e["elapsed_s"] for e in mine], [e["train_loss"] for e in mine], max_points)
-        loss.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"train loss {name}",
+        loss.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"train loss {name} (round mean)",
                                   line=dict(color=colour[name])))
     val_x = ([start[0]["elapsed_s"]] if start and start[0].get("val_loss") is not None else []) + [e["elapsed_s"] for e in ends]
     val_y = ([start[0]["val_loss"]] if val_x and len(val_x) > len(ends) else []) + [e["val_loss"] for e in ends]

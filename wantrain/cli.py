@@ -17,8 +17,26 @@ from .errors import ConfigError, DataError, WantrainError
 __all__ = ["main", "build_parser"]
 
 
+class _Version(argparse.Action):
+    """`wantrain --version`: the package, and the versions a peer must match (the wire protocol,
+    the telemetry schema), read only when asked."""
+
+    def __init__(self, option_strings, dest, **kw) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version, the wire protocol's and the "
+                                                             "telemetry schema's, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from . import __version__
+        from .messages import PROTOCOL_VERSION
+        from .telemetry import SCHEMA_VERSION
+
+        print(f"wantrain {__version__} (wire protocol {PROTOCOL_VERSION}, telemetry schema {SCHEMA_VERSION})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="wantrain", description="Train one language model across WAN-separated sites.")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

@@ -63,7 +63,9 @@ def costs_from_step(plan, cfg) -> tuple[dict, str]:
     from .models import build_model, count_parameters, step_seconds
 
     t, codec = cfg.train, cfg.codec.mode
-    size = count_parameters(build_model(cfg.model.preset, 256, 0, "meta")) * TYPICAL_BITS[codec] / 8
+    n = count_parameters(build_model(cfg.model.preset, 256, 0, "meta"))
+    size = n * TYPICAL_BITS[codec] / 8
+    encode_s, decode_s = codec_seconds(cfg.codec, n)
     if t.round_budget_s:
         compute = {s.name: t.round_budget_s for s in plan.sites}
         source = f"every site computing its {t.round_budget_s:g} s budget"
@@ -72,9 +74,33 @@ def costs_from_step(plan, cfg) -> tuple[dict, str]:
         compute = {s.name: t.inner_steps * step_s * s.speed_factor for s in plan.sites}
         source = (f"{t.inner_steps} inner steps of {cfg.model.preset} at {step_s * 1e3:.0f} ms a step here, times "
                   f"each site's speed factor")
-    costs = {"sites": {name: {"compute": c, "encode": 0.0, "apply": 0.0} for name, c in compute.items()},
-             "ps_s": 0.0, "up_bytes": size, "down_bytes": size, "lanes": t.lanes > 0}
-    return costs, f"{source}; {size / 1e6:.2f} MB each way ({codec}, typical)"
+    # A site encodes its delta and decodes the update; the PS, once the last delta is in, decodes
+    # it and encodes the update (aggregation itself is a small part beside them).
+    costs = {"sites": {name: {"compute": c, "encode": encode_s, "apply": decode_s} for name, c in compute.items()},
+             "ps_s": encode_s + decode_s, "up_bytes": size, "down_bytes": size, "lanes": t.lanes > 0}
+    return costs, (f"{source}; {size / 1e6:.2f} MB each way ({codec}, typical), encoded in {encode_s:.2f} s and "
+                   f"decoded in {decode_s:.2f} s on one core here")
+
+
+def codec_seconds(codec_cfg, num_params: int) -> tuple[float, float]:
+    """Seconds to encode, and to decode, a delta of `num_params` values with `codec_cfg` on one core
+    here (one pass each over a normal sample, up to 16 M values, scaled to the whole)."""
+    import time
+
+    import numpy as np
+
+    from .codec import Codec, encode_arrays, load_kernels
+
+    n = min(num_params, 1 << 24)
+    load_kernels([codec_cfg.mode])                 # numba's first call is not the codec's time
+    x = {"delta": np.random.default_rng(0).standard_normal(n, dtype=np.float32) * 1e-3}
+    codec = Codec(codec_cfg)
+    t0 = time.perf_counter()
+    chunks, _ = encode_arrays(x, codec, None)
+    t1 = time.perf_counter()
+    Codec.decode_many([e for _, e in chunks])
+    t2 = time.perf_counter()
+    return (t1 - t0) * num_params / n, (t2 - t1) * num_params / n
 
 
 def rank(plans: dict, costs: dict) -> list[tuple[str, Prediction]]:

@@ -44,7 +44,8 @@ class Prediction:
         """Why the round takes what it does, in words."""
         p = self.parts[self.slowest]
         big = sorted(((s, k) for k, s in p.items() if s >= 0.005), reverse=True)
-        return f"{self.slowest}: " + ", ".join(f"{s:.2f} s {k}" for s, k in big) + f"; PS {self.ps_s:.2f} s"
+        ps = f"{self.ps_s:.2f}" if self.ps_s >= 0.1 else f"{self.ps_s:.3f}"     # milliseconds at small sizes
+        return f"{self.slowest}: " + ", ".join(f"{s:.2f} s {k}" for s, k in big) + f"; PS {ps} s"
 
 
 def predict_round(sites: list[SiteCost], up_bytes: float, down_bytes: float, ps_s: float = 0.0,

@@ -243,6 +243,12 @@ class Run:
     def __enter__(self) -> Run:
         return self.start() if self.ps is None else self
 
+    def __repr__(self) -> str:
+        """What a notebook shows for a run: its folder, its sites, and whether it is going."""
+        state = "stopped" if self._stopped else "not started" if self.ps is None else "running"
+        return f"<wantrain Run {self.run_dir.name}: {len(self.sites)} sites ({', '.join(self.sites)}), {state}; " \
+               f"folder {self.run_dir}>"
+
     def __exit__(self, *exc) -> None:
         self.stop()
 

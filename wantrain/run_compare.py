@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 from .telemetry import on_wire, rows, utilization
 
-__all__ = ["Outcome", "time_to_target", "on_grid", "counted_tokens"]
+__all__ = ["Outcome", "time_to_target", "on_grid", "counted_tokens", "Spread", "against", "faster", "read_published",
+           "loss_recovery_verdict", "time_to_target_verdict"]
 
 
 @dataclass(frozen=True)
@@ -111,3 +112,103 @@ def counted_tokens(events: list[dict], until_s: float) -> dict[str, int]:
         if at is not None and at <= until_s:
             out[e["site"]] = out.get(e["site"], 0) + e["tokens"]
     return out
+
+
+# ------------------------------------------------------------------ published figures
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure measured over several seeds: its centre (a median or a mean) and the interval the
+    seeds cover (their range, or the mean ± one standard deviation)."""
+
+    centre: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, figure: float | list) -> Spread:
+        """From a stored figure: a number (one run), [mean, sd] or [median, low, high]."""
+        if isinstance(figure, (int, float)):
+            return cls(figure, figure, figure)
+        if len(figure) == 2:
+            return cls(figure[0], figure[0] - figure[1], figure[0] + figure[1])
+        return cls(*figure)
+
+    def __str__(self) -> str:
+        return f"{self.centre:g} ({self.low:g}-{self.high:g})" if self.low != self.high else f"{self.centre:g}"
+
+
+def against(x: Spread, at_least: float | None = None, at_most: float | None = None) -> str:
+    """Whether `x` meets a goal: "met" where the whole spread does, "not met" where none of it
+    does, else "cannot tell: the spread covers the goal"."""
+    lo, hi = (x.low, x.high) if at_least is not None else (-x.high, -x.low)
+    goal = at_least if at_least is not None else -at_most      # type: ignore[operator]
+    if lo >= goal:
+        return "met"
+    if hi < goal:
+        return "not met"
+    return "cannot tell: the spread covers the goal"
+
+
+def faster(a: str, a_s: Spread, b: str, b_s: Spread) -> str:
+    """Which of two arms reaches the target sooner (seconds), or "cannot tell apart" where their
+    spreads overlap."""
+    if a_s.high < b_s.low:
+        return f"{a} is faster ({a_s.centre:g} s against {b_s.centre:g} s)"
+    if b_s.high < a_s.low:
+        return f"{b} is faster ({b_s.centre:g} s against {a_s.centre:g} s)"
+    return f"cannot tell {a} and {b} apart: {a_s} s against {b_s} s, their ranges overlap"
+
+
+def read_published(path) -> dict:
+    """A benchmark's stored multi-seed figures (bench/published/*.json)."""
+    import json
+    from pathlib import Path
+
+    return json.loads(Path(path).read_text())
+
+
+def loss_recovery_verdict(published: dict) -> list[str]:
+    """The stored loss-recovery figures as lines a tutorial prints: each goal, met or not."""
+    rows = {r["condition"]: r for r in published["rows"]}
+    lines = [f"stored: {published['command']}; {published['seeds']} seeds ({published['spread']}); "
+             f"measured {published['measured']}"]
+    for g in published["goals"]:
+        bound = f">= {g['at_least']:g}" if "at_least" in g else f"<= {g['at_most']:g}"
+        if g["condition"] == "*":        # every condition: judged at the worst
+            figures = {c: Spread.of(r[g["metric"]]) for c, r in rows.items()}
+            worst = (max if "at_most" in g else min)(figures, key=lambda c: figures[c].centre)
+            x, where = figures[worst], f"{min(f.centre for f in figures.values()):g}-" \
+                                       f"{max(f.centre for f in figures.values()):g}, the worst at {worst}"
+        else:
+            x, where = Spread.of(rows[g["condition"]][g["metric"]]), g["condition"]
+            where = f"{x} at {where}"
+        lines.append(f"{g['what']}: goal {g['metric']} {bound}, measured {where}: "
+                     f"{against(x, g.get('at_least'), g.get('at_most'))}")
+    return lines
+
+
+def time_to_target_verdict(published: dict, scenario: str) -> list[str]:
+    """The stored time-to-target figures of `scenario` as lines a tutorial prints: every arm, the
+    controller against the best other (or "cannot tell apart"), and each goal, met or not."""
+    arms = {a: Spread.of(v) for a, v in published["scenarios"][scenario].items()}
+    lines = [f"stored: {published['command']}; {published['seeds']} seeds ({published['spread']}); "
+             f"measured {published['measured']}",
+             f"{scenario}, seconds to the target: " + ", ".join(f"{a} {s}" for a, s in arms.items())]
+    best = min((a for a in arms if a != "controller"), key=lambda a: arms[a].centre)
+    lines.append(faster("controller", arms["controller"], best, arms[best]))
+    for g in published["goals"]:
+        if g["metric"] == "controller_speedup":
+            ratios = []
+            for table in published["scenarios"].values():
+                t = {a: Spread.of(v) for a, v in table.items()}
+                other = min((a for a in t if a != "controller"), key=lambda a: t[a].centre)
+                ratios.append(t[other].centre / t["controller"].centre)
+            x = Spread(sorted(ratios)[len(ratios) // 2], min(ratios), max(ratios))
+            lines.append(f"{g['what']}: goal >= {g['at_least']:g}x, measured {min(ratios):.2f}x-{max(ratios):.2f}x "
+                         f"over {len(ratios)} scenarios (medians): {against(x, at_least=g['at_least'])}")
+        else:
+            x = Spread.of(g["value"])
+            lines.append(f"{g['what']}: goal >= {g['at_least']:g}, measured {x} ({g['source']}): "
+                         f"{against(x, at_least=g['at_least'])}")
+    return lines

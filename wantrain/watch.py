@@ -75,11 +75,15 @@ def report_events(channel: grpc.Channel, token: str, events: list[dict], timeout
 
 def follow_events(address: str, token: str, tls: TLSClient | None = None, server_name: str = "",
                   from_seq: int = 0, give_up_s: float = 300.0, stop: threading.Event | None = None,
-                  keep_trying: Callable[[], bool] | None = None) -> Iterator[dict]:
+                  keep_trying: Callable[[], bool] | None = None, first_contact_s: float | None = None
+                  ) -> Iterator[dict]:
     """Every event of the run at `address` from `from_seq` until run_end, across PS restarts: a PS
     that goes away is dialled again (a fresh channel each time: an old one would wait out gRPC's
     growing reconnect backoff) until it has been away `give_up_s`, `stop` is set, or
-    `keep_trying()` says no (its process died); RejectedError if the PS refuses."""
+    `keep_trying()` says no (its process died); RejectedError if the PS refuses. With
+    `first_contact_s`, a PS that has sent nothing after that long is given up on at once, with
+    the reason found (ConnectionLostError: nothing listens there, a TLS mismatch, ...), rather
+    than after `give_up_s`: attaching to a wrong address says so."""
     seq, away_since = from_seq, None
     while not (stop is not None and stop.is_set()):
         with net.observer_channel(address, tls, server_name) as channel:
@@ -98,6 +102,10 @@ def follow_events(address: str, token: str, tls: TLSClient | None = None, server
         if (stop is not None and stop.is_set()) or (keep_trying is not None and not keep_trying()):
             return
         away_since = away_since or time.monotonic()
+        if first_contact_s is not None and seq == from_seq and time.monotonic() - away_since > first_contact_s:
+            why = net.explain_unreachable(address, tls, server_name)
+            raise ConnectionLostError(f"no parameter server answered at {address} within {first_contact_s:g} s"
+                                      + (f": {why}" if why else ""))
         if time.monotonic() - away_since > give_up_s:
             raise ConnectionLostError(f"the parameter server at {address} has been away for {give_up_s:.0f} s")
         time.sleep(0.2)

@@ -98,7 +98,9 @@ def run(args: argparse.Namespace) -> int:
               f"{r['huffman_bits']:>14.3f} {r['round_s']:>8.2f}")
     print()
     print(f"validation loss {s['initial_val_loss']:.4f} -> {s['final_val_loss']:.4f} in {s['wall_s']:.1f} s; "
-          f"uplink {s['uplink_mb']:.2f} MB ({s['uplink_ratio']:.2f}x vs fp32), downlink {s['downlink_mb']:.2f} MB "
+          f"uplink {s['uplink_mb']:.2f} MB ({s['uplink_ratio']:.2f}x vs fp32, every byte: deltas "
+          f"{s['uplink_delta_mb']:.2f}, copies/hedges/parity {s['uplink_protection_mb']:.2f}, manifests and "
+          f"headers {s['uplink_framing_mb']:.2f}), downlink {s['downlink_mb']:.2f} MB "
           f"per site ({s['downlink_ratio']:.2f}x); replica hash checks {s['hash_checks']}, "
           f"mismatches {s['hash_mismatches']}")
     from ..report import link_summary

@@ -93,7 +93,8 @@ def build_manifest(round_: int, chunks: list[tuple[ChunkSpec, Encoded]], decoded
 def protect(manifest: Manifest, share: float = 0.5, group_size: int = 8) -> Manifest:
     """The manifest with parity groups over the most important non-critical chunks that together hold
     at least `share` of the importance (groups of `group_size`, in order of importance, so a group's
-    members are alike in size and worth)."""
+    members are alike in size and worth); none where that is a single chunk (its parity would be
+    its copy)."""
     ranked = sorted((c for c in manifest.chunks if c.role != "critical"), key=lambda c: (-c.importance, c.index))
     chosen, held = [], 0.0
     for c in ranked:
@@ -101,6 +102,8 @@ def protect(manifest: Manifest, share: float = 0.5, group_size: int = 8) -> Mani
             break
         chosen.append(c.index)
         held += c.importance
+    if len(chosen) < 2:         # a group of one would be its member's copy: no parity
+        chosen = []
     group = {index: n // group_size for n, index in enumerate(chosen)}
     if len(chosen) > 1 and len(chosen) % group_size == 1:    # a last group of one would be its own copy
         group[chosen[-1]] = group[chosen[-2]]

@@ -112,8 +112,9 @@ class ParityGauge:
     """How much of a delta's importance its parity covers (a site's, one per uplink): with
     train.parity_adapts, train.parity_share in proportion to the share of its chunks the link lost
     lately (hedged or sent again), full from PARITY_FULL_AT, none below a tenth of it; the loss seen
-    halves with each clean push, and counts as PARITY_FULL_AT until the first. A clean link then
-    pays parity on its first pushes only."""
+    falls to a quarter with each clean push, and counts as PARITY_FULL_AT until the first. A clean
+    link then pays parity on its first two pushes only (bytes: a parity costs a group's longest
+    chunk however few chunks the share covers), and a loss brings it back on the next push."""
 
     def __init__(self, train: TrainConfig) -> None:
         self.most, self.adapts = train.parity_share, train.parity_adapts
@@ -121,7 +122,7 @@ class ParityGauge:
 
     def saw_loss(self, share: float) -> None:
         """A push's chunks its link lost (hedged, or sent again late), as a share of its chunks."""
-        self.loss_seen = max(share, self.loss_seen / 2)
+        self.loss_seen = max(share, self.loss_seen / 4)
 
     def share(self) -> float:
         if not self.adapts:

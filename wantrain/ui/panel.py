@@ -40,6 +40,10 @@ from .site_rows import WHERE, SiteRow, ps_host, remote_hosts, site_table
 
 __all__ = ["ControlPanel"]
 
+# Attach gives up on a PS that has said nothing after this long, and says why (nothing listens
+# there, a TLS mismatch); a PS that answered once and went away is waited for as a run's own is.
+ATTACH_CONTACT_S = 10.0
+
 
 class ControlPanel:
     """Widgets over one `Run` at a time; `start()`, `stop()` and the fault methods are what the
@@ -104,6 +108,7 @@ class ControlPanel:
         self.ps_button.on_click(lambda _: self._background(self.restart_ps))
         # ---- or watch a run that is already going (started elsewhere, or before a kernel restart)
         self.attach_to = W.Text("", description="attach to", placeholder="a run folder, or the PS's HOST:PORT")
+        self.attach_to.add_class("wantrain-attach-to")
         self.attach_token = W.Password("", description="token", placeholder="observer token, or its file")
         self.attach_ca = W.Text("", description="CA", placeholder="the PS's CA file (TLS)")
         self.attach_button = W.Button(description="Attach", icon="eye", tooltip="show the run's dashboard; "
@@ -238,7 +243,7 @@ class ControlPanel:
         self._say(f"attached to {who.address}: its run so far, then live")
 
         def watch() -> None:
-            dash.follow(who.follow()).join()
+            dash.follow(who.follow(first_contact_s=ATTACH_CONTACT_S)).join()
             if any(e["kind"] == "run_end" for e in dash.events):
                 self._set_state("finished")
                 self._say(f"the run at {who.address} has ended")
