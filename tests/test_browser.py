@@ -305,7 +305,8 @@ def test_quickstart_in_a_real_browser(lab):
             where.fill(nowhere)
             where.press("Tab")
             panel.locator(".wantrain-attach").click(no_wait_after=True)
-            panel.get_by_text(f"nothing listens on {nowhere} (connection refused)").wait_for(timeout=120_000)
+            panel.locator(".wantrain-messages").get_by_text(f"nothing listens on {nowhere} (connection refused)") \
+                .wait_for(timeout=120_000)
             _shot(panel, SHOTS / "6-attach-to-nothing.png")
         finally:
             ctx.close()

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit
 
 __all__ = ["add_weighted_int8", "add_weighted", "nesterov_step", "record_and_apply", "dot_int8", "dot_f32",
-           "NO_RESIDUAL"]
+           "NO_RESIDUAL", "load"]
 
 NO_RESIDUAL = np.empty(0, np.float32)      # for a `residual` argument: a downlink without error feedback
 
@@ -94,3 +94,18 @@ def dot_f32(a: np.ndarray, b: np.ndarray) -> float:
     for i in range(a.size):
         total += np.float64(a[i]) * np.float64(b[i])
     return total
+
+
+def load() -> None:
+    """Compile these loops for the argument types a PS round passes them, or load them from numba's
+    cache, now: numba compiles (or loads) one signature on its first call, so without this a PS's
+    first commit pays it (about 1 s a loop on a fresh install)."""
+    f32, q = np.ones(8, np.float32), np.ones(8, np.int8)
+    scales = np.ones(1, np.float32)
+    add_weighted_int8(f32.copy(), q, scales, 8, np.float32(0.5))
+    add_weighted(f32.copy(), f32, np.float32(0.5))
+    nesterov_step(f32.copy(), f32, np.float32(0.7), np.float32(0.9), f32.copy(), f32.copy())
+    nesterov_step(f32.copy(), f32, np.float32(0.7), np.float32(0.9), NO_RESIDUAL, f32.copy())
+    record_and_apply(f32.copy(), f32, q, scales, 8, f32.copy())
+    dot_int8(q, scales, q, scales, 8)
+    dot_f32(f32, f32)

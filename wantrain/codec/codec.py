@@ -275,8 +275,12 @@ def load_kernels(modes: Iterable[str] = ("int8-huffman",)) -> None:
     delta. The first process after an edit (or in a fresh clone, or a fresh install on a host)
     compiles them, about 6 s of CPU for int8-huffman, and writes the cache that every later process
     reads."""
-    x = np.linspace(-1, 1, 4096, dtype=np.float32)
+    # The argument types of real use (numba compiles or loads one signature at its first call): a
+    # delta of several blocks with the default block sizes, and its chunks decoded from immutable
+    # bytes, as they arrive off the wire.
+    x = np.random.default_rng(0).standard_normal(3 * 4096, dtype=np.float32)
     for mode in dict.fromkeys(modes):
         if mode != "fp32":
-            enc, _ = Codec(CodecConfig(mode=mode, quant_block=64)).encode(x)
-            Codec.decode_many([enc])
+            enc, _ = Codec(CodecConfig(mode=mode)).encode(x)
+            Codec.decode_many([Encoded(enc.encoding, enc.length, enc.quant_block, bytes(enc.scales),
+                                       bytes(enc.payload))])

@@ -30,6 +30,14 @@ def run(args: argparse.Namespace) -> int:
     setup_logging()
     log = logging.getLogger("wantrain.ps")
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
+    # The codec's and the round's compiled loops, before the first site joins: from numba's cache
+    # (an install writes it) in a fraction of a second, rather than in the first commit.
+    from ..aggregate_kernels import load as load_round_loops
+    from ..codec import load_kernels
+    from ..config import CODEC_MODES
+
+    load_kernels(CODEC_MODES)
+    load_round_loops()
     limits = Limits(max_connections=args.max_connections, max_streams_per_peer=args.max_streams_per_peer,
                     handshake_timeout_s=args.handshake_timeout, join_timeout_s=args.join_timeout)
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir()
