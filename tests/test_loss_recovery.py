@@ -48,25 +48,27 @@ def test_a_parity_group_rebuilds_any_one_lost_member():
         assert rebuild(parity, present, len(members[lost])) == members[lost]
 
 
-def test_parity_follows_the_loss_the_link_showed():
-    """train.parity_adapts: full parity until a push was measured, fading with clean pushes to none,
-    back in proportion as soon as chunks are lost; without it, train.parity_share always."""
+def test_protection_follows_the_loss_the_link_showed():
+    """train.protection_adapts: full parity and critical copies until a push was measured, fading
+    with clean pushes to none, back in proportion as soon as chunks are lost; without it, the
+    settings always."""
     from wantrain.config import TrainConfig
-    from wantrain.recovery import PARITY_FULL_AT, ParityGauge
+    from wantrain.recovery import PROTECT_FULL_AT, ProtectionGauge
 
-    gauge = ParityGauge(TrainConfig(parity_share=0.5))
-    shares = []
+    gauge = ProtectionGauge(TrainConfig(parity_share=0.5))
+    seen = []
     for _ in range(6):
-        shares.append(gauge.share())
+        seen.append((gauge.share(), gauge.copies()))
         gauge.saw_loss(0.0)
-    assert shares == [0.5, 0.125, 0.0, 0.0, 0.0, 0.0]    # a clean link: parity on its first pushes
-    gauge.saw_loss(PARITY_FULL_AT / 2)
-    assert gauge.share() == 0.25                               # half the loss that earns it all
+    assert seen == [(0.5, True), (0.125, True)] + [(0.0, False)] * 4   # a clean link: its first two pushes
+    gauge.saw_loss(PROTECT_FULL_AT / 2)
+    assert (gauge.share(), gauge.copies()) == (0.25, True)    # half the loss that earns it all
     gauge.saw_loss(0.3)
-    assert gauge.share() == 0.5                                 # never more than train.parity_share
-    fixed = ParityGauge(TrainConfig(parity_share=0.5, parity_adapts=False))
+    assert gauge.share() == 0.5                                # never more than train.parity_share
+    assert not ProtectionGauge(TrainConfig(critical_copies=False)).copies()
+    fixed = ProtectionGauge(TrainConfig(parity_share=0.5, protection_adapts=False))
     fixed.saw_loss(0.0)
-    assert fixed.share() == 0.5
+    assert (fixed.share(), fixed.copies()) == (0.5, True)
 
 
 def test_a_parity_that_does_not_match_is_refused_not_trusted():

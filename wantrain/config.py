@@ -142,8 +142,8 @@ class TrainConfig:
     # group; 0: no parity). An unsharded PS: a sharded site sends each chunk once. The defaults (with
     # lanes): at 10 % of chunks lost, without parity 1.45x as fast to the target as waiting for every
     # chunk and +0.23 % final loss, with it 1.73x and -0.04 % (bench/loss_recovery.py); they cost
-    # 2-7 % more bytes up whether or not anything was lost, before parity followed the loss seen
-    # (parity_adapts, below): on a clean link, 2.0 % in all (`make demo`, every byte counted).
+    # 2-7 % more bytes up whether or not anything was lost, before they followed the loss seen
+    # (protection_adapts, below).
     # A minimum quorum (Decoupled DiLoCo's, a baseline: bench/loss_recovery.py's B7): once this share
     # of a round's members have delivered, its deadline comes forward to a grace after, grace_factor
     # x how much later than the quorum's the slowest member usually delivers (0: off).
@@ -159,11 +159,12 @@ class TrainConfig:
     critical_copies: bool = True
     parity_share: float = 0.5
     parity_group_size: int = 8
-    # parity_share as the most a delta's parity covers: each site sizes its parity by the share of
-    # its chunks its link lost lately (hedged or sent again; full from 2 %, none below 0.2 %, a
-    # quarter as much after each clean push, full until it has pushed once: recovery/sending.py's
-    # ParityGauge), so a clean link pays parity on its first two pushes only.
-    parity_adapts: bool = True
+    # critical_copies and parity_share as the most a delta carries: each site sizes its parity by
+    # the share of its chunks its link lost lately (hedged or sent again; full from 2 %, none below
+    # 0.2 %, a quarter as much after each clean push, full until it has pushed once), and sends
+    # the copies while it sends any parity (recovery/sending.py's ProtectionGauge), so a clean link
+    # pays for protection on its first two pushes only; what then looks lost is hedged.
+    protection_adapts: bool = True
     # Extra TCP connections (Lane calls, docs/protocol.md 4b) a site spreads each delta's manifest,
     # chunks and parities over, a critical chunk's copy and a parity group's members on different
     # ones: one lost segment then stalls one lane, not the whole delta, and on a lossy path each

@@ -18,7 +18,7 @@ from .aggregate import Contribution
 from .codec import ChunkSpec, Codec, Encoded, EncodeStats, ErrorFeedback, Extracted, encode_arrays
 from .config import RunConfig
 from .messages import DELTA, DeltaParity, TensorChunk
-from .recovery import ParityGauge, build_manifest, protect, roles_of, xor_parity
+from .recovery import ProtectionGauge, build_manifest, protect, roles_of, xor_parity
 from .replica import named_params
 from .screening import Screen, Verdict, counted, gram
 from .wire import framed_bytes, framed_size
@@ -60,7 +60,7 @@ class InProcessRun:
         self.sites = {n: build_inner(cfg, k, 0, torch.device("cpu"), n) for k, n in enumerate(self.names)}
         self.uplinks = {n: Codec(cfg.codec) for n in self.names}
         self.feedback = {n: ErrorFeedback() if cfg.codec.error_feedback else None for n in self.names}
-        self.parity = {n: ParityGauge(cfg.train) for n in self.names}
+        self.gauges = {n: ProtectionGauge(cfg.train) for n in self.names}   # what each site protects
         self.roles = roles_of({k: tuple(p.shape) for k, p in named_params(self.sites[self.names[0]].model).items()})
         self.alerts: list[dict] = []
         self.update_bytes: list[int] = []     # each committed round's encoded update (scales and payloads)
@@ -91,19 +91,20 @@ class InProcessRun:
 
     def protection(self, name: str, round_: int, sent: Sent, tokens: int, steps: int) -> int:
         """Bytes a site of this run sends beside its delta's chunks over a clean link (site/uplink.py):
-        the manifest, a copy of each critical chunk (train.critical_copies) and the parity its gauge
-        sizes (nothing lost, so with train.parity_adapts it fades after the first rounds), each as a
+        the manifest, and the copies of its critical chunks and the parity its gauge sizes (nothing lost,
+        so with train.protection_adapts they stop after the first two rounds), each as a
         gRPC message."""
         assert sent.encoded is not None and sent.values is not None
         t = self.cfg.train
         manifest = build_manifest(round_, sent.encoded, sent.values, self.roles, tokens=int(tokens), steps=steps,
                                   by=t.importance)
-        gauge = self.parity[name]
+        gauge = self.gauges[name]
         if (share := gauge.share()) > 0:
             manifest = protect(manifest, share, t.parity_group_size)
+        copies = gauge.copies()
         gauge.saw_loss(0.0)
         total = framed_size(manifest)
-        if t.critical_copies:
+        if copies:
             total += sum(framed_size(TensorChunk(DELTA, round_, i, len(sent.encoded), *sent.encoded[i]))
                          for i in manifest.critical())
         groups: dict[int, list[bytes]] = {}

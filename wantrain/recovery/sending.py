@@ -9,7 +9,7 @@ PS cannot have when the transmissions at positions `lost` did not arrive: a chun
 is lost, unless it is in a parity group whose other members and parity all arrived.
 `to_resend(manifest, order, lost)` is what the site sends again: those chunks, in sending order,
 less one of each group whose parity arrived (the PS rebuilds it once the others come).
-`ParityGauge` sizes a site's parity by the loss its link showed.
+`ProtectionGauge` sizes a site's parity and copies by the loss its link showed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..config import TrainConfig
 from .manifest import Manifest
 
 __all__ = ["Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes", "MAX_HEDGES",
-           "ParityGauge", "PARITY_FULL_AT"]
+           "ProtectionGauge", "PROTECT_FULL_AT"]
 
 MAX_HEDGES = 3      # times a site hedges one chunk at most (site/sender.py); the PS takes that many repeats
 
@@ -103,22 +103,26 @@ def overhead_bytes(manifest: Manifest) -> int:
     return sum(c.nbytes for c in manifest.chunks if c.role == "critical") + sum(groups.values())
 
 
-# train.parity_adapts: a delta gets all of train.parity_share's parity once this share of a push's
+# train.protection_adapts: a delta gets all of train.parity_share's parity once this share of a push's
 # chunks was lost lately (bench/loss_recovery.py measured parity's gain at 1-10 % of chunks lost).
-PARITY_FULL_AT = 0.02
+PROTECT_FULL_AT = 0.02
 
 
-class ParityGauge:
-    """How much of a delta's importance its parity covers (a site's, one per uplink): with
-    train.parity_adapts, train.parity_share in proportion to the share of its chunks the link lost
-    lately (hedged or sent again), full from PARITY_FULL_AT, none below a tenth of it; the loss seen
-    falls to a quarter with each clean push, and counts as PARITY_FULL_AT until the first. A clean
-    link then pays parity on its first two pushes only (bytes: a parity costs a group's longest
-    chunk however few chunks the share covers), and a loss brings it back on the next push."""
+class ProtectionGauge:
+    """How much protection a site's deltas carry on the wire, by the loss its link showed (one per
+    uplink). With train.protection_adapts: parity over train.parity_share of a delta's importance in
+    proportion to the share of its chunks the link lost lately (hedged or sent again), all of it from
+    PROTECT_FULL_AT, none below a tenth of that; and the critical chunks' copies
+    (train.critical_copies) while there is any parity. The loss seen falls to a quarter with each
+    clean push, and counts as PROTECT_FULL_AT until the first. A clean link then pays for
+    protection on its first two pushes only (a parity costs a group's longest chunk however few
+    chunks the share covers; a copy of the small critical tensors costs each its chunk's headers and
+    code tables, about 0.09 bit a parameter of `tiny`), and a loss brings it back on the next push;
+    what goes unprotected meanwhile is hedged over the lanes once it looks lost."""
 
     def __init__(self, train: TrainConfig) -> None:
-        self.most, self.adapts = train.parity_share, train.parity_adapts
-        self.loss_seen = PARITY_FULL_AT
+        self.most, self.adapts, self.copying = train.parity_share, train.protection_adapts, train.critical_copies
+        self.loss_seen = PROTECT_FULL_AT
 
     def saw_loss(self, share: float) -> None:
         """A push's chunks its link lost (hedged, or sent again late), as a share of its chunks."""
@@ -127,5 +131,11 @@ class ParityGauge:
     def share(self) -> float:
         if not self.adapts:
             return self.most
-        scale = min(1.0, self.loss_seen / PARITY_FULL_AT)
+        scale = min(1.0, self.loss_seen / PROTECT_FULL_AT)
         return self.most * scale if scale >= 0.1 else 0.0
+
+    def copies(self) -> bool:
+        """Do the critical chunks go twice?"""
+        if not self.adapts:
+            return self.copying
+        return self.copying and self.loss_seen >= PROTECT_FULL_AT / 10

@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from ..faults import Stalls
 from ..fragments import synced
 from ..messages import MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult
-from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, ParityGauge, Transmission, build_manifest, promote, protect,
+from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, ProtectionGauge, Transmission, build_manifest, promote, protect,
                         to_resend, transmissions, xor_parity)
 from ..recovery.probe import role_energy, role_weights
 from .sender import Sender
@@ -62,7 +62,7 @@ class Uplink:
         self.role_weights = dict(DEFAULT_ROLE_WEIGHTS)   # of the manifests' importance (recovery/probe.py)
         self.missed: dict[int, int] = {}     # chunk -> rounds in a row its round counted the delta without it
         self.plan_size = 0                   # chunks a delta comes in (known from the first push)
-        self.parity = ParityGauge(cfg.train)     # how much parity its deltas carry, by the loss seen
+        self.protection = ProtectionGauge(cfg.train)    # the copies and parity its deltas carry, by the loss seen
 
     def _codec(self, mode: str) -> Codec:
         if mode and mode not in self.cfg.codec.delta_modes():
@@ -94,7 +94,8 @@ class Uplink:
         `began_at` (perf_counter: when the round began here) to the first message of the delta. The chunks go in the order
         recovery.transmissions gives (critical ones first, then by importance, so that what a
         deadline cuts short is what matters least), with their copies and parity where the run asks
-        (train.critical_copies, train.parity_share) and `stream` can carry them; except that the
+        (train.critical_copies, train.parity_share, as the loss seen sizes them: ProtectionGauge) and
+        `stream` can carry them; except that the
         smallest goes first of all: the PS times the upload from the first chunk's arrival to the
         last's, so the first must take no time itself."""
         self.use(mode)
@@ -103,7 +104,7 @@ class Uplink:
         chunks, sent, manifest, parity = await asyncio.to_thread(self._encode, round_, delta, figures, stats, protects)
         if self.feedback is not None:
             self.pending[round_] = sent
-        order = transmissions(manifest, copies=protects and self.cfg.train.critical_copies)
+        order = transmissions(manifest, copies=protects and self.protection.copies())
         first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
         order.insert(0, order.pop(order.index(Transmission("chunk", first))))
         t = self.cfg.train
@@ -125,7 +126,7 @@ class Uplink:
         if out.lanes is not None and t.hedge_s > 0:
             hedged = await out.hedge(manifest, order, t.hedge_s, self.loss, float(np.mean(sizes)), t.hedge_all)
             late = [i for i in late if i not in hedged]
-        self.parity.saw_loss(len(set(late) | hedged) / len(chunks))
+        self.protection.saw_loss(len(set(late) | hedged) / len(chunks))
         if lost:
             log.warning("site %s: %d of the %d transmissions of round %d lost on purpose (chunk loss); %d chunk(s) "
                         "not rebuilt at the PS%s go %.1f s after the others", self.site, len(lost), len(order),
@@ -162,7 +163,7 @@ class Uplink:
                      "without them %d times in a row", self.site, ", ".join(map(str, promoted)), round_, PROMOTE_AFTER)
         t = self.cfg.train
         parity: dict[int, bytes] = {}
-        if protects and (share := self.parity.share()) > 0:
+        if protects and (share := self.protection.share()) > 0:
             manifest = protect(manifest, share, t.parity_group_size)
             groups: dict[int, list[bytes]] = {}
             for c in manifest.chunks:
