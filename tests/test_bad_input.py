@@ -32,7 +32,7 @@ def test_bad_config_file_names_the_field(tmp_path):
     cfg["codec"]["quant_block"] = -4
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     r = wantrain(*ps_args(tmp_path / "c.json", port="0"))
-    assert r.returncode == 2 and "codec.quant_block must be >= 1" in r.stderr, r.stderr
+    assert r.returncode == 2 and "codec.quant_block must be 1 to codec.chunk_bytes" in r.stderr, r.stderr
 
 
 @pytest.mark.timeout(60)

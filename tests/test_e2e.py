@@ -76,7 +76,9 @@ def test_each_site_sends_in_its_own_encoding_and_every_replica_stays_identical(t
     assert ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"]
     for s in rows(events, "site_round"):
         assert s["encoding"] == (codecs[s["site"]] or "int8-huffman") and s["received_wire_bytes"] == s["wire_bytes"]
-        assert s["ratio"] > {"topk": 100, "ternary-huffman": 15, "int8-huffman": 3.9}[s["encoding"]], s
+        # the codec's own ratio (the encoded chunks), and the headline's, every byte of the delta counted
+        assert s["raw_bytes"] / s["wire_bytes"] > {"topk": 100, "ternary-huffman": 15, "int8-huffman": 3.9}[s["encoding"]], s
+        assert s["framed_bytes"] > s["wire_bytes"] and s["ratio"] == s["raw_bytes"] / s["framed_bytes"], s
 
 
 def check_round_time(events: list[dict], cfg) -> None:
@@ -130,7 +132,8 @@ def check_trained(events: list[dict], cfg) -> None:
         if mode == "fp32":
             assert s["wire_bytes"] == expected_raw
         else:
-            assert 3.9 < s["ratio"] < 5.5 and 5.0 < s["huffman_bits_per_symbol"] < 8.0
+            assert 3.9 < s["raw_bytes"] / s["wire_bytes"] < 5.5 and 5.0 < s["huffman_bits_per_symbol"] < 8.0
+            assert 3.3 < s["ratio"] < s["raw_bytes"] / s["wire_bytes"]      # every byte: protection and headers too
     for e in ends:
         assert (e["ratio"] > 3.9) if mode != "fp32" else (e["wire_bytes"] == 4 * start["num_params"])
 

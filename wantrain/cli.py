@@ -26,11 +26,12 @@ class _Version(argparse.Action):
                                                              "telemetry schema's, and exit")
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        from . import __version__
+        import wantrain
+
         from .messages import PROTOCOL_VERSION
         from .telemetry import SCHEMA_VERSION
 
-        print(f"wantrain {__version__} (wire protocol {PROTOCOL_VERSION}, telemetry schema {SCHEMA_VERSION})")
+        print(f"wantrain {wantrain.__version__} (wire protocol {PROTOCOL_VERSION}, telemetry schema {SCHEMA_VERSION})")
         parser.exit()
 
 
