@@ -18,7 +18,7 @@ from .aggregate import Contribution
 from .codec import ChunkSpec, Codec, Encoded, EncodeStats, ErrorFeedback, Extracted, encode_arrays
 from .config import RunConfig
 from .messages import DELTA, DeltaParity, TensorChunk
-from .recovery import ProtectionGauge, build_manifest, protect, roles_of, xor_parity
+from .recovery import ProtectionGauge, build_manifest, group_parities, protect, roles_of
 from .replica import named_params
 from .screening import Screen, Verdict, counted, gram
 from .wire import framed_bytes, framed_size
@@ -107,12 +107,7 @@ class InProcessRun:
         if copies:
             total += sum(framed_size(TensorChunk(DELTA, round_, i, len(sent.encoded), *sent.encoded[i]))
                          for i in manifest.critical())
-        groups: dict[int, list[bytes]] = {}
-        for e in manifest.chunks:
-            if e.group >= 0:
-                enc = sent.encoded[e.index][1]
-                groups.setdefault(e.group, []).append(enc.scales + enc.payload)
-        return total + sum(framed_size(DeltaParity(round_, g, xor_parity(m))) for g, m in groups.items())
+        return total + sum(framed_size(DeltaParity(round_, g, p)) for g, p in group_parities(manifest, sent.encoded).items())
 
     @staticmethod
     def encode(delta: dict[str, np.ndarray], tokens: float, codec: Codec, feedback: ErrorFeedback | None) -> Sent:

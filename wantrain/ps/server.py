@@ -161,16 +161,17 @@ class ParameterServer:
         counted into the delta it belongs to."""
         if link.closed:          # a session replaced by the site's new one: what it still sends is void
             return
-        if isinstance(msg, (TensorChunk, Manifest, DeltaParity, RoundMetrics)):
-            framed = wire.framed_size(msg) if nbytes is None else nbytes
-            if isinstance(msg, TensorChunk):
-                self.on_chunk(link, msg, framed)
-            elif isinstance(msg, Manifest):
-                self.on_manifest(link, msg, framed)
-            elif isinstance(msg, DeltaParity):
-                self.on_parity(link, msg, framed)
-            else:
-                await self.on_metrics(link, msg, framed)
+        if isinstance(msg, (TensorChunk, Manifest, DeltaParity, RoundMetrics)):      # a delta's message
+            up = self.rounds.upload_for(link.name, msg.round, self.round)
+            up.came(wire.framed_size(msg) if nbytes is None else nbytes)
+        if isinstance(msg, TensorChunk):
+            self.on_chunk(link, msg)
+        elif isinstance(msg, Manifest):
+            self.on_manifest(link, msg)
+        elif isinstance(msg, DeltaParity):
+            self.on_parity(link, msg)
+        elif isinstance(msg, RoundMetrics):
+            await self.on_metrics(link, msg)
         elif isinstance(msg, HashReport):
             self.on_hash_report(link, msg)
         elif isinstance(msg, Ready):
@@ -254,42 +255,37 @@ class ParameterServer:
         log.warning("round %d: deadline passed, %d site(s) missing: %s", round_, len(missing), ", ".join(missing))
         self._maybe_finish_round()
 
-    def on_manifest(self, link: SiteLink, m: Manifest, framed: int = 0) -> None:
+    def on_manifest(self, link: SiteLink, m: Manifest) -> None:
         """Take a delta's manifest, before its chunks; raises ProtocolError if it does not belong."""
         up = self.rounds.upload_for(link.name, m.round, self.round)
         check_manifest(self.cfg, up, m, self.plan)
         up.take_manifest(m)
-        up.framed_bytes += framed
 
-    def on_chunk(self, link: SiteLink, c: TensorChunk, framed: int = 0) -> None:
+    def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         up = self.rounds.upload_for(link.name, c.round, self.round)
         if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.delta_modes(), self.cfg.codec.quant_block,
                            self.cfg.train.hedges_every_chunk):
             up.add_repeat(c)            # a second copy: the first is in
-            up.framed_bytes += framed
             return
-        up.framed_bytes += framed
         up.add(link.name, c)
         if up.manifest is not None and (group := up.manifest.chunks[c.index].group) in up.groups:
             rebuild_member(up, link.name, group, self.plan, self.shapes, self.cfg.codec)
         self._maybe_close_early()
 
-    def on_parity(self, link: SiteLink, p: DeltaParity, framed: int = 0) -> None:
+    def on_parity(self, link: SiteLink, p: DeltaParity) -> None:
         """Take a parity group's XOR parity, and rebuild the one member the group lacks if the others
         are in; raises ProtocolError if it does not belong or rebuilds no chunk of the delta."""
         up = self.rounds.upload_for(link.name, p.round, self.round)
         check_parity(up, p)
         up.take_parity(p)
-        up.framed_bytes += framed
         rebuild_member(up, link.name, p.group, self.plan, self.shapes, self.cfg.codec)
         self._maybe_close_early()
 
-    async def on_metrics(self, link: SiteLink, m: RoundMetrics, framed: int = 0) -> None:
+    async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
         up = self.rounds.upload_for(link.name, m.round, self.round)
         if up.metrics is not None:
             raise ProtocolError(f"round {m.round} metrics from {link.name!r} arrived twice")
-        up.framed_bytes += framed
         if len(up.decoding) != up.count or m.chunks != up.count:
             raise ProtocolError(f"metrics after {len(up.decoding)} of {max(up.count, m.chunks)} delta chunks")
         check_claims(self.cfg, m, up.train_s, self.num_params, up.wire_bytes, self.round)

@@ -100,6 +100,10 @@ class Upload:
             self.rebuilt.add(c.index)
         self.wire_bytes += c.data.wire_bytes
 
+    def came(self, nbytes: int) -> None:
+        """A message of this delta came, `nbytes` on the wire (serialized, with gRPC's prefix)."""
+        self.framed_bytes += nbytes
+
     def add_repeat(self, c: TensorChunk) -> None:
         """A chunk that came again (check_chunk allowed it): counted as bytes, nothing else. The first
         coming of a chunk its group's parity rebuilt is not a repeat: it was not lost after all."""

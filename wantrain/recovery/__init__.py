@@ -8,10 +8,10 @@ from .injector import ChunkLoss, GilbertElliott
 from .manifest import DEFAULT_ROLE_WEIGHTS, ChunkEntry, Manifest, build_manifest, promote, protect
 from .parity import rebuild, xor_parity
 from .roles import ROLES, role_of, roles_of
-from .sending import (MAX_HEDGES, PROTECT_FULL_AT, ProtectionGauge, Transmission, overhead_bytes, still_missing,
-                      to_resend, transmissions)
+from .sending import (MAX_HEDGES, PROTECT_FULL_AT, ProtectionGauge, Transmission, group_parities, overhead_bytes,
+                      still_missing, to_resend, transmissions)
 
 __all__ = ["MAX_HEDGES", "ROLES", "role_of", "roles_of", "xor_parity", "rebuild", "ChunkLoss", "GilbertElliott",
            "ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect", "promote",
            "Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes", "ProtectionGauge",
-           "PROTECT_FULL_AT"]
+           "PROTECT_FULL_AT", "group_parities"]

@@ -17,11 +17,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from ..codec import ChunkSpec, Encoded
 from ..config import TrainConfig
 from .manifest import Manifest
+from .parity import xor_parity
 
 __all__ = ["Transmission", "transmissions", "still_missing", "to_resend", "overhead_bytes", "MAX_HEDGES",
-           "ProtectionGauge", "PROTECT_FULL_AT"]
+           "ProtectionGauge", "PROTECT_FULL_AT", "group_parities"]
 
 MAX_HEDGES = 3      # times a site hedges one chunk at most (site/sender.py); the PS takes that many repeats
 
@@ -91,6 +93,16 @@ def to_resend(manifest: Manifest, order: list[Transmission], lost: Collection[in
         if (g := manifest.chunks[i].group) in parity_in:
             last_of[g] = i
     return [i for i in resend if i not in last_of.values()]
+
+
+def group_parities(manifest: Manifest, chunks: list[tuple[ChunkSpec, Encoded]]) -> dict[int, bytes]:
+    """Each parity group's XOR parity over its members' scales and payloads (docs/protocol.md 4a)."""
+    groups: dict[int, list[bytes]] = {}
+    for c in manifest.chunks:
+        if c.group >= 0:
+            enc = chunks[c.index][1]
+            groups.setdefault(c.group, []).append(enc.scales + enc.payload)
+    return {g: xor_parity(members) for g, members in groups.items()}
 
 
 def overhead_bytes(manifest: Manifest) -> int:

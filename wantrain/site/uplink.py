@@ -33,7 +33,7 @@ from ..faults import Stalls
 from ..fragments import synced
 from ..messages import MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult
 from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, ProtectionGauge, Transmission, build_manifest, promote, protect,
-                        to_resend, transmissions, xor_parity)
+                        group_parities, to_resend, transmissions)
 from ..recovery.probe import role_energy, role_weights
 from .sender import Sender
 
@@ -165,12 +165,7 @@ class Uplink:
         parity: dict[int, bytes] = {}
         if protects and (share := self.protection.share()) > 0:
             manifest = protect(manifest, share, t.parity_group_size)
-            groups: dict[int, list[bytes]] = {}
-            for c in manifest.chunks:
-                if c.group >= 0:
-                    enc = chunks[c.index][1]
-                    groups.setdefault(c.group, []).append(enc.scales + enc.payload)
-            parity = {g: xor_parity(members) for g, members in groups.items()}
+            parity = group_parities(manifest, chunks)
         stats.seconds += time.perf_counter() - t0
         return chunks, sent, manifest, parity
 
