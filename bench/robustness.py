@@ -14,6 +14,10 @@ shows every site (the global model at each round's start, hence the last update)
     noise       random noise at norm_factor x its honest norm (the largest the old screen let pass)
     claims      the reversed last update at its honest norm, claiming 100x its tokens (what
                 robust.max_steps_per_s allows a CPU site in a time-budgeted round)
+    corrupted   not hostile but broken (a GPU with silent data corruption): its honest delta with
+                random bits flipped, FLIPS_PER_MILLION of its float32 values, before encoding; a
+                delta that is then not finite, or past the bound on arrival, is refused as the PS
+                refuses it (the round goes without it)
 
 Besides the attacks, every site count runs `honest` (the hostile site replaced by an honest one)
 and `absent` (the same run, the hostile site never heard from: what the best defence can reach,
@@ -21,10 +25,10 @@ having none of its data); with three sites also `honest-trusted`, the honest run
 `robust.trust = "trusted"` (the plain mean, as before the screen compared deltas), for the
 default's cost on honest runs.
 
-Goals (issue 26): with three or more sites, the final validation loss within 2 % of the run
-without the attacker (`absent`; the table shows both baselines) for every attack; with two
-(where no rule can tell who is honest), no honest delta rejected because of the other's, and
-an alert raised.
+Goals (issues 26 and 55): for every attack, the final validation loss within 2 % of the run
+without the attacker (`absent`; the table shows both baselines); with two sites, where the
+deltas cannot be judged against each other, the commit check (robust.check, checking.py) does
+it, and no honest delta may be left out or rejected in the `honest` runs.
 
     python bench/robustness.py [--quick] [--seeds 3] [--sites 2,3,5] [--attacks tiny,reversed]
 
@@ -46,12 +50,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_to, single_core
 
-ATTACKS = ("tiny", "reversed", "escalating", "noise", "claims")
+ATTACKS = ("tiny", "reversed", "escalating", "noise", "claims", "corrupted")
+FLIPS_PER_MILLION = 4.0
 SIZES = {
     "quick": dict(rounds=4, inner_steps=5, seeds=1, sites=(2, 3), attacks=("tiny", "reversed")),
     "full": dict(rounds=10, inner_steps=20, seeds=3, sites=(2, 3, 5), attacks=ATTACKS),
 }
-GOAL = 0.02          # three or more sites: final loss within 2 % of the run without the attacker
+GOAL = 0.02          # final loss within 2 % of the run without the attacker
 
 
 class Hostile:
@@ -80,11 +85,23 @@ class Hostile:
             return _scaled(self._noise(honest), self.cfg.robust.norm_factor * honest_norm * 0.99), 1.0
         if a == "claims":
             return _scaled(last, honest_norm), 100.0
+        if a == "corrupted":
+            return self._flipped(honest), 1.0
         raise ValueError(a)
 
     def heard(self, action: str) -> None:
         """The DeltaOutcome the PS sent it (or its absence: counted)."""
         self.scale = self.scale * 2 if action == "accept" else self.scale / 2
+
+    def _flipped(self, delta: dict) -> dict[str, np.ndarray]:
+        """`delta` with random bits of FLIPS_PER_MILLION of its float32 values flipped, one bit each."""
+        out = {}
+        for k, v in delta.items():
+            bits = v.astype(np.float32).view(np.uint32).copy()
+            hit = np.flatnonzero(self.rng.random(bits.size) < FLIPS_PER_MILLION / 1e6)
+            bits[hit] ^= (np.uint32(1) << self.rng.integers(0, 32, hit.size).astype(np.uint32))
+            out[k] = bits.view(np.float32)
+        return out
 
     def _noise(self, like: dict) -> dict[str, np.ndarray]:
         return {k: self.rng.standard_normal(v.size).astype(np.float32) for k, v in like.items()}
@@ -122,7 +139,7 @@ def one_run(sites: int, attack: str, seed: int, size: dict) -> dict:
     hostile = Hostile(attack, cfg, seed) if attack in ATTACKS else None
     codec = Codec(cfg.codec)
     val = [run.evaluate()]
-    honest_rejected, counted, t_commit = 0, 0, 0.0
+    honest_rejected, counted, refused, t_commit = 0, 0, 0, 0.0
     for r in range(cfg.train.rounds):
         start = run.start()
         sent = {}
@@ -132,23 +149,31 @@ def one_run(sites: int, attack: str, seed: int, size: dict) -> dict:
             delta, s = run.train(name, r, start)
             if hostile is not None and name == hostile_name:
                 bad, claim = hostile.delta(r, start, delta)
-                bound = 0.99 * cfg.robust.max_delta_ratio * max_delta_scale(
+                bound = cfg.robust.max_delta_ratio * max_delta_scale(
                     cfg, run.model.norm, cfg.train.inner_steps, run.model.num_params)
-                bad = _scaled(bad, min(_norm(bad), bound))            # refused on arrival above the bound
-                s = run.encode(bad, s.tokens * claim, codec, None)
+                if attack == "corrupted":          # a broken site, not a clever one: refused on arrival
+                    if not math.isfinite(_norm(bad)) or _norm(bad) > bound:
+                        refused += 1
+                        continue
+                    s = run.encode(bad, s.tokens, codec, None)        # carried if left out, as a site does
+                else:                              # a hostile site stays under the bound, and carries nothing
+                    s = run.encode(_scaled(bad, min(_norm(bad), 0.99 * bound)), s.tokens * claim, codec, None)
+                    s.values = None
             sent[name] = s
         t0 = time.perf_counter()
         verdicts = run.commit(r, sent)
         t_commit += time.perf_counter() - t0
-        honest_rejected += sum(1 for k, v in verdicts.items() if k != hostile_name and v.action == "reject")
-        if hostile is not None:
+        honest_rejected += sum(1 for k, v in verdicts.items()
+                               if (k != hostile_name or attack == "honest") and v.action == "reject")
+        if hostile is not None and hostile_name in verdicts:
             counted += verdicts[hostile_name].action != "reject"
             hostile.heard(verdicts[hostile_name].action)
         val.append(run.evaluate())
     alerts = [a for a in run.alerts if hostile_name in a.get("sites", [])]
     return {"sites": sites, "attack": attack, "seed": seed, "val": val, "final": val[-1],
             "honest_rejected": honest_rejected, "hostile_counted": counted,
-            "alert_round": alerts[0]["round"] if alerts else None, "commit_s": t_commit}
+            "alert_round": alerts[0]["round"] if alerts else None, "commit_s": t_commit, "refused": refused,
+            "checks_fired": sum(d.fired for d in run.checks), "checks": len(run.checks)}
 
 
 def summarize(results: list[dict], size: dict) -> list[dict]:
@@ -167,22 +192,24 @@ def summarize(results: list[dict], size: dict) -> list[dict]:
                "honest_rejected": sum(x["honest_rejected"] for x in xs),
                "hostile_counted": f"{sum(x['hostile_counted'] for x in xs)}/{len(xs) * size['rounds']}",
                "alert": [x["alert_round"] for x in xs], "commit_s": statistics.mean(x["commit_s"] for x in xs)}
+        row["checks_fired"] = f"{sum(x['checks_fired'] for x in xs)}/{sum(x['checks'] for x in xs)}"
         if attack in ATTACKS:
-            row["goal"] = (excess <= GOAL if n >= 3 else
-                           row["honest_rejected"] == 0 and all(a is not None for a in row["alert"]))
+            row["goal"] = excess <= GOAL
+        elif attack == "honest":
+            row["goal"] = row["honest_rejected"] == 0
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'sites':>5} {'attack':<15} {'final loss':>10} {'vs honest':>9} {'vs absent':>9} {'honest rej.':>11} "
-             f"{'hostile counted':>15} {'alert at round':>14} {'goal':>5}"]
+             f"{'hostile counted':>15} {'alert at round':>14} {'checks fired':>12} {'goal':>5}"]
     for r in rows:
         alert = ",".join("-" if a is None else str(a) for a in r["alert"])
         goal = {True: "met", False: "MISSED", None: ""}[r.get("goal")]
         lines.append(f"{r['sites']:>5} {r['attack']:<15} {r['final']:>10.4f} {r['vs_honest']:>+9.2%} {r['vs_absent']:>+9.2%} "
                      f"{r['honest_rejected']:>11} {r['hostile_counted'] if r['attack'] in ATTACKS else '':>15} "
-                     f"{alert:>14} {goal:>5}")
+                     f"{alert:>14} {r['checks_fired']:>12} {goal:>5}")
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""The command line: `wantrain demo | ps | worker | host | watch | tls-dev | report | place | whatif`.
+"""The command line: `wantrain demo | ps | worker | host | watch | clear-site | tls-dev | report | place | whatif`.
 
 The dispatcher: each command is a module of commands/. Every error wantrain raises on purpose is
 printed as one line that names the problem, with exit code 2 (bad input) or 1 (a failure while

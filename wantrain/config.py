@@ -33,6 +33,7 @@ CONTROLLERS = ("fixed", "adaptive")
 NORM_ACTIONS = ("reject", "clip")
 AGGREGATES = ("mean", "trimmed_mean")
 TRUST = ("untrusted", "trusted")
+CHECKS = ("auto", "loss", "off")
 
 
 SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}")
@@ -376,6 +377,20 @@ class RobustConfig:
     max_steps_per_s: float = 1000.0  # time-budgeted rounds: steps a site may claim per second of its budget
     aggregate: str = "mean"          # "mean" (weighted by tokens) or "trimmed_mean" (per coordinate, unweighted)
     trim_fraction: float = 0.2       # trimmed_mean: share of the deltas dropped at each end of every coordinate
+    # Checked commits (wantrain/checking.py): before a round commits, the PS evaluates its update on
+    # held-out check batches; if that is worse than the current model by more than the tolerance,
+    # each delta is tried alone and those that make the model worse are left out (kept in their
+    # site's error feedback). "loss": every run; "auto": runs of fewer than three sites, where
+    # deltas cannot be judged against each other; "off": never.
+    check: str = "auto"
+    check_batches: int = 2           # held-out batches per check, between the validation windows
+    check_tolerance: float = 0.005   # relative rise of the check loss allowed without a check (the floor:
+                                     # the run raises it to 2x the largest rise its honest rounds showed,
+                                     # up to 5x this)
+    check_every: int = 1             # check every K-th round (a large model on a small PS); the rounds
+                                     # between are committed unchecked
+    exclude_after: int = 6           # a site left out by the check in this many of its last 2x this rounds
+                                     # is no longer counted until an operator clears it (0: never excluded)
 
     def validate(self, prefix: str = "robust") -> None:
         _check(self.trust in TRUST, f"{prefix}.trust", f"must be one of {TRUST}", self.trust)
@@ -392,6 +407,17 @@ class RobustConfig:
                "must be a positive number", self.max_steps_per_s)
         _check(self.aggregate in AGGREGATES, f"{prefix}.aggregate", f"must be one of {AGGREGATES}", self.aggregate)
         _check(0 <= self.trim_fraction < 0.5, f"{prefix}.trim_fraction", "must be in [0, 0.5)", self.trim_fraction)
+        _check(self.check in CHECKS, f"{prefix}.check", f"must be one of {CHECKS}", self.check)
+        _check(1 <= self.check_batches <= 64, f"{prefix}.check_batches", "must be in [1, 64]", self.check_batches)
+        _check(math.isfinite(self.check_tolerance) and 0 <= self.check_tolerance <= 1, f"{prefix}.check_tolerance",
+               "must be in [0, 1]", self.check_tolerance)
+        _check(1 <= self.check_every <= 10_000, f"{prefix}.check_every", "must be in [1, 10000]", self.check_every)
+        _check(0 <= self.exclude_after <= 10_000, f"{prefix}.exclude_after", "must be in [0, 10000] (0: never)",
+               self.exclude_after)
+
+    def checks(self, num_sites: int) -> bool:
+        """Whether a run of `num_sites` sites checks its commits on held-out data."""
+        return self.check == "loss" or (self.check == "auto" and num_sites < 3)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .aggregate import Contribution
+from .checking import Checkable, CheckDecision, CommitCheck
 from .codec import ChunkSpec, Codec, Encoded, EncodeStats, ErrorFeedback, Extracted, encode_arrays
 from .config import RunConfig
 from .messages import DELTA, DeltaParity, TensorChunk
@@ -56,6 +57,8 @@ class InProcessRun:
         self.cfg = cfg
         self.model = GlobalModel(cfg, tok.vocab_size, corpus.val)
         self.screen = Screen(cfg)
+        self.check = CommitCheck(cfg.robust, cfg.num_sites)
+        self.checks: list[CheckDecision] = []   # each checked round's decision
         self.names = self.site_names(cfg)
         self.sites = {n: build_inner(cfg, k, 0, torch.device("cpu"), n) for k, n in enumerate(self.names)}
         self.uplinks = {n: Codec(cfg.codec) for n in self.names}
@@ -118,17 +121,33 @@ class InProcessRun:
 
     def commit(self, round_: int, deltas: dict[str, Sent], lost: dict[str, frozenset[int]] | None = None,
                side: dict[str, Contribution] | None = None, substitute: str = "peer") -> dict[str, Verdict]:
-        """Screen, weigh and aggregate the round's deltas into the global model; the verdicts.
-        `lost`: per delta, the chunks that did not arrive in time (the screen judges the whole
-        deltas; the aggregate goes without those chunks); `side`, `substitute`: aggregate.py."""
+        """Screen, weigh, check and aggregate the round's deltas into the global model, as the PS's
+        commit does; the verdicts. `lost`: per delta, the chunks that did not arrive in time (the
+        screen judges the whole deltas; the aggregate goes without those chunks); `side`,
+        `substitute`: aggregate.py. A delta the commit check leaves out (checking.py) is
+        rejected, and its site carries it in its error feedback, as a PS's site does."""
         keys = sorted(deltas)
         verdicts = self.screen.judge(keys, gram([deltas[k].parts for k in keys]), [deltas[k].tokens for k in keys])
+        verdicts = self.check.exclude(verdicts)
         counts = counted({k: d.parts for k, d in deltas.items()}, verdicts)
         for k, chunks in (lost or {}).items():
             if k in counts and chunks:
                 counts[k] = Contribution([None if i in chunks else p for i, p in enumerate(counts[k].parts)],
                                          counts[k].weight)
-        update, stats, _ = self.model.apply(round_, counts, side, substitute)
+
+        def apply(kept: frozenset[str]):
+            return self.model.apply(round_, {k: c for k, c in counts.items() if k in kept}, side, substitute)
+
+        (update, stats, _), decision = self.check.run(round_, counts, Checkable(
+            apply, self.model.check_loss, self.model.state_dict, self.model.load_state_dict))
+        verdicts = self.check.left_out_verdicts(verdicts, decision)
+        if decision is not None:
+            self.checks.append(decision)
+            self.alerts += [dict(a, round=round_) for a in self.check.record(round_, counts, decision)]
+        if self.cfg.train.carries_unapplied:
+            for k, v in verdicts.items():    # what a site hears was not applied goes into its next delta
+                if v.action == "reject" and (fb := self.feedback.get(k)) is not None and (sent := deltas[k].values):
+                    fb.carry(sent)
         self.update_bytes.append(stats.wire_bytes)       # the round's update, as every site downloads it
         self.update_framed_bytes.append(framed_bytes(update))
         self.alerts += [dict(a, round=round_) for a in self.screen.record(round_, verdicts)]

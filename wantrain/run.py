@@ -46,7 +46,7 @@ from .run_names import default_site_names, new_run_dir
 from .plan import ON_HOST_BACKENDS, RunPlan, SitePlan
 from .relay import EventRelay
 from .tensorboard_log import TensorBoardLog
-from .watch import follow_events
+from .watch import follow_events, report_events
 
 __all__ = ["Run", "default_site_names", "new_run_dir", "describe_scenario"]
 
@@ -260,6 +260,13 @@ class Run:
         self.faults.append(row)
         if self.relay is not None:
             self.relay.add(row)
+
+    def clear_site(self, name: str) -> None:
+        """Count again a site the commit check excluded (robust.exclude_after; `wantrain clear-site`)."""
+        if name not in self.sites:
+            raise ConfigError(f"no site {name!r} in this run (sites: {', '.join(self.sites)})")
+        with self._open_channel() as channel:
+            report_events(channel, self.observer_token, [{"kind": "clear_site", "site": name}])
 
     def kill_site(self, name: str) -> None:
         """SIGKILL a site's process, as a crash would; `start_site(name)` brings it back."""

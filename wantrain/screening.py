@@ -212,10 +212,15 @@ class Screen:
         self.windows: dict[str, list[tuple[int, bool]]] = {}   # site (or "a|b") -> its last rounds: out of line?
         self.alerted: set[str] = set()
 
-    def cannot_decide(self, num_sites: int) -> str | None:
-        """What a run of `num_sites` untrusted sites must be told at its start, if anything."""
+    def cannot_decide(self, num_sites: int, checked: bool = False) -> str | None:
+        """What a run of `num_sites` untrusted sites must be told at its start, if anything
+        (`checked`: its commits are checked on held-out data, checking.py)."""
         if self.trusted or num_sites >= self.MIN_SITES:
             return None
+        if checked:
+            return (f"the run has {num_sites} site(s): with fewer than {self.MIN_SITES} no rule can tell an honest "
+                    f"delta from a hostile one by comparing them, so each commit is checked on held-out data "
+                    f"instead (robust.check): a delta the update does better without is left out")
         return (f"robust.trust is 'untrusted' but the run has {num_sites} site(s): with fewer than "
                 f"{self.MIN_SITES} no rule can tell an honest delta from a hostile one, so no delta is judged "
                 f"against another (each is still bounded on arrival by robust.max_delta_ratio and its "

@@ -32,12 +32,12 @@ SCHEMA_VERSION = 2
 PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_end", "hash_check", "link_rtt",
             "checkpoint", "restart", "error", "run_end",
             # rounds that do not wait forever, and faults
-            "deadline", "late_delta", "quarantine", "alert", "stall", "downloads_frozen", "ready",
+            "deadline", "late_delta", "quarantine", "check", "alert", "stall", "downloads_frozen", "ready",
             "download", "catchup", "lane", "update_split", "controller")
 # What the link emulator logs (testbed/links.py), and faults injected on purpose (Run): reported to the PS;
 # and a sharded PS's other shards' events, each wrapped as a `shard` event, reported to shard 0.
 LINK_KINDS = ("links_start", "link", "outage_start", "outage_end", "spike", "reset", "command_error", "ps_moved")
-REPORTED_KINDS = (*LINK_KINDS, "fault", "shard")
+REPORTED_KINDS = (*LINK_KINDS, "fault", "shard", "clear_site")
 EVENT_KINDS = (*PS_KINDS, *REPORTED_KINDS)
 # A reported event keeps the time it says it happened if that lies between this much before the
 # run started (a link emulator starts first) and this much after now (clocks differ); otherwise it

@@ -208,6 +208,8 @@ def parse_report(raw: bytes) -> list[dict]:
         if not isinstance(ev, dict) or ev.get("kind") not in REPORTED_KINDS:
             raise ProtocolError(f"reported event {i} must be a JSON object whose kind is one of "
                                 f"{', '.join(REPORTED_KINDS)}, got {safe_text(str(ev)[:80], 80)!r}")
+        if ev["kind"] == "clear_site" and (why := check_site_name(ev.get("site"))):
+            raise ProtocolError(f"reported event {i} (clear_site): {why}")
         events.append(ev)
     return events
 

@@ -2,8 +2,8 @@
 `wantrain` parser and `run(args)` does it. cli.py dispatches; each command imports what it needs
 (torch, numba, grpc) inside `run`, so `wantrain --help` and the notebook's kernel load none of it."""
 
-from . import demo, host, place, ps, report, tls_dev, watch, whatif, worker
+from . import clear_site, demo, host, place, ps, report, tls_dev, watch, whatif, worker
 
 __all__ = ["COMMANDS"]
 
-COMMANDS = (demo, ps, worker, host, watch, tls_dev, report, place, whatif)     # in the order `wantrain --help` lists them
+COMMANDS = (demo, ps, worker, host, watch, clear_site, tls_dev, report, place, whatif)     # in the order `wantrain --help` lists them

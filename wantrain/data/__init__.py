@@ -1,10 +1,10 @@
 """Tokenizers, corpora and per-site shards, all offline."""
 
-from .batches import BatchSampler, eval_batches
+from .batches import BatchSampler, check_batches, eval_batches
 from .corpus import Document, TokenizedCorpus, load_documents, tokenize_corpus
 from .tokenizers import ByteTokenizer, GPT2Tokenizer, Tokenizer, get_tokenizer
 
-__all__ = ["BatchSampler", "eval_batches", "Document", "TokenizedCorpus", "load_documents", "tokenize_corpus",
+__all__ = ["BatchSampler", "check_batches", "eval_batches", "Document", "TokenizedCorpus", "load_documents", "tokenize_corpus",
            "ByteTokenizer", "GPT2Tokenizer", "Tokenizer", "get_tokenizer", "load_run_data"]
 
 

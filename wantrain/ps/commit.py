@@ -18,13 +18,14 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..aggregate import Contribution
+from ..checking import Checkable, CheckDecision, CommitCheck
 from ..codec import EncodeStats, Extracted
 from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError
 from ..config import RunConfig
@@ -82,12 +83,25 @@ def zero_outside(parts: dict[str, Contribution], late: dict[str, Upload], missin
 
 
 def judge(screen: Screen, round_: int, keys: list[str], claimed: dict[str, float], g: np.ndarray,
-          recorder: Recorder, on_support: np.ndarray | None = None) -> dict[str, Verdict]:
+          recorder: Recorder, on_support: np.ndarray | None = None,
+          check: CommitCheck | None = None) -> dict[str, Verdict]:
     """A verdict per delta (keys "site" or "site@round" for a late one; `g` their Gram matrix;
-    `on_support` for partial ones: screening.norms_on_supports), each rejection or clip written as
-    a `quarantine` event and a log line."""
+    `on_support` for partial ones: screening.norms_on_supports; the deltas of a site the `check`
+    excluded rejected), each rejection or clip written as a `quarantine` event and a log line."""
     verdicts = screen.judge(keys, g, [claimed[k] for k in keys], on_support)
+    if check is not None:
+        verdicts = check.exclude(verdicts)
+    report(round_, verdicts, claimed, recorder)
+    return verdicts
+
+
+def report(round_: int, verdicts: dict[str, Verdict], claimed: dict[str, float], recorder: Recorder,
+           only: Collection[str] | None = None) -> None:
+    """Each rejection or clip among `verdicts` (those keyed in `only`, if given) as a `quarantine`
+    event and a log line."""
     for key, v in verdicts.items():
+        if only is not None and key not in only:
+            continue
         if not v.reason:
             continue
         site, late_round = parse_key(key)
@@ -95,7 +109,6 @@ def judge(screen: Screen, round_: int, keys: list[str], claimed: dict[str, float
         recorder.emit("quarantine", round=round_, site=site, action=v.action, norm=v.norm, reference=v.reference,
                       factor=v.factor, weight=v.weight, claimed_weight=claimed[key], message=v.reason + late)
         log.warning("round %d: the delta of %s: %s", round_, key, v.reason)
-    return verdicts
 
 
 def outcomes(round_: int, verdicts: dict[str, Verdict]) -> dict[str, DeltaOutcome]:
@@ -157,10 +170,11 @@ class Committer:
     """Commits closed rounds: screens the deltas, aggregates what counts into the model, journals
     the round and advances the ledger. It owns none of them; the server builds it with them."""
 
-    def __init__(self, cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, downloads: Downloads,
-                 journal: Journal | None, checkpoints: CheckpointWriter | None, recorder: Recorder,
-                 stalls: Stalls) -> None:
+    def __init__(self, cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, check: CommitCheck,
+                 downloads: Downloads, journal: Journal | None, checkpoints: CheckpointWriter | None,
+                 recorder: Recorder, stalls: Stalls) -> None:
         self.cfg, self.ledger, self.model, self.screen, self.downloads = cfg, ledger, model, screen, downloads
+        self.check = check
         self.journal, self.checkpoints, self.recorder, self.stalls = journal, checkpoints, recorder, stalls
 
     async def commit(self, uploads: dict[str, Upload], stale: dict[str, Upload], late: dict[str, Upload],
@@ -199,7 +213,7 @@ class Committer:
             g = await asyncio.to_thread(gram, [p for p, _ in judged.values()], [norm for _, norm in judged.values()])
             on_support = await asyncio.to_thread(norms_on_supports, [p for p, _ in judged.values()])
         claimed = weights(uploads, stale, parts_of, round_, 1.0 if outside else self.cfg.train.staleness_discount)
-        verdicts = judge(self.screen, round_, list(views), claimed, g, self.recorder, on_support)
+        verdicts = judge(self.screen, round_, list(views), claimed, g, self.recorder, on_support, self.check)
         accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
         accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
         counted_chunks = {s: taking[s] for s in parts_of if verdicts[s].action != "reject"}
@@ -219,8 +233,26 @@ class Committer:
         if self.journal is not None:
             for site in counted_chunks:
                 await asyncio.to_thread(self.journal.write_delta, round_, site, views[site][0], True)
-        result, stats, update = await asyncio.to_thread(self._aggregate, round_, parts, side, accepted,
-                                                        accepted_stale, counted_chunks, update_mode)
+        subjects = {*accepted, *accepted_stale, *counted_chunks}      # the deltas the check may leave out
+        result, stats, update, decision = await asyncio.to_thread(self._aggregate, round_, parts, side, subjects,
+                                                                  update_mode)
+        if decision is not None:      # what the commit check decided (checking.py)
+            verdicts = self.check.left_out_verdicts(verdicts, decision)
+            report(round_, verdicts, claimed, self.recorder, only=decision.left_out)
+            self.recorder.emit("check", **decision.event())
+            left = set(decision.left_out)
+            accepted = {k: up for k, up in accepted.items() if k not in left}
+            accepted_stale = {k: up for k, up in accepted_stale.items() if k not in left}
+            counted_chunks = {k: c for k, c in counted_chunks.items() if k not in left}
+            parts = {k: c for k, c in parts.items() if k not in left}
+            side = {k: c for k, c in side.items() if k not in left}
+            used = {k: up for k, up in used.items() if k not in left}
+            for alert in self.check.record(round_, [parse_key(k)[0] for k in subjects], decision):
+                self.recorder.emit("alert", round=round_, **alert)
+                log.warning("alert: %s", alert["message"])
+        result = RoundResult(round_, result.model_hash, tuple(accepted), result.val_loss,
+                             tuple(parse_key(k)[0] for k in accepted_stale),
+                             partial_chunks=tuple(sorted(counted_chunks.items())))
         for alert in self.screen.record(round_, verdicts):
             self.recorder.emit("alert", round=round_, **alert)
             log.warning("alert: %s", alert["message"])
@@ -229,7 +261,7 @@ class Committer:
         if self.journal is not None:      # the commit point: durable before anyone hears of the round
             chunks = {**counted_chunks, **{k: frozenset(range(len(self.model.plan))) - up.counted
                                            for k, up in accepted_stale.items() if up.counted}}
-            record = commit_record(self.ledger, self.screen, round_, parts, side, verdicts,
+            record = commit_record(self.ledger, self.screen, self.check, round_, parts, side, verdicts,
                                    {**{k: up.round for k, up in used.items()}, **dict.fromkeys(counted_chunks, round_)},
                                    self.cfg.train.late_policy, chunks, set(counted_chunks), update_mode)
             await asyncio.to_thread(self.journal.commit, record)
@@ -283,13 +315,23 @@ class Committer:
         return views, refused
 
     def _aggregate(self, round_: int, parts: dict[str, Contribution], side: dict[str, Contribution],
-                   uploads: dict[str, Upload], stale: dict[str, Upload], counted_chunks: dict[str, frozenset[int]],
-                   update_mode: str = "") -> tuple[RoundResult, EncodeStats, list]:
-        """The round's aggregate applied to the global model, in a worker thread."""
+                   subjects: Collection[str], update_mode: str = ""
+                   ) -> tuple[RoundResult, EncodeStats, list, CheckDecision | None]:
+        """The round's aggregate applied to the global model, checked (`subjects`: the keys of the deltas
+        the check may leave out; the rest of `parts` are zeros standing in), in a worker thread. The
+        result's sites are filled in by the caller, once it knows whom the check left out."""
         self.stalls.sleep("aggregate", round_)
-        msgs, stats, model_hash = self.model.apply(round_, parts, side or None, substitute_of(self.cfg.train.late_policy),
-                                                   update_mode)
+        substitute = substitute_of(self.cfg.train.late_policy)
+        subjects = frozenset(k for k in (*parts, *side) if k in subjects)
+
+        def apply(kept: frozenset[str]):
+            main = {k: c for k, c in parts.items() if k in kept or k not in subjects}
+            late = {k: c for k, c in side.items() if k in kept}
+            if not main:        # only late deltas kept: the round's own mean is zeros
+                main = {"": Contribution([None] * len(self.model.plan), 1.0)}
+            return self.model.apply(round_, main, late or None, substitute, update_mode)
+
+        (msgs, stats, model_hash), decision = self.check.run(round_, subjects, Checkable(
+            apply, self.model.check_loss, self.model.state_dict, self.model.load_state_dict))
         val = self.model.evaluate()
-        late_sites = tuple(parse_key(k)[0] for k in stale)
-        return RoundResult(round_, model_hash, tuple(uploads), val, late_sites,
-                           partial_chunks=tuple(sorted(counted_chunks.items()))), stats, msgs
+        return RoundResult(round_, model_hash, (), val, ()), stats, msgs, decision

@@ -20,7 +20,7 @@ import torch
 from ..aggregate import Contribution, aggregate_round
 from ..codec import Codec, EncodeStats, ErrorFeedback, plan_chunks
 from ..config import RunConfig
-from ..data import eval_batches
+from ..data import check_batches, eval_batches
 from ..fragments import synced
 from ..messages import TensorChunk
 from ..models import build_model, count_parameters
@@ -44,6 +44,9 @@ class GlobalModel:
         sharded = shard[1] > 1
         self.val = [] if sharded else eval_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size,
                                                    cfg.train.eval_batches)
+        # Held-out batches a commit is checked on (wantrain/checking.py), apart from those reported.
+        self.check = check_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size, cfg.robust.check_batches,
+                                   cfg.train.eval_batches) if cfg.robust.checks(cfg.num_sites) and not sharded else []
         self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}    # every shard's tensors
         self.layout = ShardLayout.balanced(self.sizes, shard[1])
         self.roles = roles_of({k: tuple(p.shape) for k, p in named_params(self.model).items()})  # the downlink's order
@@ -99,13 +102,21 @@ class GlobalModel:
         return Contribution([p if spec.tensor in own else None for spec, p in zip(self.plan, late.parts)],
                             late.weight)
 
-    @torch.no_grad()
     def evaluate(self) -> float:
-        if not self.val:
+        """The validation loss (what the run reports)."""
+        return self._loss(self.val)
+
+    def check_loss(self) -> float:
+        """The loss on the check batches (what a commit is checked on: checking.py)."""
+        return self._loss(self.check)
+
+    @torch.no_grad()
+    def _loss(self, batches: list) -> float:
+        if not batches:
             return math.nan
         self.model.eval()
         losses = [torch.nn.functional.cross_entropy(self.model(x).flatten(0, 1), y.flatten()).item()
-                  for x, y in self.val]
+                  for x, y in batches]
         self.model.train()
         return float(np.mean(losses))
 

@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from ..auth import Authenticator
+from ..checking import CommitCheck
 from ..checkpoint import CHECKPOINT_NAME, load_checkpoint
 from ..codec import Codec
 from ..config import CodecConfig, RunConfig
@@ -85,6 +86,7 @@ class ParameterServer:
         self.clock = RoundClock(cfg.train)
         self.controller = BudgetController(cfg.train.round_budget_s, cfg.train.controller == "adaptive", cfg.codec.mode)
         self.screen = Screen(cfg)
+        self.check = CommitCheck(cfg.robust, cfg.num_sites, sharded=shard[1] > 1)     # checking.py
         self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
         saved = load_checkpoint(self.ckpt_path) if (self.ckpt_path and resume) else None
         # What the rounds committed (ledger.py): round, hashes, sites ever seen, their data positions.
@@ -102,10 +104,10 @@ class ParameterServer:
         self.journal = Journal(self.run_dir / JOURNAL_DIR) if self.run_dir and cfg.train.checkpoint_every else None
         self.checkpoints = (CheckpointWriter(self.ckpt_path, self.journal, self._snapshot, self.recorder, self.stalls)
                             if self.ckpt_path is not None and self.journal is not None else None)
-        self.committer = Committer(cfg, self.ledger, g, self.screen, self.downloads, self.journal, self.checkpoints,
+        self.committer = Committer(cfg, self.ledger, g, self.screen, self.check, self.downloads, self.journal, self.checkpoints,
                                    self.recorder, self.stalls)
         # Come up from disk, or begin the run's durable record (state.py).
-        self.catchup = come_up(cfg, self.ledger, g, self.screen, saved, self.ckpt_path, self.journal,
+        self.catchup = come_up(cfg, self.ledger, g, self.screen, self.check, saved, self.ckpt_path, self.journal,
                                self.checkpoints, self.recorder, self.corpus_summary)
         self.sites = Sites(cfg, self.auth, self.limits, self.ledger, g, self.downloads, self.catchup, self.recorder)
         if saved is not None:
@@ -117,8 +119,15 @@ class ParameterServer:
                  c["documents"], c["tokens"], c["train_tokens"], c["val_tokens"],
                  f"; skipped {c['skipped_files']} file(s) that are not text" if c.get("skipped_files") else "")
 
+    def clear_site(self, site: str) -> bool:
+        """An operator cleared `site` (a `clear_site` report): the commit check counts it again and
+        forgets its record (checking.py). False if it was not excluded."""
+        cleared = self.check.clear(site)
+        log.warning("operator cleared site %s%s", site, "" if cleared else " (it was not excluded)")
+        return cleared
+
     def _snapshot(self) -> dict:
-        return snapshot(self.cfg, self.ledger, self.global_model, self.screen)
+        return snapshot(self.cfg, self.ledger, self.global_model, self.screen, self.check)
 
     # The committed state (ledger.py), read-only, by the names tests and the servicer read.
     run_id = property(lambda self: self.ledger.run_id)

@@ -367,6 +367,9 @@ class Servicer:
             await context.abort(STATUS[Reject.RATE_LIMITED], f"more than {self.limits.reported_events_per_s:g} "
                                                              "reported events a second")
         seqs = [self.ps.recorder.record_reported(ev) for ev in events]
+        for ev in events:
+            if ev["kind"] == "clear_site":      # an operator's word that an excluded site is fixed
+                self.ps.clear_site(ev["site"])
         return wire.report_reply(seqs[0] if seqs else len(self.ps.recorder.events))
 
     async def _events(self, seq: int):

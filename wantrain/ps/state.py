@@ -15,6 +15,7 @@ from pathlib import Path
 from collections.abc import Callable, Collection
 
 from ..aggregate import Contribution
+from ..checking import CommitCheck
 from ..checkpoint import save_checkpoint
 from ..config import RunConfig
 from ..errors import CheckpointError, ConfigError
@@ -33,21 +34,22 @@ __all__ = ["snapshot", "restore", "commit_record", "replay", "come_up", "Checkpo
 log = logging.getLogger("wantrain.ps")
 
 
-def _small_state(ledger: Ledger, screen: Screen) -> dict:
+def _small_state(ledger: Ledger, screen: Screen, check: CommitCheck) -> dict:
     """The PS's bookkeeping besides the arrays. In a snapshot "round" is the next round to run; a
     commit record overwrites it with the round it commits (the next is that + 1)."""
-    return {**ledger.state_dict(), "screen": screen.state_dict()}
+    return {**ledger.state_dict(), "screen": screen.state_dict(), "check": check.state_dict()}
 
 
-def snapshot(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen) -> dict:
+def snapshot(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, check: CommitCheck) -> dict:
     """Everything a restarted PS needs to go on where this one stands (after a committed round).
     The arrays are the live ones, not copies: the next round must not change them while they are
     written (commit.py waits for the write)."""
-    return {**_small_state(ledger, screen), "config_json": cfg.to_json(), **model.state_dict(copy=False),
+    return {**_small_state(ledger, screen, check), "config_json": cfg.to_json(), **model.state_dict(copy=False),
             "hashes": dict(ledger.hashes)}
 
 
-def restore(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, saved: dict, path: Path) -> None:
+def restore(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, check: CommitCheck, saved: dict,
+            path: Path) -> None:
     """Load a snapshot (read from `path`) into a freshly built PS's owners; ConfigError if it belongs
     to another run or is damaged."""
     if RunConfig.from_json(saved["config_json"]) != cfg:
@@ -60,6 +62,7 @@ def restore(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, 
         raise ConfigError(f"{path} is damaged: its parameters hash to {actual}, it says {said}")
     ledger.load_state_dict(saved, hashes)
     screen.load_state_dict(saved.get("screen", {}))
+    check.load_state_dict(saved.get("check", {}))
 
 
 def substitute_of(late_policy: str) -> str:
@@ -67,7 +70,7 @@ def substitute_of(late_policy: str) -> str:
     return "zero" if late_policy in ("zero-outside", "zero-carry") else "peer"
 
 
-def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, Contribution],
+def commit_record(ledger: Ledger, screen: Screen, check: CommitCheck, round_: int, parts: dict[str, Contribution],
                   side: dict[str, Contribution], verdicts: dict[str, Verdict], upload_rounds: dict[str, int],
                   late_policy: str, chunks: dict[str, frozenset[int]] | None = None,
                   partial: Collection[str] = (), update_mode: str = "") -> dict:
@@ -88,11 +91,12 @@ def commit_record(ledger: Ledger, screen: Screen, round_: int, parts: dict[str, 
         return out
 
     counted = [entry(k, c, False) for k, c in sorted(parts.items())] + [entry(k, c, True) for k, c in sorted(side.items())]
-    return {**_small_state(ledger, screen), "round": round_, "hash": ledger.hash, "contributions": counted,
+    return {**_small_state(ledger, screen, check), "round": round_, "hash": ledger.hash, "contributions": counted,
             "substitute": substitute_of(late_policy), **({"update_mode": update_mode} if update_mode else {})}
 
 
-def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen, catchup: Catchup) -> int:
+def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen, check: CommitCheck,
+           catchup: Catchup) -> int:
     """Apply the journal's rounds after the loaded full state; returns how many. Each must give the
     parameter hash it recorded (CheckpointError otherwise: the journal belongs to other parameters).
     The replayed rounds' updates go to `catchup`, for sites that come back holding an earlier model."""
@@ -120,13 +124,15 @@ def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen,
                                   f"{model_hash}, the round committed {rec['hash']}")
         ledger.load_state_dict({**rec, "round": rec["round"] + 1}, {**ledger.hashes, rec["round"] + 1: model_hash})
         screen.load_state_dict(rec.get("screen", {}))
+        check.load_state_dict(rec.get("check", {}))
         keys = [parse_key(c["key"]) for c in rec["contributions"] if not c.get("missing")]   # the result, as sent
         catchup.add(rec["round"], msgs, RoundResult(rec["round"], model_hash, tuple(s for s, r in keys if r is None),
                                                     ledger.val_loss, tuple(s for s, r in keys if r is not None)))
     return len(records)
 
 
-def come_up(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, saved: dict | None,
+def come_up(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, check: CommitCheck,
+            saved: dict | None,
             path: Path | None, journal: Journal | None, checkpoints: CheckpointWriter | None, recorder: Recorder,
             corpus_summary: dict) -> Catchup:
     """Bring a freshly built PS's owners to where the run stands: the loaded checkpoint `saved`, then
@@ -135,20 +141,20 @@ def come_up(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, 
     the catch-up store, holding the replayed rounds' updates."""
     if saved is not None:
         assert path is not None
-        restore(cfg, ledger, model, screen, saved, path)
+        restore(cfg, ledger, model, screen, check, saved, path)
     # A site that comes back holding an earlier model gets the updates it missed, not the model.
     catchup = Catchup(ledger.round, max_bytes=2 * model.num_params)
     if saved is None:
         recorder.emit("run_start", run_id=ledger.run_id, config=cfg.to_dict(), num_params=model.parameters(),
                       val_loss=ledger.val_loss, corpus=corpus_summary)
-        if (warning := screen.cannot_decide(cfg.num_sites)) is not None:
+        if (warning := screen.cannot_decide(cfg.num_sites, check.enabled)) is not None:
             recorder.emit("alert", round=0, site="", sites=[], since=0, rounds=0, action="none", message=warning)
             log.warning("%s", warning)
         if checkpoints is not None:
             checkpoints.journal.clear()
-            checkpoints.write(snapshot(cfg, ledger, model, screen))
+            checkpoints.write(snapshot(cfg, ledger, model, screen, check))
         return catchup
-    if journal is not None and (replayed := replay(journal, ledger, model, screen, catchup)):
+    if journal is not None and (replayed := replay(journal, ledger, model, screen, check, catchup)):
         log.info("replayed %d journaled round(s) after the checkpoint of round %d", replayed, ledger.round - replayed)
     recorder.emit("restart", round=ledger.round, run_id=ledger.run_id)
     log.info("resumed run %s from its checkpoint at round %d (%s)", ledger.run_id, ledger.round, ledger.hash)

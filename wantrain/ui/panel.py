@@ -98,14 +98,17 @@ class ControlPanel:
         self.outage_button = W.Button(description="Outage now", button_style="warning", disabled=True)
         self.ps_button = W.Button(description="Restart PS", button_style="warning", disabled=True,
                                   tooltip="SIGKILL the parameter server; it resumes from its checkpoint")
+        self.clear_button = W.Button(description="Clear site", disabled=True,
+                                     tooltip="count again a site the commit check excluded (robust.exclude_after)")
         for b, name in ((self.start_button, "start"), (self.stop_button, "stop"), (self.kill_button, "kill"),
-                        (self.outage_button, "outage"), (self.ps_button, "restart-ps")):
+                        (self.outage_button, "outage"), (self.ps_button, "restart-ps"), (self.clear_button, "clear")):
             b.add_class(f"wantrain-{name}")        # stable handles for a browser (tests, screenshots)
         self.start_button.on_click(lambda _: self._start_clicked())
         self.stop_button.on_click(lambda _: self._background(self.stop))
         self.kill_button.on_click(lambda _: self._background(self.kill_site, self.fault_site.value))
         self.outage_button.on_click(lambda _: self._background(self.outage, self.fault_site.value, self.outage_s.value))
         self.ps_button.on_click(lambda _: self._background(self.restart_ps))
+        self.clear_button.on_click(lambda _: self._background(self.clear_site, self.fault_site.value))
         # ---- or watch a run that is already going (started elsewhere, or before a kernel restart)
         self.attach_to = W.Text("", description="attach to", placeholder="a run folder, or the PS's HOST:PORT")
         self.attach_to.add_class("wantrain-attach-to")
@@ -134,7 +137,8 @@ class ControlPanel:
             line(self.work, self.inner_steps, self.budget),
             self.places.box,
             line(self.start_button, self.stop_button),
-            line(self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button),
+            line(self.fault_site, self.kill_button, self.outage_s, self.outage_button, self.ps_button,
+                 self.clear_button),
             line(self.attach_to, self.attach_token, self.attach_ca, self.attach_button),
             self.message, self.dash_box,
         ])
@@ -317,6 +321,11 @@ class ControlPanel:
         self._say(f"link of {name} down for {seconds:g} s")
         self._redraw()
 
+    def clear_site(self, name: str) -> None:
+        """Count again a site the commit check excluded (Run.clear_site)."""
+        self._running().clear_site(name)
+        self._say(f"cleared site {name}: the commit check counts its deltas again")
+
     def move_ps(self, region: str | None) -> None:
         """Move the running PS to `region` (Run.move_ps): from its checkpoint, the links with that
         region's RTTs, the sites following by themselves."""
@@ -363,7 +372,7 @@ class ControlPanel:
         self.start_button.disabled = live or state == "attached"
         self.attach_button.disabled = live or state == "attached"
         self.stop_button.disabled = not live
-        for b in (self.kill_button, self.outage_button, self.ps_button, self.places.move_button):
+        for b in (self.kill_button, self.outage_button, self.ps_button, self.clear_button, self.places.move_button):
             b.disabled = state != "running"
 
     def _fail(self, e: BaseException) -> None:
