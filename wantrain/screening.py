@@ -103,24 +103,33 @@ def check_claims(cfg: RunConfig, m: RoundMetrics, train_s: float, num_params: in
                             f"{position_cap} batches can have been drawn by now")
 
 
+SLICE = 1 << 13          # elements summed at a time: what a norm allocates stays small beside a chunk
+
+
 def l2_norm(arrays) -> float:
     """L2 norm of flat float32 arrays, summed in float64 a slice at a time (no whole-tensor copy)."""
     total = 0.0
     for a in arrays:
-        for i in range(0, a.size, 1 << 20):
-            v = a[i: i + (1 << 20)].astype(np.float64)
+        for i in range(0, a.size, SLICE):
+            v = a[i: i + SLICE].astype(np.float64)
             total += float(np.dot(v, v))
     return math.sqrt(total)
 
 
 def sum_of_squares(x: Extracted) -> float:
-    """Squared L2 norm of one chunk kept as int8 symbols + scales (or fp32 values), in float64."""
+    """Squared L2 norm of one chunk kept as int8 symbols + scales (or fp32 values), in float64; the
+    symbols squared a slice of blocks at a time (a hostile chunk must not make the PS allocate 8
+    bytes an element)."""
     if x.scales is None:
         return l2_norm([x.data]) ** 2
     n, block = x.data.size, x.block
-    q = np.zeros(num_blocks(n, block) * block, np.int32)
-    q[:n] = x.data
-    per_block = np.square(q).reshape(-1, block).sum(axis=1, dtype=np.int64)     # (nblocks,)
+    per_block = np.empty(num_blocks(n, block), np.int64)                        # (nblocks,)
+    step = max(1, SLICE // block)
+    for b in range(0, per_block.size, step):
+        q = x.data[b * block: (b + step) * block].astype(np.int32)
+        if q.size % block:
+            q = np.concatenate([q, np.zeros(block - q.size % block, np.int32)])
+        per_block[b: b + step] = np.square(q).reshape(-1, block).sum(axis=1, dtype=np.int64)
     return float(np.dot(per_block.astype(np.float64), np.square(x.scales.astype(np.float64))))
 
 

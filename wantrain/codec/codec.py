@@ -202,7 +202,8 @@ class Codec:
             out[i] = Extracted.int8(encs[i], sym.view(np.int8))
         for i, e in enumerate(encs):
             if e.encoding == "fp32":
-                out[i] = Extracted(np.frombuffer(e.payload, dtype="<f4").astype(np.float32), None, 0)
+                # A read-only view of the payload (no copy) where float32 is little-endian already.
+                out[i] = Extracted(np.frombuffer(e.payload, dtype="<f4").astype(np.float32, copy=False), None, 0)
             elif e.encoding == "int8":
                 out[i] = Extracted.int8(e, np.frombuffer(e.payload, dtype=np.int8))
             elif e.encoding in LOWBIT_ENCODINGS:

@@ -190,6 +190,12 @@ class Upload:
         return self.last_chunk_at - self.first_chunk_at
 
 
+def max_chunk_bytes(length: int) -> int:
+    """The most scales and payload bytes a delta chunk of `length` elements may carry: float32's, and
+    a Huffman payload's code tables and block index (docs/protocol.md section 7)."""
+    return 4 * length + 65536
+
+
 def check_manifest(cfg: RunConfig, up: Upload, m: Manifest, plan: list[ChunkSpec]) -> None:
     """Does manifest `m` describe the delta `up` will hold? It comes before the delta's first chunk,
     once, lists the plan's chunks, and claims a weight the round allowed (screening.check_weight)."""
@@ -204,6 +210,9 @@ def check_manifest(cfg: RunConfig, up: Upload, m: Manifest, plan: list[ChunkSpec
         if (e.tensor, e.offset, e.length) != (spec.tensor, spec.offset, spec.length):
             raise ProtocolError(f"manifest entry {e.index} covers {e.tensor!r}[{e.offset}:{e.offset + e.length}], "
                                 f"the plan says {spec.tensor!r}[{spec.offset}:{spec.offset + spec.length}]")
+        if not 1 <= e.nbytes <= max_chunk_bytes(e.length):      # it sizes a parity and a rebuilt chunk
+            raise ProtocolError(f"manifest entry {e.index} says its chunk has {e.nbytes} bytes; a chunk of "
+                                f"{e.length} elements has 1 to {max_chunk_bytes(e.length)}")
     check_weight(cfg, f"the manifest of round {m.round}", m.steps, m.tokens, up.train_s)
 
 
@@ -261,7 +270,7 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
                                 f"chunk: critical, in a parity group or rebuilt from parity, may come again, "
                                 f"{MAX_ARRIVALS} times in all; with train.hedge_all, any other {MAX_HEDGED_ARRIVALS} "
                                 f"times)")
-    if c.data.wire_bytes > 4 * c.spec.length + 65536:
+    if c.data.wire_bytes > max_chunk_bytes(c.spec.length):
         raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")
     if said is not None and (said.crc32, said.nbytes) != (checksum(c.data), c.data.wire_bytes):
         raise ProtocolError(f"delta chunk {c.index} of round {c.round} is not the chunk its manifest described "
