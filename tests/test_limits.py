@@ -240,7 +240,8 @@ def test_the_guard_sheds_the_oldest_unauthenticated_connections_of_an_address():
     port = listener.getsockname()[1]
     clients, accepted = [], []
     try:
-        guard = ConnectionGuard(Limits(max_unauthenticated_per_peer=3))
+        reports: list[dict] = []
+        guard = ConnectionGuard(Limits(max_unauthenticated_per_peer=3), lambda **f: reports.append(f))
         guard.port = port
 
         def connect(host: str) -> tuple[socket.socket, socket.socket]:
@@ -271,6 +272,10 @@ def test_the_guard_sheds_the_oldest_unauthenticated_connections_of_an_address():
         assert [closed(c) for c, _ in old] == [True, False, True, True]
         assert [closed(c) for c, _ in new] == [False, False, False] and not closed(site_c)
         assert guard.total_shed == 3 and peer_address("ipv6:[::ffff:127.0.0.2]:80") == ("127.0.0.2", 80)
+        # Reported at once, then what came since every LOG_EVERY_S for as long as it goes on.
+        assert reports == [{"peer": "127.0.0.2", "connections": 4, "shed": 1, "cap": 3}]
+        guard.sweep(now=10.5)            # the 2 shed at 1.0 s (and what this sweep sheds) come out now
+        assert len(reports) == 2 and reports[1]["connections"] == 5 and reports[1]["shed"] >= 2
         assert peer_address("unix:/tmp/x") is None
     finally:
         for s in clients + accepted + [listener]:

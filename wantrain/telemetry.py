@@ -33,7 +33,7 @@ PS_KINDS = ("run_start", "join", "leave", "round_start", "site_round", "round_en
             "checkpoint", "restart", "error", "run_end",
             # rounds that do not wait forever, and faults
             "deadline", "late_delta", "quarantine", "check", "alert", "stall", "downloads_frozen", "ready",
-            "download", "catchup", "lane", "update_split", "controller")
+            "download", "catchup", "lane", "update_split", "controller", "shed")
 # What the link emulator logs (testbed/links.py), and faults injected on purpose (Run): reported to the PS;
 # and a sharded PS's other shards' events, each wrapped as a `shard` event, reported to shard 0.
 LINK_KINDS = ("links_start", "link", "outage_start", "outage_end", "spike", "reset", "command_error", "ps_moved")

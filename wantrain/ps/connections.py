@@ -5,8 +5,9 @@ fill). `ConnectionGuard` looks at the process's own sockets every `SWEEP_S`: eac
 the PS's port, by its peer address. A connection becomes *authenticated* when a call on it passes
 its token check (the servicer says so). When one address holds more than
 `limits.max_unauthenticated_per_peer` connections that never did, the oldest of those are shut
-down (their file descriptors stay gRPC's, which closes them on the EOF), and the PS logs one line
-per address, at most every `LOG_EVERY_S`. A new connection that is still in its TLS handshake is
+down (their file descriptors stay gRPC's, which closes them on the EOF), and the PS reports what
+it shed, per address, at most every `LOG_EVERY_S`, for as long as it goes on: a log line and a
+`shed` telemetry event each time. A new connection that is still in its TLS handshake is
 the youngest, so a real site from an address that floods is shed last; one from another address,
 never. Linux (/proc/self/fd) or /dev/fd; where neither lists sockets, the guard does nothing.
 """
@@ -19,6 +20,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 
 from ..limits import Limits
 
@@ -50,12 +52,15 @@ def _plain(host: str) -> str:
 class ConnectionGuard:
     """Sheds the oldest never-authenticated connections of an address over its cap."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, report: Callable[..., None] | None = None) -> None:
+        """`report(peer=, connections=, shed=, cap=)`: what was shed from one address since it last said."""
         self.cap = limits.max_unauthenticated_per_peer
+        self.report = report
         self.port = 0
         self.authenticated: set[Peer] = set()
         self.first_seen: dict[Peer, float] = {}
-        self.shed: dict[str, int] = {}              # per address, since its last log line
+        self.shed: dict[str, int] = {}              # per address, since it was last reported
+        self.held: dict[str, int] = {}              # per address, the most unauthenticated it held since
         self.logged_at: dict[str, float] = {}
         self.total_shed = 0
         self._task: asyncio.Task | None = None
@@ -116,15 +121,18 @@ class ConnectionGuard:
             if len(peers) <= self.cap:
                 continue
             peers.sort(key=lambda p: self.first_seen[p])           # oldest first
+            self.held[host] = max(self.held.get(host, 0), len(peers))
             for p in peers[: len(peers) - self.cap]:
                 if self._shut(open_[p], p):
                     shed += 1
                     self.shed[host] = self.shed.get(host, 0) + 1
-            if now - self.logged_at.get(host, -LOG_EVERY_S) >= LOG_EVERY_S:
-                log.warning("%s held %d connections that never carried an authenticated call; shed %d "
-                            "(limits.max_unauthenticated_per_peer %d)", host, len(peers), self.shed.pop(host, 0),
-                            self.cap)
-                self.logged_at[host] = now
+        for host in [h for h, n in self.shed.items() if n and now - self.logged_at.get(h, -LOG_EVERY_S) >= LOG_EVERY_S]:
+            count, held = self.shed.pop(host), self.held.pop(host, 0)
+            log.warning("%s held up to %d connections that never carried an authenticated call; shed %d "
+                        "(limits.max_unauthenticated_per_peer %d)", host, held, count, self.cap)
+            if self.report is not None:
+                self.report(peer=host, connections=held, shed=count, cap=self.cap)
+            self.logged_at[host] = now
         self.total_shed += shed
         return shed
 

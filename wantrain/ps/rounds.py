@@ -15,10 +15,11 @@ time (with two sites it is the faster one's), however it drips its chunks. With
 that share of the round's members have delivered: to a grace after, the grace adapting to how much
 later the slowest member usually delivers. The first round, with
 nothing timed, waits up to `deadline_initial_s`: it carries each site's one-time costs (a compile,
-a cold cache), which differ by site. It is bounded from within all the same, generously: once
-the first half of its sites have delivered, it waits at most `FIRST_ROUND_FACTOR` x the time
-they took, and never less than `FIRST_ROUND_FLOOR_S` (nor more than `deadline_initial_s`), so a
-site that drips its first delta holds the others for two minutes, not ten. At the deadline the PS
+a cold cache), which differ by site. It is bounded from within all the same: once the first half
+of its sites have delivered, it waits at most `FIRST_ROUND_FACTOR` x the time they took, never
+less than `deadline_min_s` (nor more than `deadline_initial_s`), so a site that drips its first
+delta holds the others for three times their own time, not two minutes (a site whose one-time
+costs are longer than that is late in round 0, and its delta counts as a late one does). At the deadline the PS
 aggregates the deltas that arrived; a delta that arrives later is dropped (the site carries it
 forward in its error feedback) or, with the "stale" policy, applied in a following round with
 its weight discounted per round of staleness.
@@ -52,13 +53,12 @@ from ..messages import MAX_STALENESS
 from ..screening import late_key
 from .uploads import Upload
 
-__all__ = ["RoundClock", "RoundState", "FIRST_ROUND_FACTOR", "FIRST_ROUND_FLOOR_S", "QUORUM_GRACE_FLOOR_S",
+__all__ = ["RoundClock", "RoundState", "FIRST_ROUND_FACTOR", "QUORUM_GRACE_FLOOR_S",
            "MAX_STALENESS",
            "stale_weight", "late_outcome", "kept_reason"]
 
 
-FIRST_ROUND_FACTOR = 10.0      # the first round waits at most this x the time its first half took ...
-FIRST_ROUND_FLOOR_S = 120.0    # ... but at least this long (one site's one-time costs: a compile, a cold cache)
+FIRST_ROUND_FACTOR = 3.0       # the first round waits at most this x the time its first half took
 QUORUM_GRACE_FLOOR_S = 0.5     # train.quorum_share: the least a round waits for the rest once its quorum is in
 
 
@@ -92,7 +92,7 @@ class RoundClock:
         t, quorum = self.train, (members + 1) // 2
         if members < 2 or len(arrived_s) < quorum:
             return None
-        return min(t.deadline_initial_s, max(FIRST_ROUND_FLOOR_S, FIRST_ROUND_FACTOR * sorted(arrived_s)[quorum - 1]))
+        return min(t.deadline_initial_s, max(t.deadline_min_s, FIRST_ROUND_FACTOR * sorted(arrived_s)[quorum - 1]))
 
     def quorum_bound_s(self, arrived_s: list[float], members: set[str]) -> float | None:
         """With train.quorum_share, the deadline of a round once that share of its `members` have

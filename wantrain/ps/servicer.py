@@ -81,7 +81,7 @@ class Servicer:
         self.refusals = Throttle(self.limits.rejected_events_burst, self.limits.rejected_events_per_s)
         self.reports = TokenBucket(self.limits.reported_events_burst, self.limits.reported_events_per_s)
         self.watchers: dict[int, int] = {}    # open Watch streams -> the next sequence number each will send
-        self.guard = ConnectionGuard(self.limits)   # started by serve() once the port is known
+        self.guard = ConnectionGuard(self.limits, lambda **f: self.ps.recorder.emit("shed", **f))  # serve() starts it
 
     def watchers_caught_up(self) -> bool:
         """Has every open Watch stream been handed every event recorded so far?"""
