@@ -99,6 +99,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/dark_site.py
 	$(BIN)/python bench/goodput.py
 	$(BIN)/python bench/robustness.py
+	$(BIN)/python bench/check_cost.py $(if $(filter 1,$(LARGE)),--large)
 	$(BIN)/python bench/late_policy.py
 	$(BIN)/python bench/loss_recovery.py --arms reliable,drop,zero,quorum,salr,salr-no-parity
 	$(BIN)/python bench/loss_recovery.py --loss 0.01 --blackouts 40:2 --spikes 2:300 --arms reliable,salr,quorum --out loss_recovery_spikes

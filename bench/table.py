@@ -110,6 +110,27 @@ def catchup() -> str | None:
             "per missed round (catch-up, up to half the model; else the full fp32 model, one stream)")
 
 
+def check_cost() -> str | None:
+    r = load("check_cost")
+    if r is None:
+        return None
+    return "; ".join(f"{x['preset']} +{x['check_extra_s']:.2f} s a round, {x['share_of_round']:.1%} of it "
+                     f"(saved state {x['saved_gb']:.2f} GB)" for x in r["rows"])
+
+
+def robustness() -> str | None:
+    r = load("robustness")
+    if r is None:
+        return None
+    two = [x for x in r["rows"] if x["sites"] == 2 and x.get("goal") is not None and x["attack"] != "honest"]
+    if not two:
+        return None
+    worst = max(two, key=lambda x: x["vs_absent"])
+    honest = next((x for x in r["rows"] if x["sites"] == 2 and x["attack"] == "honest"), None)
+    return (f"worst attack {worst['attack']} {worst['vs_absent']:+.2%} vs the honest site alone; honest deltas left "
+            f"out {honest['honest_rejected'] if honest else '?'}")
+
+
 ROWS: list[tuple[str, str, Callable[[], str | None], str]] = [
     ("PS round, gpt2, 3 sites", "20.7 s", server("{ps_round_s_median:.1f} s"), "<= 2 s"),
     ("  checkpoint in the round", "8.4-10.2 s before the announce",
@@ -132,6 +153,9 @@ ROWS: list[tuple[str, str, Callable[[], str | None], str]] = [
     ("site compute utilization (time-to-target harness)", "fastest site 47.6 %", utilization,
      "every site >= 90 %; slowest link with overlap >= 95 %"),
     ("bytes to a joining site", "full fp32, one stream", catchup, "link rate, fewer bytes"),
+    ("two sites, one hostile or broken (bench/robustness.py)", "escalating 380.1 (issue 55)", robustness,
+     "every attack within 2 % of the honest site alone, no honest delta left out"),
+    ("commit check per round (bench/check_cost.py)", "no check", check_cost, "stated and bounded"),
 ]
 
 
