@@ -71,22 +71,37 @@ def measure(preset: str) -> dict:
     def apply(kept: frozenset[str]):
         return model.apply(0, {k: parts[k] for k in kept})
 
+    apply(frozenset("ab"))                  # one round in: the outer momentum and residual exist
     base = model.state_dict()
-    forward_s = timed(model.check_loss)
+    saved_bytes = sum(v.nbytes for group in base.values() for v in group.values())
+    forward_s = timed(model.check_loss, 3)
     val_s = timed(model.evaluate)
     save_s = timed(model.state_dict)
-    saved_bytes = sum(v.nbytes for group in base.values() for v in group.values())
     load_s = timed(lambda: model.load_state_dict(base))
-    apply_s = timed(lambda: (model.load_state_dict(base), apply(frozenset("ab"))))
-    model.load_state_dict(base)
-    unchecked_s = timed(lambda: (apply(frozenset("ab")), model.evaluate())) - 0.0
-    model.load_state_dict(base)
-    check = CommitCheck(cfg.robust, cfg.num_sites)
-    check.base = model.check_loss()             # as in a run: the current model's, from the last round
-    t0 = time.perf_counter()
-    check.run(0, parts, Checkable(apply, model.check_loss, model.state_dict, model.load_state_dict))
-    model.evaluate()
-    checked_s = time.perf_counter() - t0
+
+    def unchecked() -> None:
+        model.load_state_dict(base)
+        t0 = time.perf_counter()
+        apply(frozenset("ab"))
+        model.evaluate()
+        times["unchecked"].append(time.perf_counter() - t0)
+
+    def checked() -> None:
+        model.load_state_dict(base)
+        check = CommitCheck(cfg.robust, cfg.num_sites)
+        check.base = base_loss              # as in a run: the current model's, taken at the last commit
+        t0 = time.perf_counter()
+        check.run(1, parts, Checkable(apply, model.check_loss, model.state_dict, model.load_state_dict))
+        model.evaluate()
+        times["checked"].append(time.perf_counter() - t0)
+
+    base_loss = model.check_loss()
+    times: dict[str, list[float]] = {"unchecked": [], "checked": []}
+    for _ in range(3 if n < 5e8 else 1):
+        unchecked()
+        checked()
+    apply_s = max(0.0, timed(lambda: (model.load_state_dict(base), apply(frozenset("ab"))), 3) - load_s)
+    unchecked_s, checked_s = statistics.median(times["unchecked"]), statistics.median(times["checked"])
     print(f"{preset}: timing two inner steps at a site", flush=True)
     torch.set_num_threads(torch.get_num_threads())
     site_cfg = cfg.replace(**{"train.inner_steps": 2})

@@ -1,8 +1,8 @@
 """bench/robustness.py in its quick form, as CI runs it: one hostile site per attack family against
 the PS's default screen, wantrain's own code in one process (wantrain.inprocess). The goals of
-issue 26, on one seed of short runs: with three sites the run ends within 2 % of the same run
-without the attacker, no honest delta rejected; with two, no honest delta rejected and an alert
-raised; and the default screen changes no bit of an honest run."""
+issues 26 and 55, on one seed of short runs: with two and three sites the run ends within 2 % of
+the same run without the attacker (at two, by the commit check), no honest delta rejected or left
+out, an alert raised; and the default screen changes no bit of an honest run."""
 
 import json
 import subprocess
@@ -30,5 +30,8 @@ def test_quick_robustness_bench_meets_its_goals(tmp_path):
         assert three["goal"] and three["vs_absent"] <= 0.02 and three["honest_rejected"] == 0
         assert three["hostile_counted"] == "0/4"                  # rejected every round ...
         assert three["alert"] == [2]                              # ... and named after alert_after rounds
-        assert two["goal"] and two["honest_rejected"] == 0 and two["alert"] == [2]
+        # Two sites: the commit check leaves the hostile delta out; the run ends within 2 % of the
+        # honest site alone.
+        assert two["goal"] and two["vs_absent"] <= 0.02 and two["honest_rejected"] == 0 and two["alert"] == [2]
+    assert rows[(2, "honest")]["goal"] and rows[(2, "honest")]["honest_rejected"] == 0   # no false alarm
     assert rows[(3, "honest-trusted")]["final"] == rows[(3, "honest")]["final"]

@@ -136,7 +136,8 @@ class InProcessRun:
                                          counts[k].weight)
 
         def apply(kept: frozenset[str]):
-            return self.model.apply(round_, {k: c for k, c in counts.items() if k in kept}, side, substitute)
+            main = {k: c for k, c in counts.items() if k in kept} or {"": Contribution([None] * len(self.model.plan), 1.0)}
+            return self.model.apply(round_, main, side, substitute)
 
         (update, stats, _), decision = self.check.run(round_, counts, Checkable(
             apply, self.model.check_loss, self.model.state_dict, self.model.load_state_dict))

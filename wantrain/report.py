@@ -71,6 +71,8 @@ def summarize(events: list[dict]) -> dict:
         "hash_checks": len(checks),
         "hash_mismatches": sum(1 for c in checks if not c["ok"]),
         "errors": len(rows(events, "error")),
+        "commit_checks": len(rows(events, "check")),
+        "deltas_left_out": sum(len(e["left_out"]) for e in rows(events, "check")),
     }
 
 
@@ -125,6 +127,8 @@ _SUMMARY_LABELS = {
     "downlink_mb": "downlink, per site (MB)", "downlink_ratio": "downlink: x smaller than fp32",
     "huffman_bits_per_symbol": "Huffman bits per symbol (uplink mean)", "hash_checks": "replica hash checks",
     "hash_mismatches": "hash mismatches", "errors": "errors",
+    "commit_checks": "commits checked on held-out data (robust.check)",
+    "deltas_left_out": "deltas the commit check left out (each also under what happened)",
 }
 
 
