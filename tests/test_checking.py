@@ -187,3 +187,51 @@ def test_a_lone_delta_that_makes_the_model_worse_is_left_out():
     assert verdict.action == "reject" and decision.left_out == ("site-0",)
     assert decision.candidate > decision.base * 1.025 and decision.final < decision.candidate
     assert run.model.hash() != before           # the round still commits (its outer momentum moves on)
+
+
+@pytest.mark.timeout(180)
+def test_a_noisy_site_cannot_spoil_a_real_two_site_run(tmp_path):
+    """Over gRPC: a real site trains every round; mallory, authenticated, sends round 0 a delta of
+    noise well under the bound on arrival (what a broken GPU or a bad pipeline could send). The
+    commit check leaves it out; mallory hears why; the honest site's replicas agree throughout."""
+    from wantrain.auth import Authenticator
+    from wantrain.messages import DeltaOutcome, RoundResult
+    from wantrain.telemetry import rows
+
+    from .cluster import check_run
+    from .harness import InProcessCluster
+    from .test_hostile import HandSite
+
+    tokens = {"honest": "honest-token-0123456789", "mallory": "mallory-token-0123456789"}
+    cfg = small_config(num_sites=2, sites=["honest", "mallory"], **{
+        "train.rounds": 3, "train.inner_steps": 10, "train.quorum_wait_s": 0.5, "train.deadline_min_s": 30.0})
+
+    def attack(address: str) -> list:
+        m = HandSite(address, None, "mallory", tokens["mallory"])
+        try:
+            m.enter()
+            start = m.wait_round()
+            msgs, metrics = m.delta(start.round, seed=7, scale=0.1)
+            for x in msgs:
+                m.send(x)
+            m.send(metrics)
+            heard = []
+            while not heard or not isinstance(heard[-1], (DeltaOutcome, RoundResult)):
+                heard.append(m.recv())
+            return heard
+        finally:
+            m.close()
+
+    async def scenario():
+        async with InProcessCluster(cfg, tmp_path / "run", auth=Authenticator(tokens)) as c:
+            c.start_site("honest", token=tokens["honest"])
+            heard = await asyncio.to_thread(attack, c.address)
+            return heard, await c.finish()
+
+    heard, events = asyncio.run(scenario())
+    assert heard[-1].outcome == "rejected" and "commit check" in heard[-1].reason
+    first = rows(events, "check")[0]
+    assert first["round"] == 0 and first["left_out"] == ["mallory"]
+    ends = rows(events, "round_end")
+    assert all("mallory" not in e["sites"] for e in ends) and ends[-1]["val_loss"] < ends[0]["val_loss"]
+    check_run([e for e in events if e.get("site") != "mallory"], 3)
