@@ -47,10 +47,10 @@ from .screening import Verdict, parse_key
 __all__ = ["CommitCheck", "CheckDecision", "Checkable", "LEARNED_FACTOR", "MAX_TOLERANCE_FACTOR"]
 
 LEARNED_FACTOR = 2.0          # the tolerance: this x the largest median gain of leaving a delta out in a clean round ...
-MAX_TOLERANCE_FACTOR = 5.0    # ... up to this x robust.check_tolerance
-LONE_FACTOR = 5.0             # a lone delta is left out if it makes the check loss worse by this x check_tolerance
+MAX_TOLERANCE_FACTOR = 5.0    # ... up to this x robust.check_tolerance ...
 PROGRESS_SHARE = 0.1          # ... or this share of what the round lowers the check loss by, if more
 HONEST_WINDOW = 20            # clean rounds the tolerance is learned from
+LONE_FACTOR = 5.0             # a lone delta is left out if it makes the check loss worse by this x check_tolerance
 
 T = TypeVar("T")
 
@@ -95,7 +95,7 @@ class CommitCheck:
         self.robust = robust
         self.enabled = robust.checks(num_sites) and not sharded
         self.base: float | None = None                 # the current model's check loss (None: not yet taken)
-        self.gains: deque[float] = deque(maxlen=HONEST_WINDOW)   # clean rounds: the most leaving one out helped
+        self.gains: deque[float] = deque(maxlen=HONEST_WINDOW)   # clean rounds: the median gain of leaving one out
         self.windows: dict[str, list[tuple[int, bool]]] = {}     # site -> its last rounds: left out?
         self.alerted: set[str] = set()
         self.excluded: dict[str, int] = {}             # site -> the round it was excluded at
