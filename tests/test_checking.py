@@ -235,3 +235,18 @@ def test_a_noisy_site_cannot_spoil_a_real_two_site_run(tmp_path):
     ends = rows(events, "round_end")
     assert all("mallory" not in e["sites"] for e in ends) and ends[-1]["val_loss"] < ends[0]["val_loss"]
     check_run([e for e in events if e.get("site") != "mallory"], 3)
+
+
+def test_the_dashboard_shows_what_the_check_left_out():
+    from wantrain.ui.dashboard import Dashboard
+
+    d = Dashboard(min_interval_s=3600)
+    events = [{"kind": "check", "round": 3, "base": 3.3, "candidate": 3.5, "tolerance": 0.005,
+               "without": {"a": 3.6, "b": 3.2}, "left_out": ["b"], "final": 3.2, "t": 1.0, "elapsed_s": 1.0},
+              {"kind": "check", "round": 4, "base": 3.2, "candidate": 3.1, "tolerance": 0.005,
+               "without": {"a": 3.3, "b": 3.2}, "left_out": [], "final": 3.1, "t": 2.0, "elapsed_s": 2.0}]
+    for e in events:
+        d.add(e)
+    d.redraw()
+    assert "check</b> (round 3): left out b: check loss 3.5000 with, 3.2000 without" in d.status.value
+    assert "round 4" not in d.status.value                 # a check that left nothing out is no news

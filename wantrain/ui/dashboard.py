@@ -87,6 +87,8 @@ def _duration(s: float) -> str:
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
+CHECKS_SHOWN = 5         # the commit check's latest decisions that left a delta out, shown above the charts
+
 class Dashboard:
     """Live charts of one run: loss, wire and compression, links, timeline; rounds progress."""
 
@@ -276,12 +278,24 @@ class Dashboard:
         # The screen's alerts (wantrain.screening): who is out of line, since when, what was done.
         alerts = "".join(f"<div style='color:#b00020'><b>alert</b> (round {e.get('round', 0)}): "
                          f"{html.escape(e.get('message', ''))}</div>" for e in events if e["kind"] == "alert")
+        # The commit check's last decisions that left a delta out (wantrain.checking), and the losses
+        # they compared.
+        checks = "".join(_check_line(e) for e in [e for e in events if e["kind"] == "check" and e.get("left_out")]
+                         [-CHECKS_SHOWN:])
         if self.error:
             head = f"stopped: {self.error}"
         elif self.stopped_by_user and not done:
             head = f"stopped by the user after {len(ends)} rounds"
-        return f"{html.escape(head)}{alerts}<table>{rows}</table>"
+        return f"{html.escape(head)}{alerts}{checks}<table>{rows}</table>"
 
     def _ipython_display_(self) -> None:   # `dashboard` as the last line of a cell shows it
         from IPython.display import display
         display(self.box)
+
+
+def _check_line(e: dict) -> str:
+    """A commit check that left deltas out, as the dashboard shows it."""
+    without = ", ".join(f"{e['without'][k]:.4f}" for k in e["left_out"] if k in e["without"])
+    return (f"<div style='color:#6a1b9a'><b>check</b> (round {e['round']}): left out "
+            f"{html.escape(', '.join(e['left_out']))}: check loss {e['candidate']:.4f} with, {without} without "
+            f"(the model before: {e['base']:.4f})</div>")
