@@ -52,7 +52,7 @@ def _plain(host: str) -> str:
 class ConnectionGuard:
     """Sheds the oldest never-authenticated connections of an address over its cap."""
 
-    def __init__(self, limits: Limits, report: Callable[..., None] | None = None) -> None:
+    def __init__(self, limits: Limits, report: Callable[..., object] | None = None) -> None:
         """`report(peer=, connections=, shed=, cap=)`: what was shed from one address since it last said."""
         self.cap = limits.max_unauthenticated_per_peer
         self.report = report
