@@ -170,25 +170,6 @@ def test_an_operator_clears_an_excluded_site_from_the_command_line(tmp_path):
     assert excluded == {} and [e["site"] for e in events] == ["b"]
 
 
-@pytest.mark.timeout(120)
-def test_a_lone_delta_that_makes_the_model_worse_is_left_out():
-    """One delta in a round (one site, or the other late): nothing to compare it with, so it is left
-    out if it makes the check loss worse by more than 5x robust.check_tolerance; an honest one is kept."""
-    run = tiny_run(1)
-    for r in range(2):
-        start = run.start()
-        assert run.commit(r, {"site-0": run.train("site-0", r, start)[1]})["site-0"].action == "accept"
-    before = run.model.hash()
-    start = run.start()
-    d, _ = run.train("site-0", 2, start)
-    bad = run.encode(reversed_update(d, 8.0), 10_000, run.uplinks["site-0"], None)
-    verdict = run.commit(2, {"site-0": bad})["site-0"]
-    decision = run.checks[-1]
-    assert verdict.action == "reject" and decision.left_out == ("site-0",)
-    assert decision.candidate > decision.base * 1.025 and decision.final < decision.candidate
-    assert run.model.hash() != before           # the round still commits (its outer momentum moves on)
-
-
 @pytest.mark.timeout(180)
 def test_a_noisy_site_cannot_spoil_a_real_two_site_run(tmp_path):
     """Over gRPC: a real site trains every round; mallory, authenticated, sends round 0 a delta of
@@ -211,7 +192,7 @@ def test_a_noisy_site_cannot_spoil_a_real_two_site_run(tmp_path):
         try:
             m.enter()
             start = m.wait_round()
-            msgs, metrics = m.delta(start.round, seed=7, scale=0.1)
+            msgs, metrics = m.delta(start.round, seed=7, scale=0.25)
             for x in msgs:
                 m.send(x)
             m.send(metrics)

@@ -124,7 +124,10 @@ class HandSite:
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile")
     certs = make_dev_certs(tmp / "tls")
-    cfg = small_config(num_sites=2, sites=["a", "b"], **{"train.rounds": 2})
+    # No round may commit while the attacks run: round 0 waits for b, which never sends (a valid
+    # delta of a's would otherwise close it at 3x a's time).
+    cfg = small_config(num_sites=2, sites=["a", "b"], **{"train.rounds": 2, "train.deadline_min_s": 3600.0,
+                                                          "train.deadline_initial_s": 3600.0})
     (tmp / "c.json").write_text(cfg.to_json())
     (tmp / "tokens.json").write_text(json.dumps(TOKENS))
     port = free_port()
