@@ -37,7 +37,7 @@ from wantrain.telemetry import rows  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--outage", type=float, default=200.0, help="seconds the third site's link is dark")
-    ap.add_argument("--policy", default="drop", choices=["drop", "stale"], help="train.late_policy")
+    ap.add_argument("--policy", default="drop", choices=["drop", "stale"], help="recovery.late_policy")
     args = ap.parse_args()
     # Rounds last a little over their 1 s budget: enough for the outage and about 30 after it.
     rounds = int(args.outage / 1.0) + 40

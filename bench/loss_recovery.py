@@ -11,7 +11,7 @@ transmission of the mean size, so a norm gain of a few hundred bytes is almost n
 Arms (issue 28's names in brackets):
 
     reliable       [B0] every chunk waited for: the deadline is far off
-    reliable-lanes [B0'] reliable, each delta spread over 4 lanes (extra TCP connections, train.lanes)
+    reliable-lanes [B0'] reliable, each delta spread over 4 lanes (extra TCP connections, recovery.lanes)
     drop           [B6] the old default: a deadline; a late delta is the others' mean, and its
                    site sends it again inside its next delta
     zero           [B1] a deadline; a late delta counts as zeros and is applied when it
@@ -23,32 +23,32 @@ Arms (issue 28's names in brackets):
     quorum         [B7] a minimum quorum (Decoupled DiLoCo's): once 60 % of the sites have
                    delivered, the deadline comes forward to twice the usual spread after; a late
                    delta counts, token-weighted and discounted, in the next round (late_policy stale)
-    salr           zero, counting the chunks in at the deadline (train.partial_deltas), closing
+    salr           zero, counting the chunks in at the deadline (recovery.partial_deltas), closing
                    early once what is missing is within 5 % of the round's importance; the rest of
                    a delta (its tail) flows while its site trains the next round; critical chunks
                    sent twice, XOR parity over the chunks holding half the importance, groups of 8;
                    each delta over 4 lanes, every chunk not acknowledged within 1 s sent again on
-                   another lane (train.hedge_s, train.hedge_all): a lost chunk comes again at once,
+                   another lane (recovery.hedge_s, recovery.hedge_all): a lost chunk comes again at once,
                    not a retransmission late
-    salr-probe     salr with role weights from a sensitivity probe every 2 rounds (train.probe_every:
+    salr-probe     salr with role weights from a sensitivity probe every 2 rounds (recovery.probe_every:
                    importance = role weight x energy; salr's is energy alone)
     salr-no-parity salr with critical copies, without parity (an ablation)
     salr-no-early  salr without the early close (an ablation)
     salr-no-hedge  salr over 4 lanes, without hedging (an ablation)
     salr-hedge-protected  salr hedging only the protected chunks (critical, in a parity group)
     salr-no-importance  salr with each chunk's importance its share of the elements, blind to its
-                   energy and role (train.importance "size"): the order, the parity and the loss
+                   energy and role (recovery.importance "size"): the order, the parity and the loss
                    budget by size alone (an ablation)
     salr-one-lane  salr on the Session alone: no lanes, no hedging (an ablation)
     salr-carry     salr with the rest of a delta carried into the site's next delta (zero-carry),
                    not sent late and applied outside the momentum
     salr-peer      salr with the others' mean standing in for a missing chunk (late_policy rescale:
                    the rest of the delta is then never applied, nor carried)
-    salr-extend    salr with the bounded extension (train.extend_above 0.1): a round still missing more
+    salr-extend    salr with the bounded extension (recovery.extend_above 0.1): a round still missing more
                    than a tenth of its importance at its deadline waits up to one deadline more
                    (where it can pay: lost chunks coming back sooner, --late-s 2)
     reliable-tail, salr-tail
-                   reliable and salr with the update's tail (train.downlink_budget 0.2): the low-energy
+                   reliable and salr with the update's tail (recovery.downlink_budget 0.2): the low-energy
                    fifth of each update's energy, ~36 % of its bytes on tiny, comes after the next
                    RoundStart and is patched in while the sites train (where it can pay: --bandwidth)
 
@@ -96,38 +96,38 @@ from wantrain.run import Run, describe_scenario
 from wantrain.run_compare import time_to_target
 from wantrain.telemetry import rows
 
-SALR = {"train.late_policy": "zero-outside", "train.partial_deltas": True, "train.critical_copies": True,
-        "train.parity_share": 0.5, "train.parity_group_size": 8, "train.lanes": 4, "train.hedge_s": 1.0,
-        "train.hedge_all": True}
+SALR = {"recovery.late_policy": "zero-outside", "recovery.partial_deltas": True, "recovery.critical_copies": True,
+        "recovery.parity_share": 0.5, "recovery.parity_group_size": 8, "recovery.lanes": 4, "recovery.hedge_s": 1.0,
+        "recovery.hedge_all": True}
 LANES = 4
-TAIL = 0.2                       # the tail arms' train.downlink_budget: on tiny, ~36 % of an update's bytes
+TAIL = 0.2                       # the tail arms' recovery.downlink_budget: on tiny, ~36 % of an update's bytes
 RELIABLE_DEADLINE_S = 120.0      # the reliable arm's: far off, every chunk is waited for
 # A delta counts whole or not at all, on the Session alone, unprotected: the whole-site behaviour the
-# baselines stand for (the product's defaults are SALR's: train.lanes, parity and critical copies on)
-WHOLE = {"train.partial_deltas": False, "train.loss_budget": 0.0, "train.lanes": 0, "train.critical_copies": False,
-         "train.parity_share": 0.0}
+# baselines stand for (the product's defaults are SALR's: recovery.lanes, parity and critical copies on)
+WHOLE = {"recovery.partial_deltas": False, "recovery.loss_budget": 0.0, "recovery.lanes": 0, "recovery.critical_copies": False,
+         "recovery.parity_share": 0.0}
 ARMS: dict[str, dict] = {         # each arm but "reliable" closes a round at the size's deadline
-    "reliable": {**WHOLE, "train.late_policy": "zero-outside"},
-    "reliable-lanes": {**WHOLE, "train.late_policy": "zero-outside", "train.lanes": LANES},
-    "drop": {**WHOLE, "train.late_policy": "drop"},
-    "zero": {**WHOLE, "train.late_policy": "zero-outside"},
-    "carry": {**WHOLE, "train.late_policy": "zero-carry"},
-    "stale": {**WHOLE, "train.late_policy": "stale"},
-    "rescale": {**WHOLE, "train.late_policy": "rescale"},
-    "quorum": {**WHOLE, "train.late_policy": "stale", "train.quorum_share": 0.6, "train.grace_factor": 2.0},
-    "salr": {**SALR, "train.loss_budget": 0.05},
-    "salr-probe": {**SALR, "train.loss_budget": 0.05, "train.probe_every": 2},
-    "salr-no-parity": {**SALR, "train.loss_budget": 0.05, "train.parity_share": 0.0},
-    "salr-no-hedge": {**SALR, "train.loss_budget": 0.05, "train.hedge_s": 0.0},
-    "salr-no-importance": {**SALR, "train.loss_budget": 0.05, "train.importance": "size"},
-    "salr-one-lane": {**SALR, "train.loss_budget": 0.05, "train.lanes": 0, "train.hedge_s": 0.0},
-    "salr-no-early": {**SALR, "train.loss_budget": 0.0},
-    "salr-carry": {**SALR, "train.late_policy": "zero-carry", "train.loss_budget": 0.05},
-    "salr-peer": {**SALR, "train.late_policy": "rescale", "train.loss_budget": 0.05},
-    "salr-hedge-protected": {**SALR, "train.loss_budget": 0.05, "train.hedge_all": False},
-    "salr-extend": {**SALR, "train.loss_budget": 0.05, "train.extend_above": 0.1},
-    "reliable-tail": {**WHOLE, "train.late_policy": "zero-outside", "train.downlink_budget": TAIL},
-    "salr-tail": {**SALR, "train.loss_budget": 0.05, "train.downlink_budget": TAIL},
+    "reliable": {**WHOLE, "recovery.late_policy": "zero-outside"},
+    "reliable-lanes": {**WHOLE, "recovery.late_policy": "zero-outside", "recovery.lanes": LANES},
+    "drop": {**WHOLE, "recovery.late_policy": "drop"},
+    "zero": {**WHOLE, "recovery.late_policy": "zero-outside"},
+    "carry": {**WHOLE, "recovery.late_policy": "zero-carry"},
+    "stale": {**WHOLE, "recovery.late_policy": "stale"},
+    "rescale": {**WHOLE, "recovery.late_policy": "rescale"},
+    "quorum": {**WHOLE, "recovery.late_policy": "stale", "schedule.quorum_share": 0.6, "schedule.grace_factor": 2.0},
+    "salr": {**SALR, "recovery.loss_budget": 0.05},
+    "salr-probe": {**SALR, "recovery.loss_budget": 0.05, "recovery.probe_every": 2},
+    "salr-no-parity": {**SALR, "recovery.loss_budget": 0.05, "recovery.parity_share": 0.0},
+    "salr-no-hedge": {**SALR, "recovery.loss_budget": 0.05, "recovery.hedge_s": 0.0},
+    "salr-no-importance": {**SALR, "recovery.loss_budget": 0.05, "recovery.importance": "size"},
+    "salr-one-lane": {**SALR, "recovery.loss_budget": 0.05, "recovery.lanes": 0, "recovery.hedge_s": 0.0},
+    "salr-no-early": {**SALR, "recovery.loss_budget": 0.0},
+    "salr-carry": {**SALR, "recovery.late_policy": "zero-carry", "recovery.loss_budget": 0.05},
+    "salr-peer": {**SALR, "recovery.late_policy": "rescale", "recovery.loss_budget": 0.05},
+    "salr-hedge-protected": {**SALR, "recovery.loss_budget": 0.05, "recovery.hedge_all": False},
+    "salr-extend": {**SALR, "recovery.loss_budget": 0.05, "recovery.extend_above": 0.1},
+    "reliable-tail": {**WHOLE, "recovery.late_policy": "zero-outside", "recovery.downlink_budget": TAIL},
+    "salr-tail": {**SALR, "recovery.loss_budget": 0.05, "recovery.downlink_budget": TAIL},
 }
 SIZES = {
     # quick's second arm: SALR without hedging, whose rounds close without the rest whatever the
@@ -191,15 +191,15 @@ class Link:
         return ", ".join(out) or "no blackouts or delay spikes"
 
 
-DERIVED = {"train.deadline_s": 0.0, "train.deadline_factor": 1.5, "train.deadline_min_s": 0.5}
+DERIVED = {"schedule.deadline_s": 0.0, "schedule.deadline_factor": 1.5, "schedule.deadline_min_s": 0.5}
 
 
 def deadline(arm: str, seconds: float) -> dict:
     """An arm's deadline: the reliable arms' far off; the others' `seconds` after a round's start, or
     (0) derived by the PS from the arrivals it timed, 1.5 x the typical one (ps/rounds.py)."""
     if arm.startswith("reliable"):
-        return {"train.deadline_s": RELIABLE_DEADLINE_S}
-    return {"train.deadline_s": seconds} if seconds else DERIVED
+        return {"schedule.deadline_s": RELIABLE_DEADLINE_S}
+    return {"schedule.deadline_s": seconds} if seconds else DERIVED
 
 
 def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: Path, outer_lr: float = 0.0
@@ -211,7 +211,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
         "model.preset": "tiny", "model.block_size": 64, "train.rounds": size["rounds"],
         "train.inner_steps": size["inner_steps"], "train.warmup_steps": size["inner_steps"], "train.seed": seed,
         "model.seed": seed,
-        "train.reliable_rounds": size["reliable_rounds"], "train.quorum_wait_s": 60.0,
+        "recovery.reliable_rounds": size["reliable_rounds"], "schedule.quorum_wait_s": 60.0,
         **deadline(arm, size["deadline_s"]), **ARMS[arm],
         **lr})
     t0 = time.time()
@@ -226,7 +226,7 @@ def run_arm(arm: str, size: dict, link: Link, seed: int, scenario: str, folder: 
     outcome = time_to_target(events, size["target"])
     assert outcome is not None
     round_s = [e["round_s"] for e in ends]
-    # past the warm-up (train.reliable_rounds), where every arm waits for every chunk alike
+    # past the warm-up (recovery.reliable_rounds), where every arm waits for every chunk alike
     after = [e["round_s"] for e in ends if e["round"] >= size["reliable_rounds"]] or round_s
     return {"arm": arm, "chunk_loss": loss, "burst": link.burst, "blackout_every_s": link.blackout_every_s,
             "blackout_s": link.blackout_s, "spikes_per_min": link.spikes_per_min, "packet_loss": link.packet_loss,

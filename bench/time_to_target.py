@@ -16,11 +16,11 @@ Arms:
     diloco-int8-huffman  ... int8 + Huffman (the default codec)
     time-budget          ... rounds of a fixed compute time: fast sites take more steps
     overlap              ... time-budgeted, and sites train the next round while the delta and the
-                         update are in transit (train.schedule = "overlap")
+                         update are in transit (schedule.mode = "overlap")
     controller           ... time-budgeted, each site's budget set by the PS's controller from what
-                         its link costs (train.controller = "adaptive", wantrain/ps/controller.py)
+                         its link costs (schedule.controller = "adaptive", wantrain/ps/controller.py)
     min-quorum           DiLoCo whose round closes once two thirds of its sites delivered, after an
-                         adaptive grace (train.quorum_share, as Decoupled DiLoCo has); later deltas
+                         adaptive grace (schedule.quorum_share, as Decoupled DiLoCo has); later deltas
                          count in a later round (the default late policy)
     async                asynchronous DiLoCo with staleness-aware merging, in the manner of HALoS:
                          a round closes as soon as one site delivered (and half a second more),
@@ -69,17 +69,17 @@ ARMS: dict[str, dict] = {
     "diloco-int8": {"codec.mode": "int8"},
     "diloco-int8-huffman": {},
     "time-budget": {"budget": True},
-    "overlap": {"budget": True, "train.schedule": "overlap"},
-    "controller": {"budget": True, "train.controller": "adaptive"},
-    "min-quorum": {"train.quorum_share": 0.67},
-    "async": {"train.quorum_share": 0.01, "train.grace_factor": 0.0, "train.late_policy": "stale",
+    "overlap": {"budget": True, "schedule.mode": "overlap"},
+    "controller": {"budget": True, "schedule.controller": "adaptive"},
+    "min-quorum": {"schedule.quorum_share": 0.67},
+    "async": {"schedule.quorum_share": 0.01, "schedule.grace_factor": 0.0, "recovery.late_policy": "stale",
               "rounds_per_site": True},
     "streaming": {"train.fragments": 4},
 }
 EXTRA_ARMS: dict[str, dict] = {     # not in the default set: for looking closer (--arms)
-    "overlap-steps": {"train.schedule": "overlap"},
+    "overlap-steps": {"schedule.mode": "overlap"},
     # the controller's budgets and codec under the overlap schedule (the schedule as a lever, measured)
-    "controller-overlap": {"budget": True, "train.controller": "adaptive", "train.schedule": "overlap"},
+    "controller-overlap": {"budget": True, "schedule.controller": "adaptive", "schedule.mode": "overlap"},
     "trusted": {"robust.trust": "trusted"},    # diloco-int8-huffman without comparing deltas (issue 26's cost)
     # codecs below 8 bits (docs/codecs.md, bench/codec_leaderboard.py): top-k deltas of 1/64 each block,
     # the update as top-k too, or in 4 or 8 bits
@@ -124,7 +124,7 @@ def arm_config(arm: str, size: dict, seed: int, sites: list[str]) -> RunConfig:
     if spec.get("budget"):
         changes["train.round_budget_s"] = size["budget_s"]
     return RunConfig().replace(num_sites=len(sites), sites=sites, **{"train.seed": seed, "model.seed": seed,
-                                                                     "train.quorum_wait_s": 60.0, **changes})
+                                                                     "schedule.quorum_wait_s": 60.0, **changes})
 
 
 STARTUP_S = 600.0    # processes, the first model download (over a lossy link: minutes) and round 0's start

@@ -32,7 +32,7 @@ def soak_config(rounds: int, inner_steps: int = 20):
     # Validation on 16 batches (4096 tokens), not the tests' 2: a 2 % comparison needs it.
     return small_config(sites=["a", "b", "c"], **{"train.rounds": rounds, "train.inner_steps": inner_steps,
                                                   "train.warmup_steps": 20, "train.eval_batches": 16,
-                                                  "train.deadline_min_s": 15.0, "train.deadline_initial_s": 60.0})
+                                                  "schedule.deadline_min_s": 15.0, "schedule.deadline_initial_s": 60.0})
 
 
 def run_once(tmp: Path, rounds: int, site_kills: int, ps_kill: bool, seed: int, inner_steps: int = 20,

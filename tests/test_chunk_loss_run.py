@@ -1,6 +1,6 @@
 """Chunks of a delta late over real gRPC, in real processes: a site of the run plan loses a share of
 its chunks on purpose (`chunk_loss`: each comes `chunk_late_s` after the others), and under
-late_policy "zero-outside" with `train.partial_deltas` and a `loss_budget` each round after the
+late_policy "zero-outside" with `recovery.partial_deltas` and a `loss_budget` each round after the
 warm-up closes as soon as what is missing is within the budget, counting the chunks that are in,
 and the next applies the rest outside the outer momentum; the site sends that rest while it trains
 the next round, which counts on it. Its critical chunks go twice and its most important ones with
@@ -28,10 +28,10 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
     lossy = plan.names[1]
     plan = plan.with_site(lossy, chunk_loss=0.15, chunk_late_s=2.0)
     cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,
-                          "train.deadline_s": 4.0, "train.late_policy": "zero-outside", "train.partial_deltas": True,
-                          "train.loss_budget": 0.2, "train.reliable_rounds": 2, "train.quorum_wait_s": 1.0,
-                          "train.critical_copies": True, "train.parity_share": 0.5,
-                          "train.lanes": 0})    # the Session's path; over lanes, hedges: test_lanes.py
+                          "schedule.deadline_s": 4.0, "recovery.late_policy": "zero-outside", "recovery.partial_deltas": True,
+                          "recovery.loss_budget": 0.2, "recovery.reliable_rounds": 2, "schedule.quorum_wait_s": 1.0,
+                          "recovery.critical_copies": True, "recovery.parity_share": 0.5,
+                          "recovery.lanes": 0})    # the Session's path; over lanes, hedges: test_lanes.py
     with Run(cfg, run_dir=tmp_path / "run", plan=plan) as run:
         for _ in run.follow(timeout_s=240):
             pass

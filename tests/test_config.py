@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from wantrain.config import RunConfig
+from wantrain.config import RENAMED, LatePolicy, RecoveryConfig, RenamedKeyWarning, RunConfig, ScheduleMode
 from wantrain.errors import ConfigError
 
 
@@ -20,8 +20,8 @@ def test_json_round_trip():
     ({"data.val_fraction": 0.9}, "data.val_fraction"),
     ({"num_sites": 0}, "num_sites"),
     ({"train.inner_lr": float("nan")}, "train.inner_lr"),
-    ({"train.late_policy": "wait"}, "train.late_policy"),
-    ({"train.loss_budget": 1.0}, "train.loss_budget"),
+    ({"recovery.late_policy": "wait"}, "recovery.late_policy"),
+    ({"recovery.loss_budget": 1.0}, "recovery.loss_budget"),
 ])
 def test_bad_values_name_the_field(change, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -29,10 +29,49 @@ def test_bad_values_name_the_field(change, field):
 
 
 def test_partial_deltas_count_only_under_a_policy_with_a_substitute():
-    assert RunConfig().train.counts_partial                       # the default: zero-outside, partial deltas
+    assert RunConfig().recovery.counts_partial                       # the default: zero-outside, partial deltas
     for policy in ("drop", "stale"):                              # a late delta whole or not at all
-        assert not RunConfig().replace(**{"train.late_policy": policy}).train.counts_partial
-    assert not RunConfig().replace(**{"train.partial_deltas": False}).train.counts_partial
+        assert not RunConfig().replace(**{"recovery.late_policy": policy}).recovery.counts_partial
+    assert not RunConfig().replace(**{"recovery.partial_deltas": False}).recovery.counts_partial
+
+
+def test_old_keys_load_with_one_warning_naming_the_new_key():
+    old = {"train": {"rounds": 3, "late_policy": "drop", "schedule": "overlap", "lanes": 2, "deadline_s": 30.0}}
+    with pytest.warns(RenamedKeyWarning) as caught:
+        cfg = RunConfig.from_dict(old)
+    assert sorted(str(w.message).split()[2] for w in caught) == sorted(
+        ["train.late_policy", "train.schedule", "train.lanes", "train.deadline_s"])
+    assert "recovery.late_policy" in " ".join(str(w.message) for w in caught)
+    assert (cfg.train.rounds, cfg.recovery.late_policy, cfg.schedule.mode, cfg.recovery.lanes,
+            cfg.schedule.deadline_s) == (3, LatePolicy.DROP, ScheduleMode.OVERLAP, 2, 30.0)
+    with pytest.warns(RenamedKeyWarning, match="train.hedge_s is now recovery.hedge_s"):
+        assert RunConfig().replace(**{"train.hedge_s": 0.5}).recovery.hedge_s == 0.5
+    with pytest.raises(ConfigError, match="both train.lanes and recovery.lanes"), pytest.warns(RenamedKeyWarning):
+        RunConfig.from_dict({"train": {"lanes": 2}, "recovery": {"lanes": 3}})
+    # every old key has a field at its new place, and no old key is a field of train any more
+    fields = RunConfig().to_dict()
+    for key, new in RENAMED.items():
+        section, name = new.split(".")
+        assert name in fields[section] and key.split(".")[1] not in fields["train"], key
+
+
+def test_a_policy_is_parsed_once_into_its_typed_value():
+    cfg = RunConfig().replace(**{"recovery.late_policy": "rescale"})
+    policy = cfg.recovery.late_policy
+    assert policy is LatePolicy.RESCALE and str(policy) == "rescale" and f"{policy}" == "rescale"
+    assert json.loads(cfg.to_json())["recovery"]["late_policy"] == "rescale"
+    assert RunConfig.from_json(cfg.to_json()) == cfg
+    assert RecoveryConfig(late_policy="zero-carry").late_policy is LatePolicy.ZERO_CARRY   # built in Python too
+    with pytest.raises(ConfigError, match=r"recovery.late_policy must be one of .*'zero-outside'"):
+        RecoveryConfig(late_policy="wait")
+    # the behaviour each value selects, in one table
+    rows = {p: (p.zero_substitute, p.applies_late, p.carries_unapplied, p.allows_partial, p.substitute)
+            for p in LatePolicy}
+    assert rows == {LatePolicy.DROP: (False, False, True, False, "peer"),
+                    LatePolicy.STALE: (False, True, True, False, "peer"),
+                    LatePolicy.RESCALE: (False, False, False, True, "peer"),
+                    LatePolicy.ZERO_OUTSIDE: (True, True, True, True, "zero"),
+                    LatePolicy.ZERO_CARRY: (True, False, True, True, "zero")}
 
 
 def test_unknown_and_mistyped_fields_are_named():

@@ -33,7 +33,7 @@ def dark_run(tmp_path, policy: str, outages: list[float], rounds: int) -> tuple[
         plan = plan.with_site(name, speed_factor=4.0)
     dark = plan.names[2]
     cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,
-                          "train.deadline_s": DEADLINE_S, "train.late_policy": policy, "train.quorum_wait_s": 1.0})
+                          "schedule.deadline_s": DEADLINE_S, "recovery.late_policy": policy, "schedule.quorum_wait_s": 1.0})
     pending, back_after = list(outages), 2          # the first outage once round 2 committed with everyone
     with Run(cfg, run_dir=tmp_path / policy, plan=plan) as run:
         for ev in run.follow(timeout_s=120 + 4 * rounds):

@@ -104,7 +104,7 @@ async def a_done_b_to_come(cfg):
 def test_the_deadline_says_how_much_of_a_late_delta_s_importance_is_missing():
     async def scenario():
         ps, b, b_manifest, b_msgs = await a_done_b_to_come(small_config(num_sites=2, **{
-            "train.rounds": 2, "train.deadline_s": 3.0, "train.partial_deltas": False}))    # a deadline, not put off
+            "train.rounds": 2, "schedule.deadline_s": 3.0, "recovery.partial_deltas": False}))    # a deadline, not put off
         ps.on_manifest(b, b_manifest)
         sent = sorted(range(len(b_msgs)), key=lambda i: -b_manifest.chunks[i].importance)[:len(b_msgs) // 2]
         for i in sent:
@@ -125,9 +125,9 @@ def _partial_run(tmp_path, policy, late_b):
     start minus every mass applied). In round 0 `late_b`: b sends its manifest and the top half of
     its chunks by importance before the deadline, the rest after; else it is on time. Returns the PS,
     the chunks b had in at the deadline and what a heard."""
-    cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 3.0, "train.late_policy": policy,
-                                       "train.partial_deltas": True, "train.checkpoint_every": 10,
-                                       "train.reliable_rounds": 0, "train.warmup_steps": 0, "train.outer_lr": 1.0,
+    cfg = small_config(num_sites=2, **{"train.rounds": 3, "schedule.deadline_s": 3.0, "recovery.late_policy": policy,
+                                       "recovery.partial_deltas": True, "train.checkpoint_every": 10,
+                                       "recovery.reliable_rounds": 0, "train.warmup_steps": 0, "train.outer_lr": 1.0,
                                        "train.outer_momentum": 0.0, "codec.mode": "fp32"})
 
     async def scenario():
@@ -199,9 +199,9 @@ def _early(missing_critical=False, no_manifest=False, budget=0.2, reliable_round
     of importance until what is missing of b is under `budget` (all its critical chunks, unless
     `missing_critical`; no manifest at all with `no_manifest`), then `trickle` more, 0.3 s apart.
     Returns the PS and whether round 0 closed."""
-    cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 5.0, "train.late_policy": "zero-outside",
-                                       "train.partial_deltas": True, "train.loss_budget": budget,
-                                       "train.reliable_rounds": reliable_rounds,
+    cfg = small_config(num_sites=2, **{"train.rounds": 2, "schedule.deadline_s": 5.0, "recovery.late_policy": "zero-outside",
+                                       "recovery.partial_deltas": True, "recovery.loss_budget": budget,
+                                       "recovery.reliable_rounds": reliable_rounds,
                                        "train.warmup_steps": 0})
 
     async def scenario():
@@ -249,8 +249,8 @@ def test_an_early_close_waits_for_a_delta_whose_every_chunk_is_in():
     """b's every chunk is in, its metrics not yet (a busy PS checks them slowly): nothing is missing,
     but closing now would count b's whole delta as a partial one and its metrics as late. The round
     waits past the grace, then completes when they come."""
-    cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 5.0, "train.late_policy": "zero-outside",
-                                       "train.partial_deltas": True, "train.reliable_rounds": 0,
+    cfg = small_config(num_sites=2, **{"train.rounds": 2, "schedule.deadline_s": 5.0, "recovery.late_policy": "zero-outside",
+                                       "recovery.partial_deltas": True, "recovery.reliable_rounds": 0,
                                        "train.warmup_steps": 0})
 
     async def scenario():
@@ -271,12 +271,12 @@ def test_an_early_close_waits_for_a_delta_whose_every_chunk_is_in():
 
 
 def _extended(more: bool):
-    """Two sites, a deadline of 2 s, train.extend_above 0.1: a's delta complete; of b's, at the
+    """Two sites, a deadline of 2 s, recovery.extend_above 0.1: a's delta complete; of b's, at the
     deadline, what holds 0.4 of its importance (0.2 of the round's: too much to go without). After
     the deadline, with `more`, chunks until the round misses 0.05. Returns the PS's round_end."""
-    cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 2.0, "train.late_policy": "zero-outside",
-                                       "train.loss_budget": 0.02, "train.extend_above": 0.1,
-                                       "train.reliable_rounds": 0, "train.warmup_steps": 0})
+    cfg = small_config(num_sites=2, **{"train.rounds": 2, "schedule.deadline_s": 2.0, "recovery.late_policy": "zero-outside",
+                                       "recovery.loss_budget": 0.02, "recovery.extend_above": 0.1,
+                                       "recovery.reliable_rounds": 0, "train.warmup_steps": 0})
 
     async def scenario():
         ps, b, b_manifest, b_msgs = await a_done_b_to_come(cfg)
@@ -317,8 +317,8 @@ def test_a_partial_delta_the_screen_rejects_counts_as_zeros_and_the_round_commit
     """Three sites; at the deadline b's manifest and half its chunks are in, and they point against
     a's and c's: the screen rejects them, zeros stand in for b, and the round commits and is told
     (its commit record names b missing; a restart replays it)."""
-    cfg = small_config(num_sites=3, **{"train.rounds": 2, "train.deadline_s": 2.0, "train.late_policy": "zero-outside",
-                                       "train.partial_deltas": True, "train.reliable_rounds": 0, "train.warmup_steps": 0,
+    cfg = small_config(num_sites=3, **{"train.rounds": 2, "schedule.deadline_s": 2.0, "recovery.late_policy": "zero-outside",
+                                       "recovery.partial_deltas": True, "recovery.reliable_rounds": 0, "train.warmup_steps": 0,
                                        "train.checkpoint_every": 10})
 
     async def scenario():
@@ -363,11 +363,11 @@ def m_weight(record: dict) -> float:
 
 @pytest.mark.parametrize("manifest", [True, False])
 def test_a_warm_up_round_puts_its_deadline_off_for_a_member_still_sending(manifest):
-    """train.reliable_rounds: a warm-up round tolerates no loss. At its deadline (1 s) b's manifest
+    """recovery.reliable_rounds: a warm-up round tolerates no loss. At its deadline (1 s) b's manifest
     and half its chunks are in: the round waits a deadline more, and b's whole delta counts. A member
     that sent nothing is a straggler as ever: the round closes without it at the deadline."""
-    cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_s": 1.0, "train.late_policy": "zero-outside",
-                                       "train.partial_deltas": True, "train.reliable_rounds": 1})
+    cfg = small_config(num_sites=2, **{"train.rounds": 2, "schedule.deadline_s": 1.0, "recovery.late_policy": "zero-outside",
+                                       "recovery.partial_deltas": True, "recovery.reliable_rounds": 1})
 
     async def scenario():
         ps, b, b_manifest, b_msgs = await a_done_b_to_come(cfg)

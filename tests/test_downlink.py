@@ -1,4 +1,4 @@
-"""The downlink's tail (train.downlink_budget; recovery/downlink.py): an update sent as a head before
+"""The downlink's tail (recovery.downlink_budget; recovery/downlink.py): an update sent as a head before
 the result and a tail after the next RoundStart, patched into the replica and into the round
 training from it. Unit tests, then a run over real gRPC in this process (tests/harness.py)."""
 
@@ -153,8 +153,8 @@ def test_rounds_whose_update_comes_in_a_head_and_a_tail_keep_every_replica_equal
     # reports every round's hash, equal to the PS's.
     rounds = 4
     cfg = small_config(num_sites=2, sites=["a", "b"], **{
-        "train.rounds": rounds, "train.inner_steps": 4, "train.warmup_steps": 0, "train.reliable_rounds": 1,
-        "train.quorum_wait_s": 1.0, "train.downlink_budget": 0.3})
+        "train.rounds": rounds, "train.inner_steps": 4, "train.warmup_steps": 0, "recovery.reliable_rounds": 1,
+        "schedule.quorum_wait_s": 1.0, "recovery.downlink_budget": 0.3})
     events, _ = run_in_process(cfg, tmp_path / "run", timeout_s=150)
     check_run(events, rounds)
     splits = rows(events, "update_split")

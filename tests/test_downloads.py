@@ -33,7 +33,7 @@ async def push(ps, link, round_, seed):
 @pytest.mark.timeout(120)
 def test_a_download_in_flight_keeps_its_round_while_two_rounds_commit(tmp_path):
     async def scenario():
-        cfg = small_config(num_sites=2, **{"train.rounds": 4, "train.quorum_wait_s": 0.0})
+        cfg = small_config(num_sites=2, **{"train.rounds": 4, "schedule.quorum_wait_s": 0.0})
         ps = ParameterServer(cfg, run_dir=tmp_path)
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
         for link, seed in ((a, 0), (b, 1)):
@@ -90,7 +90,7 @@ def test_a_site_rejoining_over_a_stalled_download_catches_up(tmp_path):
     rounds = 9
     cfg = small_config(sites=["a", "b", "c"], **{
         "model.preset": "small", "train.rounds": rounds, "train.inner_steps": 4, "train.round_budget_s": 2.0,
-        "train.quorum_wait_s": 0.5, "train.deadline_min_s": 30.0, "train.deadline_initial_s": 120.0})
+        "schedule.quorum_wait_s": 0.5, "schedule.deadline_min_s": 30.0, "schedule.deadline_initial_s": 120.0})
     c = Cluster(tmp_path, cfg, site_args=("--speed-factor", "4"))
     try:
         c.start_ps().wait_for("listening on")

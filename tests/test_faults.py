@@ -21,8 +21,8 @@ ROUNDS = 6
 
 def config(**changes):
     # About 2 s per round on 2 cores, so a restarted process (about 3 s) rejoins mid-run.
-    base = {"sites": ["a", "b", "c"], "train.rounds": ROUNDS, "train.inner_steps": 20, "train.quorum_wait_s": 1.0,
-            "train.deadline_min_s": 15.0, "train.deadline_initial_s": 60.0}
+    base = {"sites": ["a", "b", "c"], "train.rounds": ROUNDS, "train.inner_steps": 20, "schedule.quorum_wait_s": 1.0,
+            "schedule.deadline_min_s": 15.0, "schedule.deadline_initial_s": 60.0}
     base.update(changes)
     return small_config(**base)
 
@@ -39,7 +39,7 @@ def test_a_site_killed_in_each_phase_rejoins(tmp_path):
     # with 1 s, a busy machine once finished all 10 rounds first. Rounds 5 and 6 check that the
     # run goes on with it.
     rounds = 7
-    c = Cluster(tmp_path, config(**{"train.rounds": rounds, "train.quorum_wait_s": 120.0}))
+    c = Cluster(tmp_path, config(**{"train.rounds": rounds, "schedule.quorum_wait_s": 120.0}))
     kills: dict[str, float] = {}
     try:
         c.start_ps().wait_for("listening on")
@@ -74,7 +74,7 @@ def test_link_reset_mid_transfer(tmp_path):
     """A site's connection is reset while its delta is half sent: it reconnects and the run goes on.
     The next round waits for it (a long quorum wait): with the default 1 s, a busy machine once let
     a and c finish every round before b was back."""
-    events, t_reset = reset_b_while_it_pushes(config(**{"train.quorum_wait_s": 60.0}), tmp_path / "run", "push@2", 3.0)
+    events, t_reset = reset_b_while_it_pushes(config(**{"schedule.quorum_wait_s": 60.0}), tmp_path / "run", "push@2", 3.0)
     check_run(events, ROUNDS)
     left = [e for e in rows(events, "leave") if e["site"] == "b" and e["t"] >= t_reset - 1]
     back = [e for e in rows(events, "join") if e["site"] == "b" and e["t"] > t_reset]

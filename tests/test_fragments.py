@@ -36,10 +36,10 @@ def test_fragments_cut_the_tensors_in_order_into_parts_of_about_equal_size():
     assert synced(sizes, 1, 5) is None and synced(sizes, 3, 4) == parts[1]
     with pytest.raises(ConfigError, match="train.fragments must be 1 to the model's 8 tensors, got 9"):
         fragments(sizes, 9)
-    with pytest.raises(ConfigError, match="train.fragments.*schedule 'sync'"):
-        RunConfig().replace(**{"train.fragments": 2, "train.schedule": "overlap"})
-    with pytest.raises(ConfigError, match="train.late_policy.*'stale'.*another fragment"):
-        RunConfig().replace(**{"train.fragments": 2, "train.late_policy": "stale"})
+    with pytest.raises(ConfigError, match="train.fragments.*schedule.mode 'sync'"):
+        RunConfig().replace(**{"train.fragments": 2, "schedule.mode": "overlap"})
+    with pytest.raises(ConfigError, match="recovery.late_policy.*'stale'.*another fragment"):
+        RunConfig().replace(**{"train.fragments": 2, "recovery.late_policy": "stale"})
 
 
 @pytest.mark.timeout(120)

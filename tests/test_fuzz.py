@@ -96,7 +96,7 @@ def run(tmp_path_factory):
     """A PS with a shared secret, sites "real" (a real worker) and "fuzz" (a hand site for round 0)."""
     tmp = tmp_path_factory.mktemp("fuzz")
     cfg = small_config(num_sites=2, sites=["real", "fuzz"], **{
-        "train.rounds": 500, "train.inner_steps": 4, "train.quorum_wait_s": 0.2, "train.deadline_s": 3.0})
+        "train.rounds": 500, "train.inner_steps": 4, "schedule.quorum_wait_s": 0.2, "schedule.deadline_s": 3.0})
     (tmp / "c.json").write_text(cfg.to_json())
     (tmp / "secret").write_text(SECRET)
     port = free_port()

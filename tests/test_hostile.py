@@ -126,8 +126,8 @@ def server(tmp_path_factory):
     certs = make_dev_certs(tmp / "tls")
     # No round may commit while the attacks run: round 0 waits for b, which never sends (a valid
     # delta of a's would otherwise close it at 3x a's time).
-    cfg = small_config(num_sites=2, sites=["a", "b"], **{"train.rounds": 2, "train.deadline_min_s": 3600.0,
-                                                          "train.deadline_initial_s": 3600.0})
+    cfg = small_config(num_sites=2, sites=["a", "b"], **{"train.rounds": 2, "schedule.deadline_min_s": 3600.0,
+                                                          "schedule.deadline_initial_s": 3600.0})
     (tmp / "c.json").write_text(cfg.to_json())
     (tmp / "tokens.json").write_text(json.dumps(TOKENS))
     port = free_port()

@@ -77,7 +77,7 @@ def test_updates_the_controller_sent_in_int4_replay_bit_identically(tmp_path):
     from wantrain.ps.controller import SMALL_CODEC
 
     cfg = small_config(num_sites=2, **{"train.rounds": 6, "train.checkpoint_every": 10, "train.round_budget_s": 1.0,
-                                       "train.controller": "adaptive"})
+                                       "schedule.controller": "adaptive"})
 
     async def scenario():
         ps = ParameterServer(cfg, run_dir=tmp_path)
@@ -153,7 +153,7 @@ def test_a_late_delta_counted_rounds_later_is_replayed(tmp_path, policy):
     mean, at a discounted weight; with "zero-outside" outside the outer momentum, at the share of
     round 0 it was counted as zeros at. The journal names it by the round it was for, and replay
     finds it (and the zeros)."""
-    cfg = small_config(num_sites=2, **{"train.rounds": 4, "train.deadline_s": 4.0, "train.late_policy": policy,
+    cfg = small_config(num_sites=2, **{"train.rounds": 4, "schedule.deadline_s": 4.0, "recovery.late_policy": policy,
                                        "train.checkpoint_every": 10})
 
     async def scenario():

@@ -1,4 +1,4 @@
-"""Lanes: a site's deltas spread over extra TCP connections (train.lanes; docs/protocol.md 4b), over
+"""Lanes: a site's deltas spread over extra TCP connections (recovery.lanes; docs/protocol.md 4b), over
 real gRPC in this process (tests/harness.py). The hostile side of a lane is test_hostile.py's."""
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def test_deltas_over_lanes_commit_every_round_with_replicas_equal(tmp_path):
     # late. Every round commits once, every replica agrees at every hash check.
     rounds = 4
     cfg = small_config(num_sites=2, sites=["a", "b"], **{
-        "train.rounds": rounds, "train.inner_steps": 4, "train.warmup_steps": 0, "train.reliable_rounds": 1,
-        "train.deadline_s": 20.0, "train.quorum_wait_s": 1.0, "train.lanes": 3, "train.hedge_s": 0.3,
-        "train.critical_copies": True, "train.parity_share": 0.5, "train.parity_group_size": 4})
+        "train.rounds": rounds, "train.inner_steps": 4, "train.warmup_steps": 0, "recovery.reliable_rounds": 1,
+        "schedule.deadline_s": 20.0, "schedule.quorum_wait_s": 1.0, "recovery.lanes": 3, "recovery.hedge_s": 0.3,
+        "recovery.critical_copies": True, "recovery.parity_share": 0.5, "recovery.parity_group_size": 4})
     events, cluster = run_in_process(cfg, tmp_path / "run", timeout_s=150,
                                      site_options={"chunk_loss": (0.33, 1.0, 1.0)})
     check_run(events, rounds)
@@ -101,7 +101,7 @@ def test_a_chunks_copy_and_hedge_each_take_another_lane():
 def test_a_hedge_sends_again_only_protected_chunks_unless_hedge_all():
     # Every transmission acknowledged but the last plain chunk's (no parity: not protected) and
     # the first critical chunk's: a hedge sends the critical one again, and the plain one only
-    # under train.hedge_all.
+    # under recovery.hedge_all.
     rng = np.random.default_rng(1)
     arrays = {"h.w": rng.standard_normal(30000).astype(np.float32).reshape(100, 300),
               "h.b": rng.standard_normal(300).astype(np.float32)}

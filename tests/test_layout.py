@@ -131,8 +131,9 @@ LONG_BY_DESIGN: dict[str, str] = {
     "wantrain/run.py": "the composition root of a run's processes: starting, following and stopping them and the "
                         "faults injected on purpose (kill, outage, restart or move the PS, drop an SSH link) act on "
                         "the same processes and their bookkeeping (which were killed on purpose, restarts, the relay)",
-    "wantrain/config.py": "the run config: one frozen dataclass per section, each field's meaning, default and "
-                          "check beside it, the one place a user reads what a setting does",
+    "wantrain/config/sections.py": "the run config's sections: one frozen dataclass per owner, each field's "
+                                   "meaning, default and check beside it, the one place a user reads what a "
+                                   "setting does",
 }
 MAX_LINES = 400
 

@@ -49,13 +49,13 @@ def test_a_parity_group_rebuilds_any_one_lost_member():
 
 
 def test_protection_follows_the_loss_the_link_showed():
-    """train.protection_adapts: full parity and critical copies until a push was measured, fading
+    """recovery.protection_adapts: full parity and critical copies until a push was measured, fading
     with clean pushes to none, back in proportion as soon as chunks are lost; without it, the
     settings always."""
-    from wantrain.config import TrainConfig
+    from wantrain.config import RecoveryConfig
     from wantrain.recovery import PROTECT_FULL_AT, ProtectionGauge
 
-    gauge = ProtectionGauge(TrainConfig(parity_share=0.5))
+    gauge = ProtectionGauge(RecoveryConfig(parity_share=0.5))
     seen = []
     for _ in range(6):
         seen.append((gauge.share(), gauge.copies()))
@@ -64,9 +64,9 @@ def test_protection_follows_the_loss_the_link_showed():
     gauge.saw_loss(PROTECT_FULL_AT / 2)
     assert (gauge.share(), gauge.copies()) == (0.25, True)    # half the loss that earns it all
     gauge.saw_loss(0.3)
-    assert gauge.share() == 0.5                                # never more than train.parity_share
-    assert not ProtectionGauge(TrainConfig(critical_copies=False)).copies()
-    fixed = ProtectionGauge(TrainConfig(parity_share=0.5, protection_adapts=False))
+    assert gauge.share() == 0.5                                # never more than recovery.parity_share
+    assert not ProtectionGauge(RecoveryConfig(critical_copies=False)).copies()
+    fixed = ProtectionGauge(RecoveryConfig(parity_share=0.5, protection_adapts=False))
     fixed.saw_loss(0.0)
     assert (fixed.share(), fixed.copies()) == (0.5, True)
 
@@ -120,11 +120,12 @@ def test_chunk_loss_names_a_bad_setting():
 
 
 def test_a_manifest_blind_to_energy_weighs_chunks_by_their_elements():
+    from wantrain.config import Importance
     from wantrain.recovery import build_manifest
 
     m, chunks, decoded = _manifest()
     roles = {c.tensor: c.role for c in m.chunks}
-    size = build_manifest(4, chunks, decoded, roles, tokens=4096, steps=8, by="size")
+    size = build_manifest(4, chunks, decoded, roles, tokens=4096, steps=8, by=Importance.SIZE)
     total = sum(spec.length for spec, _ in chunks)
     assert [c.importance for c in size.chunks] == pytest.approx([spec.length / total for spec, _ in chunks])
     assert [c.energy for c in size.chunks] == [c.energy for c in m.chunks]       # energy still reported

@@ -117,7 +117,7 @@ def test_overlap_run_keeps_every_replica_identical(tmp_path):
     The PS stalls 1.5 s in every round's aggregation, so each site has time to train ahead
     (steps_ahead > 0) while it waits for the update; every site's hash equals the PS's after every
     round, and the loss falls."""
-    cfg = small_config(**{"train.schedule": "overlap", "train.rounds": 5, "train.inner_steps": 6})
+    cfg = small_config(**{"schedule.mode": "overlap", "train.rounds": 5, "train.inner_steps": 6})
     events, _ = run_in_process(cfg.replace(sites=["a", "b", "c"]), tmp_path / "run", stalls={"aggregate": 1.5})
     check_run(events, 5)
     checks = rows(events, "hash_check")
@@ -138,7 +138,7 @@ def test_demo_command_line_chooses_the_schedule():
     from wantrain.errors import ConfigError
 
     cfg = demo_config(build_parser().parse_args(["demo", "--schedule", "overlap", "--round-budget", "3"]))
-    assert cfg.train.schedule == "overlap" and cfg.train.round_budget_s == 3
-    assert demo_config(build_parser().parse_args(["demo"])).train.schedule == "sync"
-    with pytest.raises(ConfigError, match="train.schedule must be one of"):
-        small_config(**{"train.schedule": "eager"})
+    assert cfg.schedule.mode == "overlap" and cfg.train.round_budget_s == 3
+    assert demo_config(build_parser().parse_args(["demo"])).schedule.mode == "sync"
+    with pytest.raises(ConfigError, match="schedule.mode must be one of"):
+        small_config(**{"schedule.mode": "eager"})

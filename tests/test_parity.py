@@ -38,7 +38,7 @@ def protected(ps, round_=0, share=1.0):
 async def commit(lost=(), send_parity=True, extra=(), share=1.0, hedge_all=False):
     """One site's round 0 with chunks `lost` never sent, then `extra` messages before the metrics;
     the PS's round, hash and site_round event."""
-    ps = ParameterServer(small_config(num_sites=1, **{"train.hedge_all": hedge_all, "train.lanes": 2}), run_dir=None)
+    ps = ParameterServer(small_config(num_sites=1, **{"recovery.hedge_all": hedge_all, "recovery.lanes": 2}), run_dir=None)
     a = enter(ps, Join("a"))
     drain(a)
     manifest, msgs, m, parity = protected(ps, share=share)
@@ -116,7 +116,7 @@ def test_a_protected_chunk_may_come_with_its_copy_and_hedges_and_no_more():
     assert asyncio.run(commit(extra=[plain]))[:2] == whole[:2]       # in a parity group: protected
     with pytest.raises(ProtocolError, match="arrived twice"):        # in none: once only
         asyncio.run(commit(extra=[plain], share=0.0, send_parity=False))
-    # train.hedge_all (a site with lanes): any chunk may be hedged, so come with its hedges, never
+    # recovery.hedge_all (a site with lanes): any chunk may be hedged, so come with its hedges, never
     # more; without lanes no site hedges, and a plain chunk comes once (tests/test_hostile.py)
     assert asyncio.run(commit(extra=[plain] * MAX_HEDGES, share=0.0, send_parity=False,
                               hedge_all=True))[:2] == whole[:2]
@@ -161,8 +161,8 @@ def test_a_site_s_push_under_chunk_loss_sends_late_only_what_the_ps_cannot_rebui
     """The site's own transmissions (critical copies, parity over the chunks holding all the
     importance) through a lossy link: the PS rebuilds what parity covers; only the rest goes late,
     and the round commits with the model the lossless push gives."""
-    cfg = small_config(num_sites=1, **{"train.critical_copies": True, "train.parity_share": 1.0,
-                                       "train.parity_group_size": 4, "train.lanes": 0})   # the Session's path
+    cfg = small_config(num_sites=1, **{"recovery.critical_copies": True, "recovery.parity_share": 1.0,
+                                       "recovery.parity_group_size": 4, "recovery.lanes": 0})   # the Session's path
 
     async def scenario(rate):
         ps = ParameterServer(cfg, run_dir=None)

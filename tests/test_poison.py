@@ -183,7 +183,7 @@ def test_a_hostile_site_cannot_poison_a_real_run(tmp_path):
     site trains every round, the validation loss stays finite, every replica agrees."""
     tokens = {"honest": "honest-token-0123456789", "mallory": "mallory-token-0123456789"}
     cfg = small_config(num_sites=2, sites=["honest", "mallory"], **{
-        "codec.mode": "fp32", "train.rounds": 4, "train.inner_steps": 10, "train.quorum_wait_s": 0.5})
+        "codec.mode": "fp32", "train.rounds": 4, "train.inner_steps": 10, "schedule.quorum_wait_s": 0.5})
 
     def attack(address: str, kind: str):
         m = HandSite(address, None, "mallory", tokens["mallory"])

@@ -34,7 +34,7 @@ def check_recovered(events: list[dict], rounds: int, resumed_at: set[int]) -> No
 def cluster_door(tmp_path, phase: str) -> tuple[list[dict], int, set[int]]:
     rounds = 5
     cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 10,
-                          "train.quorum_wait_s": 1.0, "train.deadline_min_s": 15.0, "train.deadline_initial_s": 60.0})
+                          "schedule.quorum_wait_s": 1.0, "schedule.deadline_min_s": 15.0, "schedule.deadline_initial_s": 60.0})
     c = Cluster(tmp_path, cfg)
     try:
         c.start_ps("--stall", f"{phase}=60").wait_for("listening on")
@@ -56,7 +56,7 @@ def run_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     # Rounds are 2 s compute budgets, so the killed site (a new process: seconds on a busy machine)
     # is back before the run ends however fast the machine is; the PS restarts once it is.
     rounds = 8
-    cfg = small_config(num_sites=2, **{"train.rounds": rounds, "train.round_budget_s": 2.0, "train.quorum_wait_s": 1.0})
+    cfg = small_config(num_sites=2, **{"train.rounds": rounds, "train.round_budget_s": 2.0, "schedule.quorum_wait_s": 1.0})
     restarted_after = None
     with Run(cfg, run_dir=tmp_path / "run") as run:
         victim = run.sites[0]
@@ -86,7 +86,7 @@ def move_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     """The PS moved to another region mid-run (Run.move_ps): stopped, started again from its
     checkpoint, the sites' links now with that region's RTTs; the sites come back by themselves."""
     rounds = 5
-    cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.quorum_wait_s": 60.0})
+    cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "schedule.quorum_wait_s": 60.0})
     with Run(cfg, run_dir=tmp_path / "run", scenario="loopback") as run:   # every site and the PS in East US
         moved = False
         for ev in run.follow(timeout_s=300):
@@ -121,7 +121,7 @@ def remote_door(tmp_path, venvs: str) -> tuple[list[dict], int, set[int]]:
     site = RemoteSite(edge.url, key_file=edge.key_file, known_hosts=str(edge.known_hosts), **common)
     rounds = 5
     cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.inner_steps": 12,
-                          "train.quorum_wait_s": 120.0})
+                          "schedule.quorum_wait_s": 120.0})
     try:
         with Run(cfg, run_dir=tmp_path / "run", ps_on=ps, remote={"b": site}) as run:
             assert run.address != run.site_address and run.address.startswith("127.0.0.1:")   # a forward
@@ -149,8 +149,8 @@ def shard_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     # round must count all three), and a round whose deltas are all in commits without waiting for them.
     rounds = 5
     cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 10,
-                          "train.quorum_wait_s": 150.0, "train.deadline_min_s": 150.0,
-                          "train.deadline_initial_s": 150.0})
+                          "schedule.quorum_wait_s": 150.0, "schedule.deadline_min_s": 150.0,
+                          "schedule.deadline_initial_s": 150.0})
     c = ShardedCluster(tmp_path, cfg, shards=2)
     killed = 1
     try:

@@ -6,7 +6,7 @@ import pytest
 
 from wantrain.errors import ProtocolError
 from wantrain.messages import RoundMetrics
-from wantrain.config import TrainConfig
+from wantrain.config import ScheduleConfig
 from wantrain.ps.rounds import RoundClock, RoundState
 from wantrain.ps.uploads import Upload
 
@@ -60,7 +60,7 @@ def test_with_fixed_steps_a_site_joins_a_running_round_only_with_time_to_deliver
     assert s.admission("b", 0.0, now=102.8, needs_s=2.5) is None       # 1.2 s left: the next round
     assert s.admission("b", 0.0, now=102.8) == 0.0                     # never timed: it may try
     assert s.admission("b", 0.0, now=104.5) is None                    # past the deadline
-    clock = RoundClock(TrainConfig())
+    clock = RoundClock(ScheduleConfig())
     assert clock.site_s("b") == 0.0
     for after_s in (4.0, 9.0, 5.0):
         clock.arrived("b", after_s)
@@ -126,11 +126,11 @@ def test_a_site_whose_round_counted_its_chunks_in_owes_only_a_tail_and_is_counte
 
 
 def test_what_becomes_of_a_late_delta():
-    from wantrain.config import TrainConfig
+    from wantrain.config import RecoveryConfig
     from wantrain.ps.rounds import late_outcome
 
-    drop = TrainConfig(late_policy="drop")
-    stale = TrainConfig(late_policy="stale", staleness_discount=0.5)
+    drop = RecoveryConfig(late_policy="drop")
+    stale = RecoveryConfig(late_policy="stale", staleness_discount=0.5)
     assert late_outcome(drop, 3, committed=4, aggregating=False)[0] == "dropped"
     action, why = late_outcome(stale, 3, committed=4, aggregating=False)
     assert action == "deferred" and "counts in round 4" in why and "0.5" in why
@@ -138,11 +138,11 @@ def test_what_becomes_of_a_late_delta():
     assert late_outcome(stale, 3, committed=5, aggregating=True)[0] == "dropped"      # its next commit is 6
     action, why = late_outcome(stale, 3, committed=9, aggregating=False)
     assert action == "dropped" and "too stale" in why
-    outside = TrainConfig(late_policy="zero-outside")
+    outside = RecoveryConfig(late_policy="zero-outside")
     action, why = late_outcome(outside, 3, committed=3, aggregating=True)          # arrived while 3 commits
     assert action == "deferred" and "applied when round 4 commits" in why and "outside the outer momentum" in why
     assert late_outcome(outside, 3, committed=6, aggregating=False)[0] == "dropped"
-    action, why = late_outcome(TrainConfig(late_policy="rescale"), 3, committed=4, aggregating=False)
+    action, why = late_outcome(RecoveryConfig(late_policy="rescale"), 3, committed=4, aggregating=False)
     assert action == "dropped" and "stood in for it" in why
 
 

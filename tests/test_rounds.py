@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from wantrain.config import TrainConfig
+from wantrain.config import ScheduleConfig
 from wantrain.messages import DeltaOutcome, HashReport, Join, RoundResult, RoundStart
 from wantrain.ps import ParameterServer
 from wantrain.ps import rounds
@@ -18,22 +18,22 @@ from .test_server import delta_chunks, drain, enter, rows_of
 
 
 def test_derived_deadline_follows_recent_arrivals():
-    clock = RoundClock(TrainConfig(deadline_initial_s=300, deadline_min_s=2, deadline_factor=3))
+    clock = RoundClock(ScheduleConfig(deadline_initial_s=300, deadline_min_s=2, deadline_factor=3))
     assert clock.deadline_s() == 300                          # nothing timed yet
     for site, a in (("a", 1.0), ("b", 1.2), ("c", 5.0)):
         clock.arrived(site, a)
     assert clock.deadline_s() == pytest.approx(3.6)           # 3 x median 1.2
-    budget = RoundClock(TrainConfig(round_budget_s=10, deadline_min_s=2, deadline_factor=3))
+    budget = RoundClock(ScheduleConfig(deadline_min_s=2, deadline_factor=3), budget_s=10)
     budget.arrived("a", 10.5)
     assert budget.deadline_s() == pytest.approx(12)           # budget + max(floor, 3 x 0.5)
-    assert RoundClock(TrainConfig(deadline_s=7)).deadline_s() == 7
+    assert RoundClock(ScheduleConfig(deadline_s=7)).deadline_s() == 7
 
 
 def test_a_site_away_for_a_while_keeps_its_place_in_the_deadline():
     """The typical arrival is the median over sites of each site's own median: while c is dark, a and
     b arrive round after round, and the deadline still leaves c the time it took before; nor can one
     site, however slow or however many deltas it sends, move it past the next site's time."""
-    clock = RoundClock(TrainConfig(deadline_min_s=0.5, deadline_factor=1.5))
+    clock = RoundClock(ScheduleConfig(deadline_min_s=0.5, deadline_factor=1.5))
     for site, a in (("a", 2.0), ("b", 2.4), ("c", 3.0)):
         clock.arrived(site, a)
     before = clock.deadline_s()
@@ -48,8 +48,7 @@ def test_a_site_away_for_a_while_keeps_its_place_in_the_deadline():
 
 
 def test_one_sites_lateness_cannot_stretch_the_deadline():
-    t = TrainConfig(deadline_min_s=0.5, deadline_factor=3, round_budget_s=10, deadline_initial_s=600)
-    two = RoundClock(t)
+    two = RoundClock(ScheduleConfig(deadline_min_s=0.5, deadline_factor=3, deadline_initial_s=600), budget_s=10)
     for _ in range(8):
         two.arrived("honest", 10.4)
         two.arrived("drip", 90.0)
@@ -60,7 +59,7 @@ def test_one_sites_lateness_cannot_stretch_the_deadline():
 def test_the_first_round_is_bounded_by_its_first_half():
     """Nothing timed: deadline_initial_s, brought forward once half the sites are in, to 3x their
     time but never under deadline_min_s: a drip holds round 0 for 3x the others' time."""
-    clock = RoundClock(TrainConfig(deadline_initial_s=600, deadline_min_s=10))
+    clock = RoundClock(ScheduleConfig(deadline_initial_s=600, deadline_min_s=10))
     assert clock.untimed and clock.deadline_s() == 600
     assert clock.first_round_bound_s([], 2) is None and clock.first_round_bound_s([3.0], 1) is None
     assert clock.first_round_bound_s([3.0], 2) == 10                   # the floor
@@ -69,15 +68,15 @@ def test_the_first_round_is_bounded_by_its_first_half():
     assert clock.first_round_bound_s([30.0, 20.0], 3) == 90            # 3 x the second arrival
     assert clock.first_round_bound_s([300.0, 290.0], 3) == 600         # never past deadline_initial_s
     clock.arrived("a", 1.0)
-    assert not clock.untimed and not RoundClock(TrainConfig(deadline_s=30)).untimed
-    assert RoundClock(TrainConfig(deadline_initial_s=5)).first_round_bound_s([1.0], 2) == 5    # never later
+    assert not clock.untimed and not RoundClock(ScheduleConfig(deadline_s=30)).untimed
+    assert RoundClock(ScheduleConfig(deadline_initial_s=5)).first_round_bound_s([1.0], 2) == 5    # never later
 
 
 def test_a_quorum_brings_the_deadline_to_a_grace_that_follows_the_usual_spread():
-    """train.quorum_share: once that share of the members are in, the deadline is the quorum's last
+    """schedule.quorum_share: once that share of the members are in, the deadline is the quorum's last
     arrival plus grace_factor x how much later the slowest member usually delivers than the
     quorum's (each one's median), never under QUORUM_GRACE_FLOOR_S."""
-    clock = RoundClock(TrainConfig(deadline_s=30, quorum_share=0.5, grace_factor=2.0))
+    clock = RoundClock(ScheduleConfig(deadline_s=30, quorum_share=0.5, grace_factor=2.0))
     members = {"a", "b", "c", "d"}
     assert clock.quorum_bound_s([1.0], members) is None                   # two of four needed
     assert clock.quorum_bound_s([1.0, 2.0], members) == 2.0 + rounds.QUORUM_GRACE_FLOOR_S   # nothing timed
@@ -86,7 +85,7 @@ def test_a_quorum_brings_the_deadline_to_a_grace_that_follows_the_usual_spread()
     assert clock.quorum_bound_s([1.5, 1.0], members) == pytest.approx(1.5 + 2.0 * (4.0 - 2.0))
     assert clock.quorum_bound_s([1.1, 1.0], {"a", "b"}) == pytest.approx(1.0 + 2.0 * (2.0 - 1.0))   # one of two
     assert clock.quorum_bound_s([1.0, 1.1], {"a", "c"}) == pytest.approx(1.0 + 2.0 * (2.5 - 1.0))
-    assert RoundClock(TrainConfig(deadline_s=30)).quorum_bound_s([1.0, 2.0], members) is None   # off
+    assert RoundClock(ScheduleConfig(deadline_s=30)).quorum_bound_s([1.0, 2.0], members) is None   # off
 
 
 @pytest.mark.timeout(120)
@@ -94,8 +93,8 @@ def test_a_round_with_a_quorum_closes_a_grace_after_it_not_at_its_deadline(tmp_p
     """Three sites, quorum_share 0.5 (two), a fixed deadline of 60 s: a and b deliver, c never does.
     The round commits about QUORUM_GRACE_FLOOR_S after b (nothing timed yet), with c missing."""
     async def scenario():
-        cfg = small_config(num_sites=3, **{"train.rounds": 2, "train.deadline_s": 60.0, "train.quorum_share": 0.5,
-                                           "train.late_policy": "stale"})
+        cfg = small_config(num_sites=3, **{"train.rounds": 2, "schedule.deadline_s": 60.0, "schedule.quorum_share": 0.5,
+                                           "recovery.late_policy": "stale"})
         ps = ParameterServer(cfg, run_dir=tmp_path)
         (a0, am0), (b0, bm0) = (delta_chunks(ps, 0, seed=s) for s in (0, 1))
         a, b, c = (enter(ps, Join(n)) for n in "abc")
@@ -121,8 +120,8 @@ def test_a_site_that_drips_its_first_delta_holds_the_others_only_to_the_bound(tm
     deadline_initial_s 60 s, the round commits at 3x a's time (issue 55: it held the others 54 s
     against their 7-10 s under a 120 s floor), naming b."""
     async def scenario():
-        cfg = small_config(num_sites=2, **{"train.rounds": 2, "train.deadline_initial_s": 60.0,
-                                           "train.deadline_min_s": 1.0})
+        cfg = small_config(num_sites=2, **{"train.rounds": 2, "schedule.deadline_initial_s": 60.0,
+                                           "schedule.deadline_min_s": 1.0})
         ps = ParameterServer(cfg, run_dir=tmp_path)
         (a0, am0), (b0, _) = (delta_chunks(ps, 0, seed=s) for s in (0, 1))
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
@@ -151,8 +150,8 @@ def test_a_site_that_drips_its_delta_holds_the_others_only_to_their_own_deadline
     is derived from a's time (the faster of two), not stretched by b's: the round commits at it
     with a deadline event naming b."""
     async def scenario():
-        cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_min_s": 0.5,
-                                           "train.deadline_factor": 3.0, "train.deadline_initial_s": 600.0})
+        cfg = small_config(num_sites=2, **{"train.rounds": 3, "schedule.deadline_min_s": 0.5,
+                                           "schedule.deadline_factor": 3.0, "schedule.deadline_initial_s": 600.0})
         ps = ParameterServer(cfg, run_dir=tmp_path)
         # encoded before the clock runs (a busy machine)
         (a0, am0), (b0, bm0), (a1, am1), (b1, _) = (delta_chunks(ps, r, seed=s) for r, s in ((0, 0), (0, 1), (1, 2), (1, 3)))
@@ -200,7 +199,7 @@ def starts(link):
 @pytest.mark.parametrize("policy", ["drop", "stale", "rescale", "zero-outside"])
 def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, policy):
     async def scenario():
-        cfg = small_config(num_sites=2, **{"train.rounds": 3, "train.deadline_s": 4.0, "train.late_policy": policy})
+        cfg = small_config(num_sites=2, **{"train.rounds": 3, "schedule.deadline_s": 4.0, "recovery.late_policy": policy})
         ps = ParameterServer(cfg, run_dir=tmp_path)
         a_msgs, a_metrics = delta_chunks(ps, 0, seed=0)      # encoded before the clock runs (a busy machine)
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
@@ -250,8 +249,8 @@ def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, p
 @pytest.mark.timeout(120)
 def test_a_missing_site_holds_nobody_up_after_the_first_round(tmp_path):
     async def scenario():
-        cfg = small_config(num_sites=2, **{"train.rounds": 4, "train.quorum_wait_s": 0.3,
-                                           "train.round_budget_s": 30.0, "train.deadline_s": 60.0})
+        cfg = small_config(num_sites=2, **{"train.rounds": 4, "schedule.quorum_wait_s": 0.3,
+                                           "train.round_budget_s": 30.0, "schedule.deadline_s": 60.0})
         ps = ParameterServer(cfg, run_dir=tmp_path)
         a = enter(ps, Join("a"))
         assert not starts(a)                                   # a run starts with all its sites
@@ -301,7 +300,7 @@ def test_the_site_carries_an_unapplied_delta_forward():
 
     for policy, applied_in in (("drop", None), ("stale", 1), ("stale", None), ("zero-outside", 1),
                                ("zero-outside", None), ("rescale", None)):
-        site = Uplink("b", small_config(**{"train.late_policy": policy}), {})
+        site = Uplink("b", small_config(**{"recovery.late_policy": policy}), {})
         site.feedback.residuals = {"w": np.full(4, 0.5, np.float32)}
         site.pending = {0: {"w": np.ones(4, np.float32)}}
         site.settle(RoundResult(0, "h", sites=("a",)))        # round 0 went on without b
@@ -331,7 +330,7 @@ def test_a_delta_some_shards_counted_carries_forward_only_the_other_tensors():
     assert everywhere == ("a",) and partial == (("b", frozenset({"w"})),)
 
     for policy, late_at_v_next_round in (("drop", False), ("stale", True), ("stale", False)):
-        site = Uplink("b", small_config(**{"train.late_policy": policy}), {})
+        site = Uplink("b", small_config(**{"recovery.late_policy": policy}), {})
         site.feedback.residuals = {"w": np.zeros(4, np.float32), "v": np.zeros(4, np.float32)}
         site.pending = {0: {"w": np.ones(4, np.float32), "v": np.full(4, 2.0, np.float32)}}
         site.settle(RoundResult(0, "h", sites=everywhere, partial_sites=partial))
@@ -345,11 +344,11 @@ def test_a_delta_some_shards_counted_carries_forward_only_the_other_tensors():
 
 
 def test_a_delta_whose_round_counted_some_chunks_carries_only_the_rest():
-    """train.partial_deltas: round 0 counted chunk 1 of b's delta (the chunks in at its deadline);
+    """recovery.partial_deltas: round 0 counted chunk 1 of b's delta (the chunks in at its deadline);
     the rest, late past what the policy applies, goes into b's next delta, and chunk 1 never again."""
     from wantrain.site.uplink import Uplink
 
-    cfg = small_config(**{"train.late_policy": "zero-outside", "train.partial_deltas": True})
+    cfg = small_config(**{"recovery.late_policy": "zero-outside", "recovery.partial_deltas": True})
     e = cfg.codec.chunk_elements()
     site = Uplink("b", cfg, {})
     site.feedback.residuals = {"w": np.zeros(2 * e + 5, np.float32)}
@@ -370,7 +369,7 @@ def test_two_tails_on_the_way_are_settled_one_by_one():
     from wantrain.messages import DeltaOutcome
     from wantrain.site.uplink import Uplink
 
-    cfg = small_config(**{"train.late_policy": "zero-outside", "train.partial_deltas": True})
+    cfg = small_config(**{"recovery.late_policy": "zero-outside", "recovery.partial_deltas": True})
     for deferred in (0, 1):
         site = Uplink("b", cfg, {})
         site.feedback.residuals = {"w": np.zeros(4, np.float32)}
@@ -391,7 +390,7 @@ def test_a_chunk_not_counted_two_rounds_in_a_row_goes_as_a_critical_one():
     from wantrain.codec import EncodeStats
     from wantrain.site.uplink import Uplink
 
-    cfg = small_config(**{"train.late_policy": "zero-outside", "train.partial_deltas": True})
+    cfg = small_config(**{"recovery.late_policy": "zero-outside", "recovery.partial_deltas": True})
     e = cfg.codec.chunk_elements()
     delta = {"w": np.full(3 * e, 1e-3, np.float32)}                   # three chunks, all "mlp"
     site = Uplink("b", cfg, {"w": "mlp"})
@@ -415,7 +414,7 @@ def test_under_zero_carry_the_rest_of_a_partly_counted_delta_is_carried_at_once(
     late, so the site carries them into its next delta as soon as the round's result says so."""
     from wantrain.site.uplink import Uplink
 
-    cfg = small_config(**{"train.late_policy": "zero-carry", "train.partial_deltas": True})
+    cfg = small_config(**{"recovery.late_policy": "zero-carry", "recovery.partial_deltas": True})
     e = cfg.codec.chunk_elements()
     site = Uplink("b", cfg, {})
     assert not site.pushes_late

@@ -61,7 +61,7 @@ def test_two_shards_train_and_agree(tmp_path, schedule, fragments):
     test_recovery.py's), whole rounds or Streaming DiLoCo's fragments (each shard cuts the whole
     model's tensors, so they agree on a round's fragment)."""
     rounds = 3
-    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.schedule": schedule,
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "schedule.mode": schedule,
                           "train.fragments": fragments})
     _, c = run_in_process(cfg, tmp_path / "run", shards=2)
     shards = [c.events(i) for i in range(2)]
@@ -90,9 +90,9 @@ def test_a_late_delta_is_reconciled_on_both_shards_and_every_replica_agrees(tmp_
     machine's slower transfer must not let a shard commit them before b's delta is in (it would
     then be more than MAX_STALENESS rounds old, and dropped)."""
     rounds = 5
-    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "train.deadline_s": 4.0,
-                          "train.round_budget_s": 1.0, "train.quorum_wait_s": 1.0})
-    assert cfg.train.late_policy == "zero-outside"
+    cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": rounds, "schedule.deadline_s": 4.0,
+                          "train.round_budget_s": 1.0, "schedule.quorum_wait_s": 1.0})
+    assert cfg.recovery.late_policy == "zero-outside"
 
     async def go() -> InProcessCluster:
         async with InProcessCluster(cfg, tmp_path / "run", shards=2) as c:

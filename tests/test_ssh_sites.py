@@ -120,7 +120,7 @@ def test_a_run_with_a_local_and_an_ssh_site(tmp_path, venvs):
                       progress=said.append, key_file=server.key_file, known_hosts=str(server.known_hosts))
     # Each round after a fault waits for b (it was in the last round), so it is back before the end.
     cfg = small_config(**{"sites": ["a", "b"], "num_sites": 2, "train.rounds": 6, "train.inner_steps": 16,
-                          "train.quorum_wait_s": 120.0})
+                          "schedule.quorum_wait_s": 120.0})
     dropped = []
     try:
         with Run(cfg, run_dir=tmp_path / "run", remote={"b": host}, plan=describe_scenario(scenario)) as run:

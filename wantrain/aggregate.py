@@ -32,6 +32,7 @@ import numpy as np
 from . import aggregate_kernels as kernels
 from .cpu_pool import map_ordered
 from .codec import ChunkSpec, Codec, EncodeStats, ErrorFeedback, Extracted
+from .config import Aggregation
 from .errors import WantrainError
 from .messages import UPDATE, TensorChunk
 from .outer import OuterNesterov
@@ -95,7 +96,7 @@ def trimmed_mean(values: list[np.ndarray], trim: int) -> np.ndarray:
 
 def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], params: dict[str, np.ndarray],
                     contributions: dict[str, Contribution], outer: OuterNesterov, feedback: ErrorFeedback | None,
-                    codec: Codec, aggregate: str = "mean", trim_fraction: float = 0.0,
+                    codec: Codec, aggregate: Aggregation = Aggregation.MEAN, trim_fraction: float = 0.0,
                     side: dict[str, Contribution] | None = None, substitute: str = "peer",
                     only: frozenset[str] | None = None) -> tuple[list[TensorChunk], EncodeStats]:
     """Apply one round to `params` (flat float32 views of the global model); returns the update chunks
@@ -144,7 +145,7 @@ def aggregate_round(round_: int, plan: list[ChunkSpec], shapes: dict[str, int], 
             chunks = [c for c in parts if c is not None]
             if not chunks:                      # nobody's chunk arrived: the momentum alone moves it
                 avg = np.zeros(spec.length, np.float32)
-            elif aggregate == "trimmed_mean":
+            elif aggregate is Aggregation.TRIMMED_MEAN:
                 avg = trimmed_mean([c.values() for c in chunks], trim_count(len(chunks), trim_fraction))
             else:
                 missing = sum(w for w, c in zip(weights, parts) if c is None) if substitute == "zero" else 0.0

@@ -233,7 +233,7 @@ def round_time_figure(events: list[dict], max_points: int | None = None) -> go.F
 
 
 def controller_figure(events: list[dict], frame: _Frame, max_points: int | None = None) -> go.Figure | None:
-    """The controller's decisions (train.controller, ps/controller.py): per site and round, the
+    """The controller's decisions (schedule.controller, ps/controller.py): per site and round, the
     compute budget it gave and what it measured the site's link to cost a round; the reason in the
     hover. None where the run had no controller events."""
     decisions = rows(events, "controller")
@@ -299,7 +299,7 @@ def recovery_marks(events: list[dict]) -> list[dict]:
                                                                   f"within the loss budget"})
         elif e.get("close") == "extended":
             marks.append({"kind": "extended", "t": t, "text": f"round {r} waited past its deadline until what was "
-                                                              f"missing was within train.extend_above"})
+                                                              f"missing was within recovery.extend_above"})
         for site, n in e.get("partial", {}).items():
             marks.append({"kind": "counted_in_part", "t": t, "site": site,
                           "text": f"round {r}: {n} chunk(s) of {site}'s delta counted; zeros for the rest, to come"})

@@ -63,7 +63,7 @@ class InProcessRun:
         self.sites = {n: build_inner(cfg, k, 0, torch.device("cpu"), n) for k, n in enumerate(self.names)}
         self.uplinks = {n: Codec(cfg.codec) for n in self.names}
         self.feedback = {n: ErrorFeedback() if cfg.codec.error_feedback else None for n in self.names}
-        self.gauges = {n: ProtectionGauge(cfg.train) for n in self.names}   # what each site protects
+        self.gauges = {n: ProtectionGauge(cfg.recovery) for n in self.names}   # what each site protects
         self.roles = roles_of({k: tuple(p.shape) for k, p in named_params(self.sites[self.names[0]].model).items()})
         self.alerts: list[dict] = []
         self.update_bytes: list[int] = []     # each committed round's encoded update (scales and payloads)
@@ -95,10 +95,10 @@ class InProcessRun:
     def protection(self, name: str, round_: int, sent: Sent, tokens: int, steps: int) -> int:
         """Bytes a site of this run sends beside its delta's chunks over a clean link (site/uplink.py):
         the manifest, and the copies of its critical chunks and the parity its gauge sizes (nothing lost,
-        so with train.protection_adapts they stop after the first two rounds), each as a
+        so with recovery.protection_adapts they stop after the first two rounds), each as a
         gRPC message."""
         assert sent.encoded is not None and sent.values is not None
-        t = self.cfg.train
+        t = self.cfg.recovery
         manifest = build_manifest(round_, sent.encoded, sent.values, self.roles, tokens=int(tokens), steps=steps,
                                   by=t.importance)
         gauge = self.gauges[name]
@@ -145,7 +145,7 @@ class InProcessRun:
         if decision is not None:
             self.checks.append(decision)
             self.alerts += [dict(a, round=round_) for a in self.check.record(round_, counts, decision)]
-        if self.cfg.train.carries_unapplied:
+        if self.cfg.recovery.late_policy.carries_unapplied:
             for k, v in verdicts.items():    # what a site hears was not applied goes into its next delta
                 if v.action == "reject" and (fb := self.feedback.get(k)) is not None and (sent := deltas[k].values):
                     fb.carry(sent)

@@ -48,7 +48,7 @@ from dataclasses import replace
 import numpy as np
 
 from .aggregate import Contribution
-from .config import RunConfig
+from .config import LatePolicy, RunConfig
 from .inprocess import InProcessRun, Sent
 from .codec import Codec
 from .recovery import ChunkLoss, build_manifest, overhead_bytes, protect, roles_of, still_missing, transmissions
@@ -57,7 +57,9 @@ from .screening import late_key
 
 __all__ = ["ARMS", "late_schedule", "chunk_schedule", "run_arm"]
 
-ARMS = ("on-time", "drop", "stale", "rescale", "hadamard", "zero", "zero-ef", "zero-ef-outside", "salr")
+# Three arms are today's late policies, named as the config names them; the rest are the study's own.
+DROP, STALE, RESCALE = str(LatePolicy.DROP), str(LatePolicy.STALE), str(LatePolicy.RESCALE)
+ARMS = ("on-time", DROP, STALE, RESCALE, "hadamard", "zero", "zero-ef", "zero-ef-outside", "salr")
 WHOLE = frozenset({-1})          # in a schedule: every chunk of the site's delta is late
 
 def late_schedule(names: list[str], rounds: int, late: float, seed: int) -> list[dict[str, frozenset[int]]]:
@@ -124,10 +126,10 @@ def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]]
     every = frozenset(range(n))
     roles = roles_of({k: tuple(p.shape) for k, p in ps.model.model.named_parameters()})
     extra = wire = 0
-    whole_site = arm in ("drop", "stale")        # today: a site with any chunk late is late as a whole
+    whole_site = arm in (DROP, STALE)        # today: a site with any chunk late is late as a whole
     outside: dict[str, Contribution] = {}       # zero-ef-outside: late chunks, for outside the momentum
     stale: dict[str, Sent] = {}                  # stale: late deltas, for the next round's mean
-    discount = ps.cfg.train.staleness_discount
+    discount = ps.cfg.recovery.staleness_discount
     for r, lost in enumerate(schedule):
         start = ps.start()
         sent = {name: ps.train(name, r, start)[1] for name in ps.names}
@@ -156,11 +158,11 @@ def _train(ps: InProcessRun, arm: str, schedule: list[dict[str, frozenset[int]]]
         outside, stale = {}, {}
         for name, chunks in late.items():
             s = sent[name]
-            if arm in ("drop", "zero-ef"):           # the site sends them again, inside its next delta
+            if arm in (DROP, "zero-ef"):           # the site sends them again, inside its next delta
                 feedback = ps.feedback[name]
                 assert feedback is not None and s.values is not None
                 feedback.carry(_only(s.values, ps.model.plan, chunks))
-            elif arm == "stale":
+            elif arm == STALE:
                 stale[late_key(name, r)] = replace(s, tokens=s.tokens * discount)
             elif arm in ("zero-ef-outside", "salr"):  # the PS applies them next round, outside momentum
                 outside[name] = Contribution([p if i in chunks else None for i, p in enumerate(s.parts)],

@@ -30,7 +30,7 @@ class Limits:
     join_timeout_s: float = 10.0          # a Session must send its Join within this
     max_connections: int = 0              # TCP connections at once; 0: 80 % of the open-file limit
     max_streams_per_peer: int = 32        # Session + Watch calls open at once from one IP address
-    max_lanes_per_site: int = 8           # Lane calls open at once per site (train.lanes; not per address)
+    max_lanes_per_site: int = 8           # Lane calls open at once per site (recovery.lanes; not per address)
     max_unauthenticated_per_peer: int = 64  # connections from one IP address that never carried an
                                           # authenticated call; the oldest beyond this are shut (ps/connections.py)
     probe_messages_burst: int = 64        # LinkProbe messages per site: burst ... (every other message is

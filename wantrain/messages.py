@@ -21,7 +21,7 @@ __all__ = ["PROTOCOL_VERSION", "HASH_HEX_DIGITS", "MAX_STALENESS", "MODEL", "DEL
 # 3: a site that missed a deadline is not counted on until heard from; DeltaOutcome tells a site
 # what became of a delta that was not simply counted; RoundMetrics.comm_s is send_s.
 # 4: a DeltaManifest may come before a delta's chunks (recovery/manifest.py: the domain object).
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 MODEL, DELTA, UPDATE = "model", "delta", "update"   # chunk kinds
 MAX_STALENESS = 2   # a late delta more rounds old than this is dropped even under the "stale" policy:
                     # both sides use it (the PS to drop, the site to carry the delta forward)
@@ -127,7 +127,7 @@ class RoundMetrics:
     data_position: int = 0    # batches drawn from the shard so far, this round included
     wait_s: float = 0.0       # idle (not computing) between the previous push and this round's start
     steps_ahead: int = 0      # of `steps`, those taken before the RoundStart (overlap schedule)
-    hedged: int = 0           # hedges: chunks sent again on another lane, once per hedge (train.hedge_s)
+    hedged: int = 0           # hedges: chunks sent again on another lane, once per hedge (recovery.hedge_s)
     download_s: float = 0.0   # the update this round started from: its first chunk to its result, at the site
     turnaround_s: float = 0.0  # the first chunk of that update (or the RoundStart) to the delta's first message sent
 
@@ -139,9 +139,9 @@ class RoundResult:
     sites: tuple[str, ...] = field(default_factory=tuple)
     val_loss: float = float("nan")
     late_sites: tuple[str, ...] = field(default_factory=tuple)   # late deltas applied (late_policy)
-    # Sites of which the round counted the chunks in at its deadline, and which (train.partial_deltas).
+    # Sites of which the round counted the chunks in at its deadline, and which (recovery.partial_deltas).
     partial_chunks: tuple[tuple[str, frozenset[int]], ...] = ()
-    # Update chunks that follow the result, after the next RoundStart (train.downlink_budget): the
+    # Update chunks that follow the result, after the next RoundStart (recovery.downlink_budget): the
     # site trains without them and patches each in as it lands.
     tail_chunks: int = 0
     # Only in a sharded PS's merged result (site/sharded.py), never on the wire: a site that some

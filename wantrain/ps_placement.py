@@ -43,7 +43,7 @@ def costs_from_run(run_dir: Path) -> dict:
     return {"sites": sites, "ps_s": statistics.median(s["ps_s"] for s in splits),
             "up_bytes": statistics.median(on_wire(e) for e in rows(events, "site_round")),
             "down_bytes": statistics.median(on_wire(e) for e in rows(events, "round_end")),
-            "lanes": config["train"]["lanes"] > 0}
+            "lanes": config.get("recovery", config["train"])["lanes"] > 0}   # (before the split: in train)
 
 
 def predict_plan(plan, costs: dict, compute_scale: float = 1.0, bytes_scale: float = 1.0) -> Prediction:

@@ -74,6 +74,8 @@ def settings(events: list[dict]) -> list[tuple[str, str]]:
         return []
     c = start[0]["config"]
     t, codec = c["train"], c["codec"]
+    # (a run from before the config's split kept schedule and recovery in `train`)
+    mode, recovery = c["schedule"]["mode"] if "schedule" in c else t["schedule"], c.get("recovery", t)
     work = (f"{t['round_budget_s']:g} s of compute a round" if t["round_budget_s"]
             else f"{t['inner_steps']} inner steps a round")
     down = codec["update_mode"] or codec["mode"]
@@ -81,11 +83,11 @@ def settings(events: list[dict]) -> list[tuple[str, str]]:
         ("sites", ", ".join(c["sites"]) or str(c["num_sites"])),
         ("model", f"{c['model']['preset']} ({start[0].get('num_params', 0) / 1e6:.2f} M parameters), "
                   f"block {c['model']['block_size']}, batch {t['batch_size']}"),
-        ("rounds", f"{t['rounds']} x {work}, schedule {t['schedule']}"),
+        ("rounds", f"{t['rounds']} x {work}, schedule {mode}"),
         ("optimizers", f"inner AdamW lr {t['inner_lr']:g}; outer Nesterov lr {t['outer_lr']:g}, "
                        f"momentum {t['outer_momentum']:g}"),
         ("codec", f"{codec['mode']} up, {down} down" + (", error feedback" if codec["error_feedback"] else "")),
-        ("deadlines", f"late deltas: {t['late_policy']}; partial deltas {'on' if t['partial_deltas'] else 'off'}, "
-                      f"loss budget {t['loss_budget']:.0%}"),
+        ("deadlines", f"late deltas: {recovery['late_policy']}; partial deltas "
+                      f"{'on' if recovery['partial_deltas'] else 'off'}, loss budget {recovery['loss_budget']:.0%}"),
         ("corpus", f"{c['data']['corpus']}, tokenizer {c['data']['tokenizer']}"),
     ]

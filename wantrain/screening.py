@@ -35,7 +35,7 @@ from .aggregate import Contribution
 from .codec import Extracted
 from .cpu_pool import map_ordered
 from .codec.quantize import num_blocks
-from .config import RunConfig
+from .config import NormAction, RunConfig, Trust
 from .errors import ProtocolError
 from .messages import RoundMetrics
 
@@ -217,7 +217,7 @@ class Screen:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.robust = cfg.robust
-        self.trusted = cfg.robust.trust == "trusted"
+        self.trusted = cfg.robust.trust is Trust.TRUSTED
         self.windows: dict[str, list[tuple[int, bool]]] = {}   # site (or "a|b") -> its last rounds: out of line?
         self.alerted: set[str] = set()
 
@@ -273,7 +273,7 @@ class Screen:
             verdict = Verdict("accept", float(norms[i]), weights[i], reference=reference, disagrees=against)
             if judged and 2 * len(against) > len(others):
                 reason = _reason(norms[i], reference, kinds)
-                if r.norm_action == "clip" and all(kinds[s] == "larger" for s in against):
+                if r.norm_action is NormAction.CLIP and all(kinds[s] == "larger" for s in against):
                     bound = r.norm_factor * reference
                     verdict = Verdict("clip", float(norms[i]), weights[i], bound / norms[i], reference,
                                       f"{reason}: clipped to {bound:.4g}", against)

@@ -14,7 +14,7 @@ event's own:
     round/seconds                    the round's start to its commit
     time/<part>/<site>               seconds of the site's round spent on each part of
                                      wantrain.round_time (written once the next round starts)
-    controller/budget_s/<site>       the compute budget train.controller "adaptive" gave it
+    controller/budget_s/<site>       the compute budget schedule.controller "adaptive" gave it
 
 and two text summaries: `controller`, each decision with its reason, and `events`, what happened to
 the run besides its rounds (run_tables.py: faults, outages, alerts, quarantines, missed deadlines,

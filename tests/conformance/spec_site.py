@@ -19,7 +19,7 @@ import numpy as np
 from wantrain.proto.v1 import ps_pb2 as pb
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 5
 MAX_CODE_LEN = 12
 
 

@@ -36,7 +36,7 @@ SECRET = "conformance-secret-0123456789"      # the token of the spec's example 
 def test_example_join_is_what_the_spec_says():
     m = pb.SiteMessage.FromString(bytes.fromhex(spec.golden("join")))
     j = m.join
-    assert (j.site, j.protocol_version, j.device, j.token) == ("conformance", 4, "spec-example", SECRET)
+    assert (j.site, j.protocol_version, j.device, j.token) == ("conformance", 5, "spec-example", SECRET)
 
 
 def test_example_huffman_payload_decodes_and_encodes_as_the_spec_derives_it():
@@ -106,8 +106,8 @@ CONFIG = {   # section 9: a partial config; the PS fills in the defaults and sen
     "num_sites": 1, "sites": ["conformance"],
     "model": {"preset": "tiny", "block_size": 64},
     # round 1's update comes with a tail (3.6): past the warm-up (1 round), before the last
-    "train": {"rounds": 3, "inner_steps": 2, "batch_size": 4, "eval_batches": 1, "warmup_steps": 1,
-              "reliable_rounds": 1, "downlink_budget": 0.3},
+    "train": {"rounds": 3, "inner_steps": 2, "batch_size": 4, "eval_batches": 1, "warmup_steps": 1},
+    "recovery": {"reliable_rounds": 1, "downlink_budget": 0.3},
     "codec": {"mode": "int8-huffman"},
 }
 
@@ -168,9 +168,9 @@ def test_refusals_carry_their_code_and_status(ps):
     address, _, _ = ps
     for join, code, status in [(pb.Join(site="conformance", protocol_version=1, token=SECRET), "protocol_version",
                                 grpc.StatusCode.FAILED_PRECONDITION),
-                               (pb.Join(site="conformance", protocol_version=4, token="wrong"), "unauthenticated",
+                               (pb.Join(site="conformance", protocol_version=5, token="wrong"), "unauthenticated",
                                 grpc.StatusCode.UNAUTHENTICATED),
-                               (pb.Join(site="conformance", protocol_version=4, token=SECRET, resume_hash="x"),
+                               (pb.Join(site="conformance", protocol_version=5, token=SECRET, resume_hash="x"),
                                 "invalid_message", grpc.StatusCode.INVALID_ARGUMENT)]:
         s = Session(address, pb.SiteMessage(join=join))
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import CODEC_MODES, CONTROLLERS, SCHEDULES, TrainConfig
+from ..config import CODEC_MODES, BudgetMode, ScheduleMode, TrainConfig
 from ..presets import PRESETS
 from ..telemetry import on_wire
 
@@ -17,8 +17,8 @@ def demo_config(args: argparse.Namespace):
 
     cfg = RunConfig()
     changes = {"num_sites": args.sites, "model.preset": args.preset, "data.corpus": args.corpus,
-               "data.tokenizer": args.tokenizer, "codec.mode": args.codec, "train.schedule": args.schedule,
-               "train.controller": args.controller}
+               "data.tokenizer": args.tokenizer, "codec.mode": args.codec, "schedule.mode": args.schedule,
+               "schedule.controller": args.controller}
     if args.rounds is not None:
         changes["train.rounds"] = args.rounds
     if args.inner_steps is not None:
@@ -48,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     run = Run(cfg, run_dir=args.run_dir, site_threads=1, scenario=scenario, sites=sites, tensorboard=args.tensorboard)
     work = (f"{cfg.train.round_budget_s:g} s of compute" if cfg.train.round_budget_s
-            else f"{cfg.train.inner_steps} inner steps") + (", overlapped" if cfg.train.schedule == "overlap" else "") \
-        + (", budgets by the controller" if cfg.train.controller == "adaptive" else "")
+            else f"{cfg.train.inner_steps} inner steps") + (", overlapped" if cfg.schedule.mode.trains_ahead else "") \
+        + (", budgets by the controller" if cfg.schedule.controller.adapts else "")
     print(f"wantrain demo: {cfg.num_sites} sites x {cfg.train.rounds} rounds x {work}, "
           f"model {cfg.model.preset}, codec {cfg.codec.mode}, scenario {scenario or 'none (direct loopback)'}, "
           f"TLS with a development CA, run folder {run.run_dir}")
@@ -121,9 +121,9 @@ def add_parser(sub) -> None:
                    help=f"inner AdamW steps a site takes each round (default {TrainConfig().inner_steps})")
     d.add_argument("--round-budget", type=float, default=None, metavar="SECONDS",
                    help="time-budgeted rounds: every site trains this long per round (steps vary by speed)")
-    d.add_argument("--schedule", default="sync", choices=SCHEDULES,
+    d.add_argument("--schedule", default=str(ScheduleMode.SYNC), choices=ScheduleMode.values(),
                    help="overlap: sites train the next round while the delta and the update are in transit")
-    d.add_argument("--controller", default="fixed", choices=CONTROLLERS,
+    d.add_argument("--controller", default=str(BudgetMode.FIXED), choices=BudgetMode.values(),
                    help="with --round-budget, adaptive: each site's budget from what its link costs a round, so "
                         "that no site waits idle for another's delta (the PS's controller)")
     d.add_argument("--preset", default="tiny", help=f"the model: {', '.join(PRESETS)} (past the first three, a "

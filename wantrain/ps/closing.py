@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config import TrainConfig
+from ..config import RunConfig
 from ..messages import DeltaOutcome
 from ..telemetry import Recorder
 from .rounds import RoundState, kept_reason, late_outcome
@@ -44,8 +44,9 @@ log = logging.getLogger("wantrain.ps")
 class ClosePolicy:
     """The round-close decisions of one PS (see the module's docstring)."""
 
-    def __init__(self, train: TrainConfig, rounds: RoundState, recorder: Recorder, sharded: bool) -> None:
-        self.train, self.rounds, self.recorder, self.sharded = train, rounds, recorder, sharded
+    def __init__(self, cfg: RunConfig, rounds: RoundState, recorder: Recorder, sharded: bool) -> None:
+        self.cfg, self.rounds, self.recorder, self.sharded = cfg, rounds, recorder, sharded
+        self.train, self.recovery = cfg.train, cfg.recovery
 
     def in_warmup(self, round_: int) -> bool:
         """Is round `round_` in the warm-up, which tolerates no loss: the first `reliable_rounds`,
@@ -53,15 +54,15 @@ class ClosePolicy:
         schedule's one change of phase: a linear ramp, then a cosine)?"""
         t = self.train
         lr_rounds = 0 if t.round_budget_s else -(-t.warmup_steps // t.inner_steps)
-        return round_ < max(t.reliable_rounds, lr_rounds)
+        return round_ < max(self.recovery.reliable_rounds, lr_rounds)
 
     def counts_partial(self, round_: int) -> bool:
         """Does round `round_` count the chunks of a delta that are in without the rest?"""
-        return self.train.counts_partial and not self.in_warmup(round_) and not self.sharded
+        return self.recovery.counts_partial and not self.in_warmup(round_) and not self.sharded
 
     def splits_update(self, round_: int) -> bool:
-        """Does round `round_`'s update go in a head and a tail (train.downlink_budget)?"""
-        return (self.train.patches_downlink and not self.in_warmup(round_) and not self.sharded
+        """Does round `round_`'s update go in a head and a tail (recovery.downlink_budget)?"""
+        return (self.cfg.patches_downlink and not self.in_warmup(round_) and not self.sharded
                 and round_ + 1 < self.train.rounds)      # the last: every site ends holding the whole model
 
     WARMUP_EXTENSIONS = 2
@@ -72,21 +73,21 @@ class ClosePolicy:
         r = self.rounds
         if not (r.missing() and r.all_sending()):
             return False
-        if (self.train.counts_partial and not self.sharded and self.in_warmup(round_)
+        if (self.recovery.counts_partial and not self.sharded and self.in_warmup(round_)
                 and r.extensions < self.WARMUP_EXTENSIONS):
             r.put_off_deadline()
             return True
-        if (self.train.extend_above and self.counts_partial(round_) and not r.extensions
-                and r.missing_share() > self.train.extend_above):
+        if (self.recovery.extend_above and self.counts_partial(round_) and not r.extensions
+                and r.missing_share() > self.recovery.extend_above):
             r.put_off_deadline()
             return True
         return False
 
     def within_budget(self, round_: int) -> bool:
-        """Is what the running round still misses within train.loss_budget (every manifest and
+        """Is what the running round still misses within recovery.loss_budget (every manifest and
         critical chunk in)? Within extend_above, in an extension past its deadline."""
         r = self.rounds
-        budget = max(self.train.loss_budget, self.train.extend_above if r.extensions else 0.0)
+        budget = max(self.recovery.loss_budget, self.recovery.extend_above if r.extensions else 0.0)
         return (bool(budget) and self.counts_partial(round_) and bool(r.members)
                 and not r.aggregating and r.missing_share() <= budget)
 
@@ -116,10 +117,10 @@ class ClosePolicy:
 
     def late_delta(self, site: str, up: Upload, current: int, aggregating: bool) -> DeltaOutcome:
         """A delta that arrived after its round closed: dropped, or deferred to the next commit (rounds
-        then keeps it), as train.late_policy says; what the site hears, and why."""
-        action, reason = late_outcome(self.train, up.round, current, aggregating)
+        then keeps it), as recovery.late_policy says; what the site hears, and why."""
+        action, reason = late_outcome(self.recovery, up.round, current, aggregating)
         self.recorder.emit("late_delta", round=up.round, site=site, rounds_late=current - up.round,
-                           action=action, policy=self.train.late_policy, reason=reason)
+                           action=action, policy=self.recovery.late_policy, reason=reason)
         if action == "deferred":
             self.rounds.defer(site, up)
         return DeltaOutcome(up.round, action, reason)
@@ -127,5 +128,5 @@ class ClosePolicy:
     def kept_delta(self, site: str, owed: Upload, current: int) -> None:
         """A site that owed a delta reported a later model without sending it: it kept the delta."""
         self.recorder.emit("late_delta", round=owed.round, site=site, rounds_late=current - owed.round,
-                           action="kept", policy=self.train.late_policy, reason=kept_reason(owed.round))
+                           action="kept", policy=self.recovery.late_policy, reason=kept_reason(owed.round))
         log.info("site %s is back: %s", site, kept_reason(owed.round))

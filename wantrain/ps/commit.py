@@ -28,7 +28,7 @@ from ..aggregate import Contribution
 from ..checking import Checkable, CheckDecision, CommitCheck
 from ..codec import EncodeStats, Extracted
 from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError
-from ..config import RunConfig
+from ..config import LatePolicy, RunConfig
 from ..faults import Stalls
 from ..messages import DeltaOutcome, RoundResult, TensorChunk
 from ..recovery.downlink import split_update, update_energies
@@ -40,7 +40,7 @@ from .journal import Journal
 from .ledger import Ledger
 from .model import GlobalModel
 from .rounds import stale_weight
-from .state import CheckpointWriter, commit_record, substitute_of
+from .state import CheckpointWriter, commit_record
 from .uploads import Checked, Upload, assemble_part
 
 __all__ = ["Committer", "Committed", "weights", "judge", "outcomes", "recovery", "round_end", "zero_outside"]
@@ -123,11 +123,11 @@ def outcomes(round_: int, verdicts: dict[str, Verdict]) -> dict[str, DeltaOutcom
     return out
 
 
-def recovery(policy: str, close: str, missing: list[str], chunks: int,
+def recovery(policy: LatePolicy, close: str, missing: list[str], chunks: int,
              counted_chunks: dict[str, frozenset[int]], side: dict[str, Contribution]) -> dict:
     """What a round did about the deltas, or chunks, that were not in when it closed (`close`: why it
     closed): the recovery fields of its `round_end` event (docs/telemetry.md)."""
-    return {"close": close, "substitute": substitute_of(policy),
+    return {"close": close, "substitute": policy.substitute,
             "partial": {s: len(c) for s, c in sorted(counted_chunks.items())},
             "substituted": {s: chunks - len(counted_chunks.get(s, ())) for s in missing},
             "reconciled": {k: sum(p is not None for p in c.parts) for k, c in sorted(side.items())}}
@@ -187,7 +187,7 @@ class Committer:
         the update's encoding, as the controller chose it ("": the run's; journaled, for the replay)."""
         round_ = self.ledger.round
         closed_s = time.time() - started_at      # the round's deltas are in (or its deadline came)
-        outside = self.cfg.train.zero_substitute      # zeros stand in (zero-outside, zero-carry)
+        outside = self.cfg.recovery.late_policy.zero_substitute      # zeros stand in (zero-outside, zero-carry)
         # Now, before any await: a late delta arriving meanwhile leaves `late` for the next round's
         # side, and a chunk arriving meanwhile joins the rest of its partial delta.
         missing = sorted(s for s, up in late.items() if up.round == round_)
@@ -212,7 +212,7 @@ class Committer:
         else:
             g = await asyncio.to_thread(gram, [p for p, _ in judged.values()], [norm for _, norm in judged.values()])
             on_support = await asyncio.to_thread(norms_on_supports, [p for p, _ in judged.values()])
-        claimed = weights(uploads, stale, parts_of, round_, 1.0 if outside else self.cfg.train.staleness_discount)
+        claimed = weights(uploads, stale, parts_of, round_, 1.0 if outside else self.cfg.recovery.staleness_discount)
         verdicts = judge(self.screen, round_, list(views), claimed, g, self.recorder, on_support, self.check)
         accepted = {k: up for k, up in uploads.items() if verdicts[k].action != "reject"}
         accepted_stale = {k: up for k, up in stale.items() if verdicts[k].action != "reject"}
@@ -263,12 +263,12 @@ class Committer:
                                            for k, up in accepted_stale.items() if up.counted}}
             record = commit_record(self.ledger, self.screen, self.check, round_, parts, side, verdicts,
                                    {**{k: up.round for k, up in used.items()}, **dict.fromkeys(counted_chunks, round_)},
-                                   self.cfg.train.late_policy, chunks, set(counted_chunks), update_mode)
+                                   self.cfg.recovery.late_policy, chunks, set(counted_chunks), update_mode)
             await asyncio.to_thread(self.journal.commit, record)
         finished = self.ledger.round >= self.cfg.train.rounds
         if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
             self.checkpoints.start()
-        recovered = recovery(self.cfg.train.late_policy, close, missing, len(self.model.plan),
+        recovered = recovery(self.cfg.recovery.late_policy, close, missing, len(self.model.plan),
                              counted_chunks, side)
         framed = await asyncio.to_thread(framed_bytes, update)
         self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
@@ -282,7 +282,7 @@ class Committer:
     def _split(self, round_: int, update: list[TensorChunk]) -> tuple[list[TensorChunk], int]:
         """The update in sending order, head then tail, and the tail's length; in a worker thread."""
         energies = update_energies(update)
-        head, tail = split_update(update, energies, self.model.roles, self.cfg.train.downlink_budget)
+        head, tail = split_update(update, energies, self.model.roles, self.cfg.recovery.downlink_budget)
         total = sum(energies)
         tail_energy = sum(energies[c.index] for c in tail)
         self.recorder.emit("update_split", round=round_, head_chunks=len(head), tail_chunks=len(tail),
@@ -321,7 +321,7 @@ class Committer:
         the check may leave out; the rest of `parts` are zeros standing in), in a worker thread. The
         result's sites are filled in by the caller, once it knows whom the check left out."""
         self.stalls.sleep("aggregate", round_)
-        substitute = substitute_of(self.cfg.train.late_policy)
+        substitute = self.cfg.recovery.late_policy.substitute
         subjects = frozenset(k for k in (*parts, *side) if k in subjects)
 
         def apply(kept: frozenset[str]):

@@ -1,4 +1,4 @@
-"""The round controller (`train.controller`): each site's compute budget for the next round, from
+"""The round controller (`schedule.controller`): each site's compute budget for the next round, from
 what its link cost it in the last ones. Sans-IO: the server feeds it what it measured and asks it
 before each round; every decision comes with its inputs and reason, for the telemetry.
 

@@ -12,7 +12,7 @@ downlink residual, so the journal keeps what the aggregation consumed:
   delta-<round>-<site>.npz   a site's checked delta (int8 symbols + scales), written as soon as it
                              is checked, while other sites still train: off the critical path
   delta-<round>-<site>.part.npz   the chunks of it a round counted before the rest came
-                             (train.partial_deltas), written at that commit
+                             (recovery.partial_deltas), written at that commit
   commit-<round>.json        which deltas counted with what weight and clip factor, the hash they
                              gave, and the small state (registry, data positions, screen history)
 Each file is written to a temporary name, fsync'ed and renamed; a commit record also fsyncs the

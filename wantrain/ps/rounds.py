@@ -4,14 +4,14 @@
 questions (may this site still join the round, whose upload is this chunk, can the round close
 now and who missed it); the PS does the I/O (messages, timers, telemetry) around its answers.
 
-A round never waits forever. Its deadline is fixed (`train.deadline_s`) or derived from how long
+A round never waits forever. Its deadline is fixed (`schedule.deadline_s`) or derived from how long
 deltas took to arrive in recent rounds: the compute budget plus `deadline_factor` times the
 typical time beyond it, never less than `deadline_min_s` beyond it. "Typical" is the lower median
 over the sites of each site's own median arrival (late ones included): a site that was away for
 a while keeps its history, so the others, timed alone meanwhile, do not shrink the deadline below
 what it needs to come back; and one site, however slow, cannot move it past the next site's
 time (with two sites it is the faster one's), however it drips its chunks. With
-`train.quorum_share` (a minimum quorum, as Decoupled DiLoCo has) the deadline comes forward once
+`schedule.quorum_share` (a minimum quorum, as Decoupled DiLoCo has) the deadline comes forward once
 that share of the round's members have delivered: to a grace after, the grace adapting to how much
 later the slowest member usually delivers. The first round, with
 nothing timed, waits up to `deadline_initial_s`: it carries each site's one-time costs (a compile,
@@ -33,7 +33,7 @@ round if it is current and enough of the budget is left (with fixed inner steps:
 usual time to deliver is left before the deadline; admitted with less, a slow site back from an
 outage missed every deadline, owed every round and was never counted again).
 
-A site whose round counted the chunks it had in (train.partial_deltas) is not dark: it owes only
+A site whose round counted the chunks it had in (recovery.partial_deltas) is not dark: it owes only
 the rest, its tail, which it sends while it trains the next round. Its tail is kept apart
 (`tails`, per site and round) and the site is counted on; a hash report does not end a tail (the
 site sends it beside its later rounds), its metrics or the site's leaving do. A site new to a
@@ -47,7 +47,7 @@ import math
 import statistics
 from collections import deque
 
-from ..config import TrainConfig
+from ..config import RecoveryConfig, ScheduleConfig
 from ..errors import ProtocolError
 from ..messages import MAX_STALENESS
 from ..screening import late_key
@@ -59,14 +59,14 @@ __all__ = ["RoundClock", "RoundState", "FIRST_ROUND_FACTOR", "QUORUM_GRACE_FLOOR
 
 
 FIRST_ROUND_FACTOR = 3.0       # the first round waits at most this x the time its first half took
-QUORUM_GRACE_FLOOR_S = 0.5     # train.quorum_share: the least a round waits for the rest once its quorum is in
+QUORUM_GRACE_FLOOR_S = 0.5     # schedule.quorum_share: the least a round waits for the rest once its quorum is in
 
 
 class RoundClock:
     """Remembers when each site's deltas arrived (seconds after their round started) and sets deadlines."""
 
-    def __init__(self, train: TrainConfig, window: int = 8) -> None:
-        self.train, self.window = train, window
+    def __init__(self, schedule: ScheduleConfig, budget_s: float = 0.0, window: int = 8) -> None:
+        self.schedule, self.budget_s, self.window = schedule, budget_s, window
         self.arrivals: dict[str, deque[float]] = {}
 
     def arrived(self, site: str, after_s: float) -> None:
@@ -84,22 +84,22 @@ class RoundClock:
     @property
     def untimed(self) -> bool:
         """Nothing timed yet and no fixed deadline: a new round gets deadline_initial_s."""
-        return not self.train.deadline_s and not self.arrivals
+        return not self.schedule.deadline_s and not self.arrivals
 
     def first_round_bound_s(self, arrived_s: list[float], members: int) -> float | None:
         """The deadline of a round that started untimed, once the first half of its `members` have
         delivered (`arrived_s`: seconds after its start), or None (too few yet)."""
-        t, quorum = self.train, (members + 1) // 2
+        t, quorum = self.schedule, (members + 1) // 2
         if members < 2 or len(arrived_s) < quorum:
             return None
         return min(t.deadline_initial_s, max(t.deadline_min_s, FIRST_ROUND_FACTOR * sorted(arrived_s)[quorum - 1]))
 
     def quorum_bound_s(self, arrived_s: list[float], members: set[str]) -> float | None:
-        """With train.quorum_share, the deadline of a round once that share of its `members` have
+        """With schedule.quorum_share, the deadline of a round once that share of its `members` have
         delivered (`arrived_s`): a grace after the quorum's last arrival, grace_factor x how much
         later than the quorum's the slowest member usually delivers (each one's median), at least
         QUORUM_GRACE_FLOOR_S; None before (or without a quorum share)."""
-        t = self.train
+        t = self.schedule
         quorum = max(1, math.ceil(t.quorum_share * len(members)))
         if not t.quorum_share or len(arrived_s) < quorum:
             return None
@@ -109,13 +109,13 @@ class RoundClock:
 
     def deadline_s(self) -> float:
         """A new round's deadline, seconds after its start."""
-        t = self.train
+        t, budget_s = self.schedule, self.budget_s
         if t.deadline_s:
             return t.deadline_s
         if not self.arrivals:
-            return max(t.deadline_initial_s, t.round_budget_s + t.deadline_min_s)
-        beyond = max(0.0, self.typical_s() - t.round_budget_s)
-        return t.round_budget_s + max(t.deadline_min_s, t.deadline_factor * beyond)
+            return max(t.deadline_initial_s, budget_s + t.deadline_min_s)
+        beyond = max(0.0, self.typical_s() - budget_s)
+        return budget_s + max(t.deadline_min_s, t.deadline_factor * beyond)
 
 
 def stale_weight(tokens: float, staleness: int, discount: float) -> float:
@@ -123,7 +123,7 @@ def stale_weight(tokens: float, staleness: int, discount: float) -> float:
     return tokens * discount ** staleness
 
 
-def late_outcome(train: TrainConfig, late_round: int, committed: int, aggregating: bool) -> tuple[str, str]:
+def late_outcome(recovery: RecoveryConfig, late_round: int, committed: int, aggregating: bool) -> tuple[str, str]:
     """What becomes of a delta of `late_round` that arrived after its round closed, `committed` rounds
     being committed (and the next one being aggregated, or not): ("deferred", why) if it will count in
     the next commit it can reach ("stale": discounted, in the mean; "zero-outside": at its share of
@@ -131,18 +131,17 @@ def late_outcome(train: TrainConfig, late_round: int, committed: int, aggregatin
     counts_in = committed + (1 if aggregating else 0)
     closed = (f"round {late_round} committed without it" if committed > late_round
               else f"round {late_round} closed without it") + " (its deadline passed)"
-    policy = f"late_policy {train.late_policy}"
-    if not train.applies_late:
-        why = ("the mean over the deltas that came stood in for it" if train.late_policy == "rescale"
-               else "the site carries it into its next delta")
-        return "dropped", f"{closed}; {policy}: a late delta is never applied ({why})"
+    late_policy = recovery.late_policy
+    policy = f"late_policy {late_policy}"
+    if not late_policy.applies_late:
+        return "dropped", f"{closed}; {policy}: a late delta is never applied ({late_policy.unapplied_fate()})"
     if counts_in - late_round > MAX_STALENESS:
         return "dropped", (f"{closed}, and the next commit it could count in is round {counts_in}, more than "
                            f"{MAX_STALENESS} rounds later: too stale to apply")
-    if train.late_policy == "zero-outside":
+    if late_policy.outside_momentum:
         return "deferred", (f"{closed}; {policy}: it counted as zeros there, and is applied when round {counts_in} "
                             f"commits, at its share of round {late_round}, outside the outer momentum")
-    discount = train.staleness_discount ** (counts_in - late_round)
+    discount = recovery.staleness_discount ** (counts_in - late_round)
     return "deferred", (f"{closed}; {policy}: it counts in round {counts_in} with its weight multiplied "
                         f"by {discount:.3g}")
 
@@ -352,7 +351,7 @@ class RoundState:
     def committed(self, round_: int, shares: dict[str, float], counted: dict[str, frozenset[int]]) -> None:
         """Round `round_` committed without these sites' deltas, owed or already deferred: each will
         have `shares` of it when applied (late_policy zero-outside), and `counted` chunks of it
-        counted already (train.partial_deltas): such a site owes only its tail."""
+        counted already (recovery.partial_deltas): such a site owes only its tail."""
         for site in shares.keys() | counted.keys():
             for up in (self.late.get(site), self.stale.get((site, round_))):
                 if up is not None and up.round == round_:

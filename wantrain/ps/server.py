@@ -83,8 +83,8 @@ class ParameterServer:
         model_codec = Codec(CodecConfig(mode="fp32", chunk_bytes=cfg.codec.chunk_bytes,
                                         quant_block=cfg.codec.quant_block))
         self.downloads = Downloads(g.views, model_codec, self.limits, self.recorder, self.num_params)
-        self.clock = RoundClock(cfg.train)
-        self.controller = BudgetController(cfg.train.round_budget_s, cfg.train.controller == "adaptive", cfg.codec.mode)
+        self.clock = RoundClock(cfg.schedule, cfg.train.round_budget_s)
+        self.controller = BudgetController(cfg.train.round_budget_s, cfg.schedule.controller.adapts, cfg.codec.mode)
         self.screen = Screen(cfg)
         self.check = CommitCheck(cfg.robust, cfg.num_sites, sharded=shard[1] > 1)     # checking.py
         self.ckpt_path = self.run_dir / CHECKPOINT_NAME if self.run_dir else None
@@ -94,7 +94,7 @@ class ParameterServer:
                              float("nan") if saved is not None else g.evaluate())
 
         self.rounds = RoundState()
-        self.close_policy = ClosePolicy(cfg.train, self.rounds, self.recorder, sharded=shard[1] > 1)
+        self.close_policy = ClosePolicy(cfg, self.rounds, self.recorder, sharded=shard[1] > 1)
         self.last_commit_at = time.time()
         self._timers: list[asyncio.TimerHandle] = []
         self.round_task: asyncio.Task | None = None
@@ -229,7 +229,7 @@ class ParameterServer:
         if self.in_round or self.aggregating or self.done.is_set() or not enrolled:
             return
         wait = self.rounds.quorum_wait(ready, set(self.registry), self.cfg.num_sites, self.round,
-                                       self.cfg.train.quorum_wait_s - (time.time() - self.last_commit_at))
+                                       self.cfg.schedule.quorum_wait_s - (time.time() - self.last_commit_at))
         if wait is not None:
             if wait < float("inf"):
                 self._later(wait + 0.01, self.maybe_start_round)
@@ -259,7 +259,7 @@ class ParameterServer:
         self.rounds.past_deadline = True
         missing = self.rounds.missing()
         self.recorder.emit("deadline", round=round_, deadline_s=time.time() - self.rounds.started_at,
-                           missing=missing, policy=self.cfg.train.late_policy,
+                           missing=missing, policy=self.cfg.recovery.late_policy,
                            missing_importance=self.rounds.missing_importance())
         log.warning("round %d: deadline passed, %d site(s) missing: %s", round_, len(missing), ", ".join(missing))
         self._maybe_finish_round()
@@ -274,7 +274,7 @@ class ParameterServer:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
         up = self.rounds.upload_for(link.name, c.round, self.round)
         if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.delta_modes(), self.cfg.codec.quant_block,
-                           self.cfg.train.hedges_every_chunk):
+                           self.cfg.recovery.hedges_every_chunk):
             up.add_repeat(c)            # a second copy: the first is in
             return
         up.add(link.name, c)
@@ -346,7 +346,7 @@ class ParameterServer:
 
     def _bound_round(self) -> None:
         """Bring the round's deadline forward: a round that started untimed to what its first half's
-        arrivals allow; with train.quorum_share, once its quorum is in (rounds.py)."""
+        arrivals allow; with schedule.quorum_share, once its quorum is in (rounds.py)."""
         r = self.rounds
         bound = (self.clock.first_round_bound_s(r.arrived_s, len(r.members)) if r.untimed
                  else self.clock.quorum_bound_s(r.arrived_s, r.members))
@@ -370,7 +370,7 @@ class ParameterServer:
 
     def _maybe_finish_round(self) -> None:
         """Aggregate once every site in the round has sent its delta, or at the deadline those that did
-        (or, with train.loss_budget, early: once what is missing is within it), in a task of its own:
+        (or, with recovery.loss_budget, early: once what is missing is within it), in a task of its own:
         not one of the stream of the site whose delta completed the round (if that site's connection
         drops, its stream's tasks are cancelled, and the round with them)."""
         early = self.close_policy.closes_early(self.round, time.time(), time.perf_counter())

@@ -41,7 +41,7 @@ class SiteLink:
     ready: bool = False           # holds a model and can train (it said so after its download)
     base_round: int | None = None  # round of the model download in flight or last loaded
     last_hash_round: int = -1     # the last round whose hash the site reported
-    lanes: int = 0                # Lane calls open (train.lanes: extra connections for its deltas)
+    lanes: int = 0                # Lane calls open (recovery.lanes: extra connections for its deltas)
     joined_at: float = field(default_factory=time.time)
     ended: tuple[Reject, str] | None = None   # why the PS ended this session (a new one replaced it)
 

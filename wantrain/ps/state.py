@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection
 from ..aggregate import Contribution
 from ..checking import CommitCheck
 from ..checkpoint import save_checkpoint
-from ..config import RunConfig
+from ..config import LatePolicy, RunConfig
 from ..errors import CheckpointError, ConfigError
 from ..faults import Stalls
 from ..messages import RoundResult
@@ -29,7 +29,7 @@ from .ledger import Ledger
 from .model import GlobalModel
 from .rounds import MAX_STALENESS
 
-__all__ = ["snapshot", "restore", "commit_record", "replay", "come_up", "CheckpointWriter", "substitute_of"]
+__all__ = ["snapshot", "restore", "commit_record", "replay", "come_up", "CheckpointWriter"]
 
 log = logging.getLogger("wantrain.ps")
 
@@ -65,14 +65,9 @@ def restore(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, 
     check.load_state_dict(saved.get("check", {}))
 
 
-def substitute_of(late_policy: str) -> str:
-    """What stands in for a delta, or chunk, missing from a round's mean (aggregate.py)."""
-    return "zero" if late_policy in ("zero-outside", "zero-carry") else "peer"
-
-
 def commit_record(ledger: Ledger, screen: Screen, check: CommitCheck, round_: int, parts: dict[str, Contribution],
                   side: dict[str, Contribution], verdicts: dict[str, Verdict], upload_rounds: dict[str, int],
-                  late_policy: str, chunks: dict[str, frozenset[int]] | None = None,
+                  late_policy: LatePolicy, chunks: dict[str, frozenset[int]] | None = None,
                   partial: Collection[str] = (), update_mode: str = "") -> dict:
     """Round `round_`'s commit record, once the PS has applied it: the deltas that counted (keys
     "site" or "site@round" for a late one), each with its weight and clip factor, whether it went
@@ -92,7 +87,7 @@ def commit_record(ledger: Ledger, screen: Screen, check: CommitCheck, round_: in
 
     counted = [entry(k, c, False) for k, c in sorted(parts.items())] + [entry(k, c, True) for k, c in sorted(side.items())]
     return {**_small_state(ledger, screen, check), "round": round_, "hash": ledger.hash, "contributions": counted,
-            "substitute": substitute_of(late_policy), **({"update_mode": update_mode} if update_mode else {})}
+            "substitute": late_policy.substitute, **({"update_mode": update_mode} if update_mode else {})}
 
 
 def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen, check: CommitCheck,

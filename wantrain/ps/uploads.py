@@ -9,7 +9,7 @@ of a parity group keeps its bytes until its group is whole); `check_parity` runs
 parity, and `Upload.rebuilt_chunk` makes the one member a group lacks from it; `assemble`
 runs once the site's metrics say the delta is complete (every chunk decodable and finite, the whole
 not out of all proportion to the model); `assemble_part` checks the same of the chunks in at a
-deadline, for a round that counts them (train.partial_deltas). They raise ProtocolError or a quarantine error for the
+deadline, for a round that counts them (recovery.partial_deltas). They raise ProtocolError or a quarantine error for the
 one site and change nothing else.
 """
 
@@ -165,7 +165,7 @@ class Upload:
 
     @property
     def counts_in_part(self) -> bool:
-        """May a round count the chunks in of this delta without the rest (train.partial_deltas)? It
+        """May a round count the chunks in of this delta without the rest (recovery.partial_deltas)? It
         has a manifest and some chunks, and its site tolerates loss (not `whole_only`)."""
         return self.manifest is not None and bool(self.decoding) and not self.whole_only
 
@@ -228,7 +228,7 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
     delta in the PS's memory: the chunks are exactly the plan's, each at most fp32-sized (+ headers),
     each index once, but that a protected chunk (critical, in a parity group, or rebuilt from
     parity) may come up to MAX_ARRIVALS times in all: a critical copy, hedges on other lanes
-    (docs/protocol.md 4a, 4b); with `hedge_all` (train.hedge_all), any other chunk of a delta with
+    (docs/protocol.md 4a, 4b); with `hedge_all` (recovery.hedge_all), any other chunk of a delta with
     a manifest MAX_HEDGED_ARRIVALS times: itself and its hedges. A repeat is counted, not kept.
     (A site has one upload per round it still owes: at most a few.) A delta's chunks share one of
     `modes` (codec.delta_modes: a site's codec is its own setting), quantized in blocks of the run's
@@ -268,7 +268,7 @@ def check_chunk(up: Upload, c: TensorChunk, plan: list[ChunkSpec], shapes: dict[
             said_times = "twice" if times == 2 else f"{times} times"
             raise ProtocolError(f"delta chunk {c.index} of round {c.round} arrived {said_times} (only a protected "
                                 f"chunk: critical, in a parity group or rebuilt from parity, may come again, "
-                                f"{MAX_ARRIVALS} times in all; with train.hedge_all, any other {MAX_HEDGED_ARRIVALS} "
+                                f"{MAX_ARRIVALS} times in all; with recovery.hedge_all, any other {MAX_HEDGED_ARRIVALS} "
                                 f"times)")
     if c.data.wire_bytes > max_chunk_bytes(c.spec.length):
         raise ProtocolError(f"delta chunk {c.index} carries {c.data.wire_bytes} bytes for {c.spec.length} elements")

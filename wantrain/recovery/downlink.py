@@ -3,7 +3,7 @@
 A site waits for the whole update before its next round, so on a slow downlink every byte of it
 is on the round's critical path. Most of an update's energy sits in a few tensors, though, and a
 round started without the rest drifts by little (Weintraub's bounded-drift rule). With
-train.downlink_budget, the PS sends the update in two parts (docs/protocol.md 6):
+recovery.downlink_budget, the PS sends the update in two parts (docs/protocol.md 6):
 
     head   every critical chunk (norms, biases, small tensors: recovery/roles.py) and the most
            energetic others, until what is left holds at most the budget's share of the energy;

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..codec import ChunkSpec, Encoded
+from ..config import Importance
 
 __all__ = ["ChunkEntry", "Manifest", "DEFAULT_ROLE_WEIGHTS", "build_manifest", "protect", "promote", "checksum"]
 
@@ -72,16 +73,16 @@ def checksum(enc: Encoded) -> int:
 
 def build_manifest(round_: int, chunks: list[tuple[ChunkSpec, Encoded]], decoded: dict[str, np.ndarray],
                    roles: dict[str, str], role_weights: dict[str, float] | None = None, tokens: int = 0,
-                   steps: int = 0, by: str = "energy") -> Manifest:
+                   steps: int = 0, by: Importance = Importance.ENERGY) -> Manifest:
     """The manifest of a delta encoded as `chunks` (codec.encode_arrays), `decoded` its values as the
     receiver reconstructs them, `roles` each tensor's (roles.roles_of). `by` "size" weighs each chunk
-    by its elements alone, blind to what it holds (an ablation: train.importance)."""
+    by its elements alone, blind to what it holds (an ablation: recovery.importance)."""
     weights = role_weights or DEFAULT_ROLE_WEIGHTS
     energies = []
     for spec, _ in chunks:
         v = decoded[spec.tensor][spec.offset: spec.offset + spec.length].astype(np.float64)
         energies.append(float(np.dot(v, v)))
-    weighted = ([float(spec.length) for spec, _ in chunks] if by == "size" else
+    weighted = ([float(spec.length) for spec, _ in chunks] if by is Importance.SIZE else
                 [weights[roles[spec.tensor]] * e for (spec, _), e in zip(chunks, energies)])
     total = sum(weighted)
     entries = tuple(ChunkEntry(i, spec.tensor, spec.offset, spec.length, roles[spec.tensor], e,

@@ -18,7 +18,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from ..codec import ChunkSpec, Encoded
-from ..config import TrainConfig
+from ..config import RecoveryConfig
 from .manifest import Manifest
 from .parity import xor_parity
 
@@ -115,25 +115,25 @@ def overhead_bytes(manifest: Manifest) -> int:
     return sum(c.nbytes for c in manifest.chunks if c.role == "critical") + sum(groups.values())
 
 
-# train.protection_adapts: a delta gets all of train.parity_share's parity once this share of a push's
+# recovery.protection_adapts: a delta gets all of recovery.parity_share's parity once this share of a push's
 # chunks was lost lately (bench/loss_recovery.py measured parity's gain at 1-10 % of chunks lost).
 PROTECT_FULL_AT = 0.02
 
 
 class ProtectionGauge:
     """How much protection a site's deltas carry on the wire, by the loss its link showed (one per
-    uplink). With train.protection_adapts: parity over train.parity_share of a delta's importance in
+    uplink). With recovery.protection_adapts: parity over recovery.parity_share of a delta's importance in
     proportion to the share of its chunks the link lost lately (hedged or sent again), all of it from
     PROTECT_FULL_AT, none below a tenth of that; and the critical chunks' copies
-    (train.critical_copies) while there is any parity. The loss seen falls to a quarter with each
+    (recovery.critical_copies) while there is any parity. The loss seen falls to a quarter with each
     clean push, and counts as PROTECT_FULL_AT until the first. A clean link then pays for
     protection on its first two pushes only (a parity costs a group's longest chunk however few
     chunks the share covers; a copy of the small critical tensors costs each its chunk's headers and
     code tables, about 0.09 bit a parameter of `tiny`), and a loss brings it back on the next push;
     what goes unprotected meanwhile is hedged over the lanes once it looks lost."""
 
-    def __init__(self, train: TrainConfig) -> None:
-        self.most, self.adapts, self.copying = train.parity_share, train.protection_adapts, train.critical_copies
+    def __init__(self, recovery: RecoveryConfig) -> None:
+        self.most, self.adapts, self.copying = recovery.parity_share, recovery.protection_adapts, recovery.critical_copies
         self.loss_seen = PROTECT_FULL_AT
 
     def saw_loss(self, share: float) -> None:

@@ -72,7 +72,7 @@ def build_inner(cfg: RunConfig, site_index: int, data_position: int, device: tor
     sampler.seek(data_position)         # a restarted site picks up its shard where it left off
     cls = GroupInnerLoop if world > 1 else InnerLoop
     inner = cls(model, sampler, cfg.train, cfg.model.block_size, device, name, speed_factor)
-    if cfg.train.probe_every:           # the sensitivity probe's: one batch of the held-out split
+    if cfg.recovery.probe_every:           # the sensitivity probe's: one batch of the held-out split
         inner.held_out = eval_batches(corpus.val, cfg.train.batch_size, cfg.model.block_size, 1)
     return inner
 

@@ -1,4 +1,4 @@
-"""A site's extra connections for its deltas: lanes (train.lanes; docs/protocol.md 4b).
+"""A site's extra connections for its deltas: lanes (recovery.lanes; docs/protocol.md 4b).
 
 One TCP connection stalls every HTTP/2 stream on it: a lost segment holds back all that follows
 until it is retransmitted, and on a long lossy path one flow's rate is capped by its loss (about

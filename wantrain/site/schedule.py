@@ -1,4 +1,4 @@
-"""When a site computes: the round schedules of `train.schedule`.
+"""When a site computes: the round schedules of `schedule.mode`.
 
 The site keeps the global model as a replica of flat float32 arrays (the PS's updates are added to
 it, and it is what is hashed); the model itself holds the parameters being trained.
@@ -24,7 +24,7 @@ round's fragment (a late delta of the round that synchronized it, applied at a l
 tensor's training moves by as much, as steps ahead do under overlap: its next delta is then the
 steps alone, and does not take back the late delta.
 
-Under sync, a round may start before the last update's tail is in (train.downlink_budget,
+Under sync, a round may start before the last update's tail is in (recovery.downlink_budget,
 recovery/downlink.py): it starts from a copy of the replica, and each tail chunk, added to the
 replica as it lands, is added between two inner steps to the parameters being trained and to that
 copy alike, so the delta (copy - end) is still the steps taken, never the patch. A site of several

@@ -21,7 +21,7 @@ into the next delta instead of onto the wire (under "rescale" it is let go: the 
 in for it); under "stale" and "zero-outside" it is pushed at once, a late delta.
 Either way the site follows the results of the rounds it missed and takes part in the current
 one as soon as the PS hears from it (it is not counted on until then: ps/rounds.py). If its round
-counted the chunks that were in (train.partial_deltas), the rest of its push, the delta's tail,
+counted the chunks that were in (recovery.partial_deltas), the rest of its push, the delta's tail,
 goes on in the background beside the next rounds, which count on the site.
 
 If the PS is not there (yet) or the stream breaks, the site retries with exponential backoff
@@ -285,7 +285,7 @@ class Site:
                                      self.opts.speed_factor)
             self.model = self.inner.model
             t = w.config.train
-            self.schedule = Schedule(self.inner, t.schedule == "overlap", t.round_budget_s, t.fragments)
+            self.schedule = Schedule(self.inner, w.config.schedule.mode.trains_ahead, t.round_budget_s, t.fragments)
             self.replica.build(self.model, w.shards, w.config.codec.chunk_elements())
             rate, burst, late_s = self.opts.chunk_loss
             self.uplink = Uplink(self.opts.name, w.config,
@@ -306,7 +306,7 @@ class Site:
         await self.stalls.asleep("train", round_)
         uplink = self._loaded()[3]
         assert self.schedule is not None
-        probe = self._probe if self._config().train.probe_every and round_ % self._config().train.probe_every == 0 \
+        probe = self._probe if self._config().recovery.probe_every and round_ % self._config().recovery.probe_every == 0 \
             else None
         delta, info = await self.schedule.round(round_, start.train_s, self._held(), hand.stop, probe)
         wait_s = max(0.0, since_push_s - info.pop("ahead_s"))     # idle, not computing ahead
@@ -341,10 +341,9 @@ class Site:
                         "the next delta", me, r, steps)
             return False
         late = uplink.pushes_late and steps > 0
-        train = self._config().train
-        policy = train.late_policy
-        kept = ("its change goes into the next delta" if train.carries_unapplied else
-                "nor carrying it: the others' mean stood in for it")
+        policy = self._config().recovery.late_policy
+        kept = ("its change goes into the next delta" if policy.carries_unapplied else
+                f"nor carrying it: {policy.unapplied_fate()}")
         log.warning("site %s: round %d committed without this site's delta (the PS's deadline passed first: its "
                     "result came after %d inner step(s) of %s); %s", me, r, steps, hand.steps_planned,
                     f"late_policy {policy}: pushing what it has, a late delta" if late else

@@ -62,7 +62,7 @@ class Uplink:
         self.role_weights = dict(DEFAULT_ROLE_WEIGHTS)   # of the manifests' importance (recovery/probe.py)
         self.missed: dict[int, int] = {}     # chunk -> rounds in a row its round counted the delta without it
         self.plan_size = 0                   # chunks a delta comes in (known from the first push)
-        self.protection = ProtectionGauge(cfg.train)    # the copies and parity its deltas carry, by the loss seen
+        self.protection = ProtectionGauge(cfg.recovery)    # the copies and parity its deltas carry, by the loss seen
 
     def _codec(self, mode: str) -> Codec:
         if mode and mode not in self.cfg.codec.delta_modes():
@@ -84,7 +84,7 @@ class Uplink:
     @property
     def pushes_late(self) -> bool:
         """Is a delta whose round committed without it still worth sending? Only if the PS may apply it."""
-        return self.cfg.train.applies_late
+        return self.cfg.recovery.late_policy.applies_late
 
     async def push(self, stream, round_: int, delta: dict[str, np.ndarray], figures: dict, began_at: float = 0.0,
                    mode: str = "") -> EncodeStats:
@@ -94,7 +94,7 @@ class Uplink:
         `began_at` (perf_counter: when the round began here) to the first message of the delta. The chunks go in the order
         recovery.transmissions gives (critical ones first, then by importance, so that what a
         deadline cuts short is what matters least), with their copies and parity where the run asks
-        (train.critical_copies, train.parity_share, as the loss seen sizes them: ProtectionGauge) and
+        (recovery.critical_copies, recovery.parity_share, as the loss seen sizes them: ProtectionGauge) and
         `stream` can carry them; except that the
         smallest goes first of all: the PS times the upload from the first chunk's arrival to the
         last's, so the first must take no time itself."""
@@ -107,7 +107,7 @@ class Uplink:
         order = transmissions(manifest, copies=protects and self.protection.copies())
         first = min(range(len(chunks)), key=lambda i: chunks[i][1].wire_bytes)
         order.insert(0, order.pop(order.index(Transmission("chunk", first))))
-        t = self.cfg.train
+        t = self.cfg.recovery
         out = Sender(stream, await stream.lanes(t.lanes) if t.lanes else None, round_, chunks, parity)
         sizes = [out.size(x) for x in order]
         lost: set[int] = set()       # positions lost on purpose (chunk loss)
@@ -156,12 +156,12 @@ class Uplink:
         self.plan_size = len(chunks)
         t0 = time.perf_counter()
         manifest = build_manifest(round_, chunks, sent, self.roles, self.role_weights, tokens=figures["tokens"],
-                                  steps=figures["steps"], by=self.cfg.train.importance)
+                                  steps=figures["steps"], by=self.cfg.recovery.importance)
         if promoted := sorted(i for i, n in self.missed.items() if n >= PROMOTE_AFTER):
             manifest = promote(manifest, promoted)
             log.info("site %s: chunk(s) %s of round %d promoted to critical: their rounds counted this site's delta "
                      "without them %d times in a row", self.site, ", ".join(map(str, promoted)), round_, PROMOTE_AFTER)
-        t = self.cfg.train
+        t = self.cfg.recovery
         parity: dict[int, bytes] = {}
         if protects and (share := self.protection.share()) > 0:
             manifest = protect(manifest, share, t.parity_group_size)
@@ -179,7 +179,7 @@ class Uplink:
     def keep(self, delta: dict[str, np.ndarray]) -> None:
         """A delta that will not be sent: its change goes into the next one (unless the policy says
         the others' mean stood in for it)."""
-        if self.feedback is not None and self.cfg.train.carries_unapplied:
+        if self.feedback is not None and self.cfg.recovery.late_policy.carries_unapplied:
             self.feedback.carry(delta)
 
     def fresh_model(self) -> None:
@@ -240,9 +240,9 @@ class Uplink:
                 del self.pending[r]
             elif r <= result.round and not (stale and result.round - r < MAX_STALENESS):
                 sent = self.pending.pop(r)
-                if not self.cfg.train.carries_unapplied:
-                    log.warning("site %s: the delta of round %d was not applied; late_policy rescale: the others' "
-                                "mean stood in for it, so it is not sent again", me, r)
+                if not (policy := self.cfg.recovery.late_policy).carries_unapplied:
+                    log.warning("site %s: the delta of round %d was not applied; late_policy %s: %s, so it is not "
+                                "sent again", me, r, policy, policy.unapplied_fate())
                     continue
                 if self.feedback is not None:    # what the PS never applied goes out again next round
                     self.feedback.carry(sent)

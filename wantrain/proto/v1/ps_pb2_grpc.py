@@ -73,7 +73,7 @@ class ParameterServerServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Lane(self, request_iterator, context):
-        """An extra connection of a joined site for its deltas (`train.lanes`): a
+        """An extra connection of a joined site for its deltas (`recovery.lanes`): a
         LaneOpen first, then manifests, delta chunks and parities only; the PS
         answers each with a LaneAck once it has taken it, as it would on Session.
         """

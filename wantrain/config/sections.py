@@ -1,51 +1,25 @@
-"""Run configuration: frozen dataclasses with units in their names, JSON round-trip.
-
-The parameter server owns the RunConfig and hands it to every site in its Welcome, so a site
-needs nothing but the PS address and its own name. Every value is checked when the config is
-built; an error names the field (`train.inner_steps must be >= 1, got 0`).
-"""
+"""The run config's sections, one per owner: each a frozen dataclass whose fields are checked by
+name in its `validate` (rules that join two sections are RunConfig's, config/__init__.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import re
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConfigError
-from .presets import PRESETS
+from ..errors import ConfigError
+from ..presets import PRESETS
+from .policies import (Aggregation, BudgetMode, CheckMode, Importance, LatePolicy, NormAction, Policy, ScheduleMode,
+                       Trust)
 
-__all__ = ["ModelConfig", "DataConfig", "TrainConfig", "CodecConfig", "RobustConfig", "RunConfig", "CODEC_MODES", "SCHEDULES",
-           "CONTROLLERS", "check_site_name"]
+__all__ = ["ModelConfig", "DataConfig", "TrainConfig", "ScheduleConfig", "RecoveryConfig", "CodecConfig",
+           "RobustConfig", "CODEC_MODES", "MAX_LANES"]
 
 CODEC_MODES = ("fp32", "int8", "int8-huffman", "int4-huffman", "ternary-huffman", "sign", "topk")
 TOKENIZERS = ("byte", "gpt2")
 SHARDINGS = ("contiguous", "document")
-LATE_POLICIES = ("drop", "stale", "rescale", "zero-outside", "zero-carry")
-PARTIAL_POLICIES = ("rescale", "zero-outside", "zero-carry")    # those under which a delta may count in part
-IMPORTANCE = ("energy", "size")     # what a chunk's importance in its manifest weighs (recovery/manifest.py)
 MAX_LANES = 8            # a site's Lane calls (a PS's limits.max_lanes_per_site must allow them)
-SCHEDULES = ("sync", "overlap")
-CONTROLLERS = ("fixed", "adaptive")
-NORM_ACTIONS = ("reject", "clip")
-AGGREGATES = ("mean", "trimmed_mean")
-TRUST = ("untrusted", "trusted")
-CHECKS = ("auto", "loss", "off")
-
-
-SITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}")
-
-
-def check_site_name(name: object) -> str | None:
-    """None if `name` may name a site, else why not (the wire and the run config share the rule:
-    names reach file names, log lines and every watcher)."""
-    if not isinstance(name, str) or not SITE_NAME.fullmatch(name):
-        shown = repr(name if not isinstance(name, str) or len(name) <= 80 else name[:80] + "...")
-        return f"site names are 1-64 letters, digits and ._:@+- starting with a letter or digit, got {shown}"
-    return None
 
 
 def _check(cond: bool, field_name: str, message: str, value: Any) -> None:
@@ -53,9 +27,38 @@ def _check(cond: bool, field_name: str, message: str, value: Any) -> None:
         raise ConfigError(f"{field_name} {message}, got {value!r}")
 
 
+POLICIES: dict[str, type[Policy]] = {cls.__name__: cls for cls in (LatePolicy, ScheduleMode, BudgetMode, Importance,
+                                                                    Trust, NormAction, Aggregation, CheckMode)}
+
+
+def parse_policy(cls: type[Policy], value: Any, name: str) -> Policy:
+    """`value` (a string, or already the policy) as a `cls`; the error names the field and the choices."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be one of {cls.values()}, got {value!r}") from None
+
+
+class _Section:
+    """A section of the run config: its policy fields are parsed here, once, whether it was built
+    from JSON or in Python (`RecoveryConfig(late_policy="drop")` holds LatePolicy.DROP)."""
+
+    NAME = ""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            cls = POLICIES.get(f.type if isinstance(f.type, str) else getattr(f.type, "__name__", ""))
+            if cls is not None:
+                object.__setattr__(self, f.name, parse_policy(cls, getattr(self, f.name), f"{self.NAME}.{f.name}"))
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(_Section):
     """Which model to train: a preset name (see wantrain.presets.PRESETS) and its context."""
+
+    NAME = "model"
 
     preset: str = "tiny"
     block_size: int = 128   # tokens per training sequence; <= the preset's maximum context
@@ -67,8 +70,10 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(_Section):
     """What every site trains on: a corpus, a tokenizer, and how it is cut into shards."""
+
+    NAME = "data"
 
     corpus: str = "shakespeare"      # "shakespeare" or a path to a text file or a folder of them
     tokenizer: str = "byte"          # "byte" (vocabulary 256) or "gpt2" (BPE, 50257)
@@ -83,8 +88,10 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(_Section):
     """The DiLoCo loop: inner AdamW steps per round at each site, outer Nesterov at the PS."""
+
+    NAME = "train"
 
     rounds: int = 12
     inner_steps: int = 25
@@ -104,31 +111,91 @@ class TrainConfig:
     # steps than a slow one in the same wall time (inner_steps then only sets the LR warm-up
     # scale); the PS weights deltas by the tokens each site trained.
     round_budget_s: float = 0.0
+    # Streaming DiLoCo (wantrain/fragments.py): 1, every round synchronizes the whole model; P > 1,
+    # the tensors are cut into P fragments and round r synchronizes fragment r mod P alone (the
+    # others train on at the sites). Run P times the rounds of 1/P the inner steps. Sync schedule only.
+    fragments: int = 1
+
+    def validate(self, prefix: str = "train") -> None:
+        for name in ("rounds", "inner_steps", "batch_size"):
+            _check(getattr(self, name) >= 1, f"{prefix}.{name}", "must be >= 1", getattr(self, name))
+        for name in ("warmup_steps", "eval_batches", "checkpoint_every"):
+            _check(getattr(self, name) >= 0, f"{prefix}.{name}", "must be >= 0", getattr(self, name))
+        for name in ("inner_lr", "outer_lr"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v > 0, f"{prefix}.{name}", "must be a positive number", v)
+        _check(0 <= self.outer_momentum < 1, f"{prefix}.outer_momentum", "must be in [0, 1)", self.outer_momentum)
+        _check(0 <= self.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
+        _check(self.grad_clip >= 0, f"{prefix}.grad_clip", "must be >= 0 (0 disables it)", self.grad_clip)
+        _check(self.inner_weight_decay >= 0, f"{prefix}.inner_weight_decay", "must be >= 0", self.inner_weight_decay)
+        _check(math.isfinite(self.round_budget_s) and self.round_budget_s >= 0, f"{prefix}.round_budget_s",
+               "must be >= 0 seconds", self.round_budget_s)
+        _check(self.fragments >= 1, f"{prefix}.fragments", "must be >= 1 (1: the whole model every round)",
+               self.fragments)
+
+
+@dataclass(frozen=True)
+class ScheduleConfig(_Section):
+    """When rounds start and close, and when sites compute: the PS's round driving (ps/rounds.py,
+    ps/controller.py) and each site's schedule (site/schedule.py)."""
+
+    NAME = "schedule"
+
+    # SYNC: a site waits for the round's update before it trains again. OVERLAP: it trains the next
+    # round ahead, from where its last round ended, while its delta goes up and the update comes
+    # down, then moves those steps onto the new global model.
+    mode: ScheduleMode = ScheduleMode.SYNC
+    # Each site's compute budget under train.round_budget_s: FIXED, the same for every site;
+    # ADAPTIVE, the time its link leaves it before the costliest link's site delivers, so that no
+    # site waits idle for another's delta (a budget from 1 to 2 x round_budget_s).
+    controller: BudgetMode = BudgetMode.FIXED
     # Rounds never wait forever: the PS aggregates what has arrived at the deadline and moves on.
     deadline_s: float = 0.0          # fixed deadline after a round's start; 0: derived, see below
     deadline_factor: float = 3.0     # derived: budget + factor x typical (arrival - budget) (ps/rounds.py)
     deadline_min_s: float = 10.0     # floor of the derived deadline
     deadline_initial_s: float = 600.0  # derived deadline before any delta has been timed
-    # A delta that misses its round (docs/protocol.md 3, late deltas; bench/late_policy.py measures them):
-    # "drop": the round's mean is over the deltas that came, and the site carries the late one forward
-    #   in its error feedback (its mass counts twice: once as the others' mean, once itself);
-    # "stale": that mean, and the late delta counts in the next round's mean, discounted;
-    # "rescale": that mean stands in for it, and the late delta is never applied nor carried;
-    # "zero-outside": it counts as zeros in its round's mean, and is applied when it comes, at the
-    #   next commit, outside the outer momentum (one never sent goes into the site's next delta);
-    # "zero-carry": it counts as zeros in its round's mean, is never applied, and the site carries it
-    #   into its next delta (error feedback): its mass goes through the outer momentum, a round late.
-    # The default: on the transformer (tiny, 4 sites, 20 rounds, 3 seeds) with 10 % / 30 % of sites
-    # late a round, final loss +0.20 % / +0.58 % over nothing late; "drop" +0.86 % / +3.14 %.
-    late_policy: str = "zero-outside"
+    # A minimum quorum (Decoupled DiLoCo's, a baseline: bench/loss_recovery.py's B7): once this share
+    # of a round's members have delivered, its deadline comes forward to a grace after, grace_factor
+    # x how much later than the quorum's the slowest member usually delivers (0: off).
+    quorum_share: float = 0.0
+    grace_factor: float = 2.0
+    quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
+                                     # when some sites are missing (they join it when they return)
+
+    def validate(self, prefix: str = "schedule") -> None:
+        for name in ("deadline_s", "quorum_wait_s"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v >= 0, f"{prefix}.{name}", "must be >= 0 seconds", v)
+        for name in ("deadline_min_s", "deadline_initial_s"):
+            v = getattr(self, name)
+            _check(math.isfinite(v) and v > 0, f"{prefix}.{name}", "must be > 0 seconds", v)
+        _check(math.isfinite(self.deadline_factor) and self.deadline_factor >= 1, f"{prefix}.deadline_factor",
+               "must be >= 1", self.deadline_factor)
+        _check(0 <= self.quorum_share <= 1, f"{prefix}.quorum_share", "must be in [0, 1]", self.quorum_share)
+        _check(self.grace_factor >= 0, f"{prefix}.grace_factor", "must be >= 0", self.grace_factor)
+
+
+@dataclass(frozen=True)
+class RecoveryConfig(_Section):
+    """Loss recovery: what a round does about deltas, or parts of them, that do not arrive in time,
+    and how a site protects what it sends (../shared/loss_recovery.md; the profile the PS's close
+    rules (ps/closing.py), its uploads and a site's uplink act on)."""
+
+    NAME = "recovery"
+
+    # A delta that misses its round (LatePolicy; docs/protocol.md 3; bench/late_policy.py). The
+    # default: on the transformer (tiny, 4 sites, 20 rounds, 3 seeds) with 10 % / 30 % of sites late
+    # a round, final loss +0.20 % / +0.58 % over nothing late; DROP +0.86 % / +3.14 %.
+    late_policy: LatePolicy = LatePolicy.ZERO_OUTSIDE
+    staleness_discount: float = 0.5  # weight factor per round of staleness (STALE)
     # Count the chunks of a late delta that arrived by the deadline, when its manifest did (the rest
     # is what late_policy says: zeros and outside the momentum later, zeros and carried, or the others'
-    # mean). Only under late_policy "rescale", "zero-outside" or "zero-carry" (under "drop" and
-    # "stale" a late delta counts whole or not at all) and on an unsharded PS (a shard counts whole
-    # deltas); elsewhere it does nothing. The default: with chunks lost on the uplink (1-10 %,
-    # bench/loss_recovery.py) it keeps the final loss within 0.5 % of waiting for every chunk while
-    # whole deltas lose 6 %; on a lossless link it changes nothing.
+    # mean). Only under a late_policy that allows it (LatePolicy.allows_partial) and on an unsharded
+    # PS (a shard counts whole deltas); elsewhere it does nothing. The default: with chunks lost on
+    # the uplink (1-10 %, bench/loss_recovery.py) it keeps the final loss within 0.5 % of waiting for
+    # every chunk while whole deltas lose 6 %; on a lossless link it changes nothing.
     partial_deltas: bool = True
+    reliable_rounds: int = 5         # the first rounds (warm-up) count no partial delta and never close early
     # With partial_deltas: close a round before its deadline once every member's manifest and critical
     # chunks are in and what is still missing holds at most this share of the round's importance
     # (each delta weighted by its tokens; 0: never early).
@@ -137,6 +204,11 @@ class TrainConfig:
     # chunk, or more than this share of its importance, from members that all sent their manifests
     # waits up to one deadline more, closing ("extended") as soon as neither holds (0: never).
     extend_above: float = 0.0
+    # Role weights of a delta's importance (recovery/probe.py): every this many rounds a site measures
+    # on a held-out batch how much its step loses without each role's change, and weighs the roles
+    # by it (0: never; all roles weigh 1, importance is energy alone).
+    probe_every: int = 0
+    importance: Importance = Importance.ENERGY
     # A delta's chunks protected on the wire (recovery/sending.py; docs/protocol.md 4a): each critical
     # chunk sent twice, and XOR parity over the most important other chunks that hold parity_share of
     # the delta's importance, in groups of parity_group_size (the PS rebuilds one lost member of a
@@ -145,18 +217,6 @@ class TrainConfig:
     # chunk and +0.23 % final loss, with it 1.73x and -0.04 % (bench/loss_recovery.py); they cost
     # 2-7 % more bytes up whether or not anything was lost, before they followed the loss seen
     # (protection_adapts, below).
-    # A minimum quorum (Decoupled DiLoCo's, a baseline: bench/loss_recovery.py's B7): once this share
-    # of a round's members have delivered, its deadline comes forward to a grace after, grace_factor
-    # x how much later than the quorum's the slowest member usually delivers (0: off).
-    quorum_share: float = 0.0
-    grace_factor: float = 2.0
-    # Role weights of a delta's importance (recovery/probe.py): every this many rounds a site measures
-    # on a held-out batch how much its step loses without each role's change, and weighs the roles
-    # by it (0: never; all roles weigh 1, importance is energy alone).
-    probe_every: int = 0
-    # What a chunk's importance weighs: "energy" (role weight x its energy after quantization) or
-    # "size" (its share of the delta's elements, blind to what it holds: an ablation).
-    importance: str = "energy"
     critical_copies: bool = True
     parity_share: float = 0.5
     parity_group_size: int = 8
@@ -182,57 +242,20 @@ class TrainConfig:
     lanes: int = 4
     hedge_s: float = 1.0
     hedge_all: bool = True
-    # The downlink (recovery/downlink.py, docs/protocol.md 6): the PS sends a round's update with the
+    # The downlink (ps/downlink.py, docs/protocol.md 6): the PS sends a round's update with the
     # critical chunks and the most energetic others, holding all but this share of its energy, before
     # the result; the rest follows the next RoundStart, and a site trains without it, patching each
     # chunk into its replica and into the parameters it trains as it lands (0: the whole update comes
     # before the result). Only under the "sync" schedule on an unsharded PS; after the warm-up.
     downlink_budget: float = 0.0
-    reliable_rounds: int = 5         # the first rounds (warm-up) count no partial delta and never close early
-    staleness_discount: float = 0.5  # weight factor per round of staleness ("stale" policy)
-    quorum_wait_s: float = 5.0       # after round 0, start a round this long after the last even
-                                     # when some sites are missing (they join it when they return)
-    # "sync": a site waits for the round's update before it trains again. "overlap": it trains the
-    # next round ahead, from where its last round ended, while its delta goes up and the update comes
-    # down, then moves those steps onto the new global model (site/schedule.py).
-    schedule: str = "sync"
-    # Each site's compute budget under round_budget_s (ps/controller.py): "fixed", the same for every
-    # site; "adaptive", the time its link leaves it before the costliest link's site delivers, so
-    # that no site waits idle for another's delta (a budget from 1 to 2 x round_budget_s).
-    controller: str = "fixed"
-    # Streaming DiLoCo (wantrain/fragments.py): 1, every round synchronizes the whole model; P > 1,
-    # the tensors are cut into P fragments and round r synchronizes fragment r mod P alone (the
-    # others train on at the sites). Run P times the rounds of 1/P the inner steps. Sync schedule only.
-    fragments: int = 1
 
-    def validate(self, prefix: str = "train") -> None:
-        for name in ("rounds", "inner_steps", "batch_size"):
-            _check(getattr(self, name) >= 1, f"{prefix}.{name}", "must be >= 1", getattr(self, name))
-        for name in ("warmup_steps", "eval_batches", "checkpoint_every"):
-            _check(getattr(self, name) >= 0, f"{prefix}.{name}", "must be >= 0", getattr(self, name))
-        for name in ("inner_lr", "outer_lr"):
-            v = getattr(self, name)
-            _check(math.isfinite(v) and v > 0, f"{prefix}.{name}", "must be a positive number", v)
-        _check(0 <= self.outer_momentum < 1, f"{prefix}.outer_momentum", "must be in [0, 1)", self.outer_momentum)
-        _check(0 <= self.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
-        _check(self.grad_clip >= 0, f"{prefix}.grad_clip", "must be >= 0 (0 disables it)", self.grad_clip)
-        _check(self.inner_weight_decay >= 0, f"{prefix}.inner_weight_decay", "must be >= 0", self.inner_weight_decay)
-        for name in ("round_budget_s", "deadline_s", "quorum_wait_s"):
-            v = getattr(self, name)
-            _check(math.isfinite(v) and v >= 0, f"{prefix}.{name}", "must be >= 0 seconds", v)
-        for name in ("deadline_min_s", "deadline_initial_s"):
-            v = getattr(self, name)
-            _check(math.isfinite(v) and v > 0, f"{prefix}.{name}", "must be > 0 seconds", v)
-        _check(math.isfinite(self.deadline_factor) and self.deadline_factor >= 1, f"{prefix}.deadline_factor",
-               "must be >= 1", self.deadline_factor)
-        _check(self.late_policy in LATE_POLICIES, f"{prefix}.late_policy", f"must be one of {LATE_POLICIES}",
-               self.late_policy)
+    def validate(self, prefix: str = "recovery") -> None:
+        _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",
+               self.staleness_discount)
+        _check(self.reliable_rounds >= 0, f"{prefix}.reliable_rounds", "must be >= 0", self.reliable_rounds)
         _check(0 <= self.loss_budget < 1, f"{prefix}.loss_budget", "must be in [0, 1)", self.loss_budget)
         _check(0 <= self.extend_above < 1, f"{prefix}.extend_above", "must be in [0, 1)", self.extend_above)
-        _check(0 <= self.quorum_share <= 1, f"{prefix}.quorum_share", "must be in [0, 1]", self.quorum_share)
-        _check(self.grace_factor >= 0, f"{prefix}.grace_factor", "must be >= 0", self.grace_factor)
         _check(self.probe_every >= 0, f"{prefix}.probe_every", "must be >= 0", self.probe_every)
-        _check(self.importance in IMPORTANCE, f"{prefix}.importance", f"must be one of {IMPORTANCE}", self.importance)
         _check(0 <= self.parity_share <= 1, f"{prefix}.parity_share", "must be in [0, 1]", self.parity_share)
         _check(2 <= self.parity_group_size <= 64, f"{prefix}.parity_group_size",
                "must be 2 to 64 chunks (a parity per group)", self.parity_group_size)
@@ -240,34 +263,12 @@ class TrainConfig:
         _check(math.isfinite(self.hedge_s) and self.hedge_s >= 0, f"{prefix}.hedge_s", "must be >= 0 seconds",
                self.hedge_s)
         _check(0 <= self.downlink_budget < 1, f"{prefix}.downlink_budget", "must be in [0, 1)", self.downlink_budget)
-        _check(self.reliable_rounds >= 0, f"{prefix}.reliable_rounds", "must be >= 0", self.reliable_rounds)
-        _check(self.schedule in SCHEDULES, f"{prefix}.schedule", f"must be one of {SCHEDULES}", self.schedule)
-        _check(self.fragments >= 1, f"{prefix}.fragments", "must be >= 1 (1: the whole model every round)",
-               self.fragments)
-        _check(self.fragments == 1 or self.schedule == "sync", f"{prefix}.fragments",
-               "fragments need train.schedule 'sync' (overlap moves the whole model's steps ahead)", self.fragments)
-        _check(self.fragments == 1 or self.late_policy != "stale", f"{prefix}.late_policy",
-               "'stale' counts a late delta in a later round's mean, which under train.fragments moves another "
-               "fragment: use 'zero-outside' (a late delta applied outside the momentum), 'zero-carry', 'drop' "
-               "or 'rescale'", self.late_policy)
-        _check(self.controller in CONTROLLERS, f"{prefix}.controller", f"must be one of {CONTROLLERS}", self.controller)
-        _check(self.controller == "fixed" or self.round_budget_s > 0, f"{prefix}.controller",
-               "'adaptive' sets each site's compute budget: it needs round_budget_s > 0", self.controller)
-        _check(0 < self.staleness_discount <= 1, f"{prefix}.staleness_discount", "must be in (0, 1]",
-               self.staleness_discount)
-        _check(self.deadline_s == 0 or self.deadline_s > self.round_budget_s, f"{prefix}.deadline_s",
-               f"must exceed round_budget_s ({self.round_budget_s}) or be 0 (derived)", self.deadline_s)
-
-    @property
-    def zero_substitute(self) -> bool:
-        """Does a missing delta, or chunk, count as zeros in its round's mean (not the others' mean)?"""
-        return self.late_policy in ("zero-outside", "zero-carry")
 
     @property
     def counts_partial(self) -> bool:
         """Do rounds count the chunks of a delta that are in without the rest (on an unsharded PS,
         after the warm-up)? partial_deltas, under a late_policy that has a substitute for the rest."""
-        return self.partial_deltas and self.late_policy in PARTIAL_POLICIES
+        return self.partial_deltas and self.late_policy.allows_partial
 
     @property
     def hedges_every_chunk(self) -> bool:
@@ -276,28 +277,12 @@ class TrainConfig:
         refused."""
         return self.hedge_all and self.lanes > 0 and self.hedge_s > 0
 
-    @property
-    def patches_downlink(self) -> bool:
-        """Does the PS send part of an update after the next RoundStart (on an unsharded PS, after the
-        warm-up)? downlink_budget, under the sync schedule: steps taken ahead (overlap) are moved onto
-        the whole update, never onto part of it."""
-        return self.downlink_budget > 0 and self.schedule == "sync"
-
-    @property
-    def applies_late(self) -> bool:
-        """May the PS still apply a delta after its round closed? (Then a site sends it late.)"""
-        return self.late_policy in ("stale", "zero-outside")
-
-    @property
-    def carries_unapplied(self) -> bool:
-        """Does a site put a delta the PS never applied into its next one? Not under "rescale", where
-        the others' mean stood in for it: carrying it too would count its mass twice."""
-        return self.late_policy != "rescale"
-
 
 @dataclass(frozen=True)
-class CodecConfig:
+class CodecConfig(_Section):
     """How deltas (uplink) and updates (downlink) are encoded."""
+
+    NAME = "codec"
 
     mode: str = "int8-huffman"        # "fp32" | "int8" | "int8-huffman"; below 8 bits (codec/formats.py):
                                       # "int4-huffman" | "ternary-huffman" | "sign" | "topk"
@@ -355,19 +340,21 @@ class CodecConfig:
 
 
 @dataclass(frozen=True)
-class RobustConfig:
+class RobustConfig(_Section):
     """What one site may do to the global model: bounds on its delta and its claims (wantrain.screening).
 
     A site could be buggy or hostile; either way, one delta must not be able to destroy the run."""
 
-    trust: str = "untrusted"         # "untrusted": judge each round's deltas against each other (below);
-                                     # "trusted": only the absolute bounds (max_delta_ratio, claims)
+    NAME = "robust"
+
+    trust: Trust = Trust.UNTRUSTED   # UNTRUSTED: judge each round's deltas against each other (below);
+                                     # TRUSTED: only the absolute bounds (max_delta_ratio, claims)
     norm_factor: float = 10.0        # two deltas disagree if one's L2 norm is over this x the other's (0: never) ...
     min_cosine: float = 0.02         # ... or the cosine of their angle is under this (-1: never: a delta that
                                      # shares under 2 % of its length with another's direction carries nothing
                                      # the other agrees with; honest ones measured 0.16-0.8); a delta that
                                      # disagrees with more than half of the other sites' is ...
-    norm_action: str = "reject"      # ... "reject"ed, or (if it is only too large) "clip"ped to norm_factor x
+    norm_action: NormAction = NormAction.REJECT  # ... "reject"ed, or (if it is only too large) "clip"ped to norm_factor x
                                      # the others' median norm
     clip_ratio: float = 2.0          # counted deltas' norms capped at this x their median (0: no cap) ...
     weight_ratio: float = 2.0        # ... and their weights (tokens) at this x their median (0: no cap)
@@ -375,14 +362,14 @@ class RobustConfig:
     max_delta_ratio: float = 10.0    # no delta may exceed this x the larger of the global parameters' norm and
                                      # steps x inner_lr x sqrt(parameters) (how far AdamW can move) (0: no bound)
     max_steps_per_s: float = 1000.0  # time-budgeted rounds: steps a site may claim per second of its budget
-    aggregate: str = "mean"          # "mean" (weighted by tokens) or "trimmed_mean" (per coordinate, unweighted)
+    aggregate: Aggregation = Aggregation.MEAN  # "mean" (weighted by tokens) or "trimmed_mean" (per coordinate, unweighted)
     trim_fraction: float = 0.2       # trimmed_mean: share of the deltas dropped at each end of every coordinate
     # Checked commits (wantrain/checking.py): before a round commits, the PS evaluates its update on
     # held-out check batches; if that is worse than the current model by more than the tolerance,
     # each delta is tried alone and those that make the model worse are left out (kept in their
     # site's error feedback). "loss": every run; "auto": runs of fewer than three sites, where
     # deltas cannot be judged against each other; "off": never.
-    check: str = "auto"
+    check: CheckMode = CheckMode.AUTO
     check_batches: int = 2           # held-out batches per check, between the validation windows
     check_tolerance: float = 0.005   # relative rise of the check loss allowed without a check (the floor:
                                      # the run raises it to 2x the largest rise its honest rounds showed,
@@ -393,21 +380,16 @@ class RobustConfig:
                                      # is no longer counted until an operator clears it (0: never excluded)
 
     def validate(self, prefix: str = "robust") -> None:
-        _check(self.trust in TRUST, f"{prefix}.trust", f"must be one of {TRUST}", self.trust)
         for name in ("norm_factor", "clip_ratio", "weight_ratio"):
             v = getattr(self, name)
             _check(math.isfinite(v) and (v == 0 or v >= 1), f"{prefix}.{name}", "must be 0 (off) or >= 1", v)
         _check(math.isfinite(self.max_delta_ratio) and self.max_delta_ratio >= 0, f"{prefix}.max_delta_ratio",
                "must be >= 0 (0: off)", self.max_delta_ratio)
         _check(-1 <= self.min_cosine < 1, f"{prefix}.min_cosine", "must be in [-1, 1)", self.min_cosine)
-        _check(self.norm_action in NORM_ACTIONS, f"{prefix}.norm_action", f"must be one of {NORM_ACTIONS}",
-               self.norm_action)
         _check(1 <= self.alert_after <= 10_000, f"{prefix}.alert_after", "must be in [1, 10000]", self.alert_after)
         _check(math.isfinite(self.max_steps_per_s) and self.max_steps_per_s > 0, f"{prefix}.max_steps_per_s",
                "must be a positive number", self.max_steps_per_s)
-        _check(self.aggregate in AGGREGATES, f"{prefix}.aggregate", f"must be one of {AGGREGATES}", self.aggregate)
         _check(0 <= self.trim_fraction < 0.5, f"{prefix}.trim_fraction", "must be in [0, 0.5)", self.trim_fraction)
-        _check(self.check in CHECKS, f"{prefix}.check", f"must be one of {CHECKS}", self.check)
         _check(1 <= self.check_batches <= 64, f"{prefix}.check_batches", "must be in [1, 64]", self.check_batches)
         _check(math.isfinite(self.check_tolerance) and 0 <= self.check_tolerance <= 1, f"{prefix}.check_tolerance",
                "must be in [0, 1]", self.check_tolerance)
@@ -417,122 +399,6 @@ class RobustConfig:
 
     def checks(self, num_sites: int) -> bool:
         """Whether a run of `num_sites` sites checks its commits on held-out data."""
-        return self.check == "loss" or (self.check == "auto" and num_sites < 3)
+        return self.check.checks(num_sites)
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything the PS needs to run, and every site needs to join."""
-
-    num_sites: int = 3
-    sites: tuple[str, ...] = ()       # optional: the sites' names; site i trains on data shard i
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    codec: CodecConfig = field(default_factory=CodecConfig)
-    robust: RobustConfig = field(default_factory=RobustConfig)
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        _check(1 <= self.num_sites <= 1024, "num_sites", "must be in [1, 1024]", self.num_sites)
-        _check(not self.sites or (len(self.sites) == self.num_sites and len(set(self.sites)) == len(self.sites)),
-               "sites", f"must be empty or {self.num_sites} distinct names", self.sites)
-        for name in self.sites:
-            why = check_site_name(name)
-            if why:
-                raise ConfigError(f"sites: {why}")
-        self.model.validate()
-        self.data.validate()
-        self.train.validate()
-        self.codec.validate()
-        self.robust.validate()
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-        return _build(cls, d, "")
-
-    @classmethod
-    def from_json(cls, text: str) -> RunConfig:
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"config is not valid JSON: {e}") from None
-        return cls.from_dict(d)
-
-    @classmethod
-    def load(cls, path: str | Path) -> RunConfig:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        return cls.from_json(p.read_text())
-
-    def replace(self, **changes: Any) -> RunConfig:
-        """A copy with top-level or dotted fields changed: replace(**{"train.rounds": 3})."""
-        d = self.to_dict()
-        for key, value in changes.items():
-            target = d
-            *path, last = key.split(".")
-            for part in path:
-                if part not in target or not isinstance(target[part], dict):
-                    raise ConfigError(f"unknown config field {key!r}")
-                target = target[part]
-            if last not in target:
-                raise ConfigError(f"unknown config field {key!r}")
-            target[last] = value
-        return RunConfig.from_dict(d)
-
-
-def _build(cls: type, d: Any, prefix: str) -> Any:
-    where = prefix.rstrip(".") or "config"
-    if not isinstance(d, dict):
-        raise ConfigError(f"{where} must be an object, got {d!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown config field {prefix + unknown[0]!r} (known: {', '.join(sorted(fields))})")
-    kwargs = {}
-    for name, value in d.items():
-        f = fields[name]
-        sub = _SECTIONS.get(name) if cls is RunConfig else None
-        if sub is not None:
-            kwargs[name] = _build(sub, value, f"{prefix}{name}.")
-        else:
-            kwargs[name] = _coerce(f, value, f"{prefix}{name}")
-    if cls is RunConfig:
-        return cls(**kwargs)
-    obj = cls(**kwargs)
-    return obj
-
-
-def _coerce(f: dataclasses.Field, value: Any, name: str) -> Any:
-    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
-    elif kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{name} must be a number, got {value!r}")
-        value = float(value)
-    elif kind == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, got {value!r}")
-    elif kind == "str":
-        if not isinstance(value, str):
-            raise ConfigError(f"{name} must be a string, got {value!r}")
-    elif kind.startswith("tuple"):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name} must be a list, got {value!r}")
-        value = tuple(value)
-    return value
-
-
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "codec": CodecConfig,
-             "robust": RobustConfig}
