@@ -20,7 +20,7 @@ COMPILE := $(BIN)/python -m compileall -q -j 0 wantrain testbed tests
 # The codec's numba loops, every mode's, compiled once into numba's cache beside their source (about
 # 15 s of CPU; 0.4 s to load once cached), before
 # the tests start processes that would each compile them at once in a fresh clone or after an edit.
-KERNELS := $(BIN)/python -c "import wantrain.codec, wantrain.config, wantrain.aggregate_kernels as a; \
+KERNELS := $(BIN)/python -c "import wantrain.codec, wantrain.config, wantrain.outer.kernels as a; \
            wantrain.codec.load_kernels(wantrain.config.CODEC_MODES); a.load()"
 
 .PHONY: demo test check sysdeps bench soak protos lab strip-notebooks clean

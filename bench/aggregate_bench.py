@@ -1,7 +1,7 @@
 """Aggregation benchmark: the PS round's compute (average 3 int8 deltas, Nesterov outer step,
 downlink error feedback, int8+Huffman encode of the update, apply) for a real preset's tensors.
 
-Side by side in one run, from the same state and deltas: `wantrain.aggregate.aggregate_round`
+Side by side in one run, from the same state and deltas: `wantrain.outer.aggregate.aggregate_round`
 (compiled element loops) and the numpy step it replaced (bench/baseline_aggregate.py), both on
 the process's CPU pool. The two must give the same parameters and the same update bytes; the
 bench checks that before it reports times.
@@ -23,14 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import baseline_aggregate
 from common import save
 
-from wantrain.aggregate import Contribution, aggregate_round
+from wantrain.outer.aggregate import Contribution, aggregate_round
 from wantrain.codec import Codec, ErrorFeedback, plan_chunks
 from wantrain.config import RunConfig
-from wantrain.cpu_pool import cores
+from wantrain.runtime.cpu_pool import cores
 from wantrain.models import build_model
-from wantrain.outer import OuterNesterov
-from wantrain.replica import named_params
-from wantrain.screening import gram
+from wantrain.outer.nesterov import OuterNesterov
+from wantrain.models.params import named_params
+from wantrain.outer.screening import gram
 
 
 def deltas(shapes: dict[str, int], codec: Codec, plan, seed: int) -> list:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from wantrain.codec import Encoded, huffman
+from wantrain.codec import Encoded
+from wantrain.codec import huffman
 from wantrain.codec.quantize import QMAX, TINY, dequantize_int8, num_blocks
-from wantrain.cpu_pool import map_ordered
-from wantrain.messages import UPDATE, TensorChunk
+from wantrain.runtime.cpu_pool import map_ordered
+from wantrain.transport.messages import UPDATE, TensorChunk
 
 
 def quantize(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""What the commit check (robust.check, wantrain/checking.py) costs the PS, per model size, as a
+"""What the commit check (robust.check, wantrain/outer/checking.py) costs the PS, per model size, as a
 share of a round.
 
 For each preset, a PS's global model (ps/model.py) commits a round of two sites' deltas (random,
@@ -45,8 +45,8 @@ def timed(fn, repeat: int = 1) -> float:
 def measure(preset: str) -> dict:
     import torch
 
-    from wantrain.aggregate import Contribution
-    from wantrain.checking import Checkable, CommitCheck
+    from wantrain.outer.aggregate import Contribution
+    from wantrain.outer.checking import Checkable, CommitCheck
     from wantrain.codec import Codec, EncodeStats, encode_arrays
     from wantrain.config import RunConfig
     from wantrain.data import load_run_data

@@ -31,12 +31,12 @@ from baseline_huffman import decode_many as numpy_decode_many  # noqa: E402
 from baseline_huffman import encode as numpy_encode  # noqa: E402
 
 from wantrain.codec import Codec, ErrorFeedback, encode_arrays  # noqa: E402
-from wantrain.codec_study import best_of, codec_speed, codec_stages, real_delta  # noqa: E402
+from wantrain.studies.compression import best_of, codec_speed, codec_stages, real_delta  # noqa: E402
 from wantrain.config import CODEC_MODES, CodecConfig  # noqa: E402
 
 
 def measure(flat: np.ndarray, cfg: CodecConfig) -> dict:
-    """The codec's stages (wantrain.codec_study) and, side by side on the same int8 bytes, the numpy
+    """The codec's stages (wantrain.studies.compression) and, side by side on the same int8 bytes, the numpy
     coder of before and zstd level 1."""
     r = codec_stages(flat, cfg)
     n, sym, payloads = r["params"], r.pop("symbols"), r.pop("payloads")

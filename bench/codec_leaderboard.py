@@ -1,6 +1,6 @@
 """Codecs on one leaderboard of bits against loss: DiLoCo trained with each, every byte counted.
 
-Each run is wantrain's own code in this process (wantrain.codec_study.codec_run: three sites' inner
+Each run is wantrain's own code in this process (wantrain.studies.compression.codec_run: three sites' inner
 loops on their shards, the codec both ways with error feedback, the PS's outer Nesterov step), the
 same seeds, shards and steps for every codec. Per codec and seed it reports the bits per parameter
 per round each way as gRPC messages (payload, scales, every header and table, the chunk's framing),
@@ -82,7 +82,7 @@ def overrides(spec: str) -> dict:
 
 def one_run(codec: str, preset: str, seed: int, size: dict) -> dict:
     single_core()
-    from wantrain.codec_study import codec_run
+    from wantrain.studies.compression import codec_run
     from wantrain.config import RunConfig
 
     cfg = RunConfig().replace(num_sites=size["sites"], **{
@@ -103,7 +103,7 @@ def speeds(codecs: list[str], preset: str, steps: int) -> dict[str, dict]:
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})         # one core: the pools size by it
     import zstandard
 
-    from wantrain.codec_study import best_of, codec_speed, real_delta
+    from wantrain.studies.compression import best_of, codec_speed, real_delta
     from wantrain.config import RunConfig
 
     delta = real_delta(preset, steps=steps, threads=1)["delta"]

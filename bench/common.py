@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks: single-core setup, result files (real deltas: wantrain.codec_study)."""
+"""Helpers shared by the benchmarks: single-core setup, result files (real deltas: wantrain.studies.compression)."""
 
 from __future__ import annotations
 

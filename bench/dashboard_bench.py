@@ -27,8 +27,8 @@ single_core()
 import numpy as np  # noqa: E402
 import plotly.io as pio  # noqa: E402
 
-from wantrain.charts import figures  # noqa: E402
-from wantrain.codec_study import best_of  # noqa: E402
+from wantrain.telemetry.charts import figures  # noqa: E402
+from wantrain.studies.compression import best_of  # noqa: E402
 from wantrain.ui import Dashboard  # noqa: E402
 
 SITES = ("us-west", "eu-west", "ap-southeast")

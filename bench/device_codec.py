@@ -20,7 +20,7 @@ import torch
 
 from wantrain.codec import Codec
 from wantrain.config import CodecConfig
-from wantrain.codec_study import best_of, real_delta
+from wantrain.studies.compression import best_of, real_delta
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ start, does what a bad day on a WAN does:
     250 s   us-west's link goes dark for 200 s
     300 s   ap-southeast is killed; 20 s later started again
 
-Figures (wantrain.run_compare.counted_tokens: tokens of deltas that reached the global model in
+Figures (wantrain.telemetry.compare.counted_tokens: tokens of deltas that reached the global model in
 time, counted in their round or deferred to a later commit):
 
     goodput            counted tokens of `faults` over those of `clean`, in the same window
@@ -38,8 +38,8 @@ from common import save_to
 from time_to_target import SIZES
 
 from wantrain.config import RunConfig
-from wantrain.run import Run, describe_scenario
-from wantrain.run_compare import counted_tokens
+from wantrain.launch.run import Run, describe_scenario
+from wantrain.telemetry.compare import counted_tokens
 from wantrain.telemetry import rows
 
 SCENARIO = "three-sites"

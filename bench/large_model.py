@@ -62,12 +62,13 @@ def main() -> None:
 
     import numpy as np
 
-    from wantrain import net, wire
+    from wantrain.transport import net, wire
     from wantrain.codec import Codec, EncodeStats, plan_chunks
     from wantrain.config import RunConfig
-    from wantrain.messages import DELTA, MODEL, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome
+    from wantrain.transport.messages import (DELTA, MODEL, Join, Ready, RoundMetrics, RoundResult, RoundStart,
+                                             TensorChunk, Welcome)
     from wantrain.models import build_model
-    from wantrain.replica import named_params
+    from wantrain.models.params import named_params
 
     cfg = RunConfig().replace(**{"num_sites": 1, "model.preset": a.preset, "model.block_size": 32,
                                  "train.rounds": 1, "train.batch_size": 1, "train.eval_batches": 1,

@@ -1,8 +1,8 @@
 """What to do with a delta, or chunks of it, that miss their round, on the transformer: today's
 whole-site "drop" against zero + error feedback outside the outer momentum, and the arms that tell
-why (issue 28, item 2; the arms: wantrain/late_study.py).
+why (issue 28, item 2; the arms: wantrain/studies/late.py).
 
-Each run is wantrain's own code in this process (wantrain.inprocess: every site's inner loop and
+Each run is wantrain's own code in this process (wantrain.studies.inprocess: every site's inner loop and
 codec with error feedback, the PS's global model and outer Nesterov step). In every round after the
 first, each site is late with probability `--late`, or (`--chunk-loss`) each site's link loses
 chunks of its delta at that rate, in bursts of mean length `--burst`; seeded, the same for every arm
@@ -40,7 +40,7 @@ LAST = 3                # evaluations averaged for the final loss
 def one_run(arm: str, condition: tuple[str, float], seed: int, outer_lr: float, size: dict) -> dict:
     single_core()
     from wantrain.config import RunConfig
-    from wantrain.late_study import run_arm
+    from wantrain.studies.late import run_arm
 
     cfg = RunConfig().replace(num_sites=size["sites"], **{
         "model.preset": size["preset"], "model.block_size": size["block_size"], "train.rounds": size["rounds"],
@@ -82,7 +82,7 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 
 def arm_order(arm: str) -> int:
-    from wantrain.late_study import ARMS
+    from wantrain.studies.late import ARMS
     return ARMS.index(arm)
 
 
@@ -97,7 +97,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    from wantrain.late_study import ARMS
+    from wantrain.studies.late import ARMS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="one seed of four short rounds (tests)")

@@ -91,9 +91,9 @@ from common import save_to
 import lr_report
 
 from wantrain.config import RunConfig
-from wantrain.plan import Outage
-from wantrain.run import Run, describe_scenario
-from wantrain.run_compare import time_to_target
+from wantrain.launch.plan import Outage
+from wantrain.launch.run import Run, describe_scenario
+from wantrain.telemetry.compare import time_to_target
 from wantrain.telemetry import rows
 
 SALR = {"recovery.late_policy": "zero-outside", "recovery.partial_deltas": True, "recovery.critical_copies": True,

@@ -40,10 +40,10 @@ def main() -> None:
     p.add_argument("--out", default="placement")
     args = p.parse_args()
 
-    from wantrain.ps_placement import costs_from_run, predict_plan
+    from wantrain.launch.ps_regions import costs_from_run, predict_plan
     from wantrain.config import RunConfig
     from wantrain.launch.emulator import describe_placements, describe_scenario
-    from wantrain.run import Run
+    from wantrain.launch.run import Run
 
     regions = args.regions.split(",")
     plans = describe_placements(args.scenario)

@@ -34,7 +34,7 @@ def main() -> None:
     args = p.parse_args()
 
     from wantrain.config import RunConfig
-    from wantrain.run import Run
+    from wantrain.launch.run import Run
 
     times = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,6 +1,6 @@
 """One hostile site against the PS's screening: the same run with and without it, per attack.
 
-Each run is wantrain's own code in this process (wantrain.inprocess: every site's inner loop
+Each run is wantrain's own code in this process (wantrain.studies.inprocess: every site's inner loop
 and codec, the PS's screen, weights and global model), with the default `robust` settings. The
 last site is hostile: it trains honestly (so it knows its own delta) and sees what the protocol
 shows every site (the global model at each round's start, hence the last update), then sends:
@@ -124,8 +124,8 @@ def one_run(sites: int, attack: str, seed: int, size: dict) -> dict:
     from wantrain.codec import Codec
     from wantrain.config import RunConfig
     from wantrain.data import load_run_data
-    from wantrain.inprocess import InProcessRun
-    from wantrain.screening import max_delta_scale
+    from wantrain.studies.inprocess import InProcessRun
+    from wantrain.outer.screening import max_delta_scale
 
     torch.set_num_threads(1)
     changes = {"train.rounds": size["rounds"], "train.inner_steps": size["inner_steps"], "model.block_size": 64,

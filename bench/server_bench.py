@@ -36,13 +36,13 @@ def client(addresses: list[str], name: str, rounds: int, results: mp.Queue) -> N
     (name, [(round, push start, push end, wire bytes)]) on `results`."""
     import numpy as np
 
-    from wantrain import net, wire
+    from wantrain.transport import net, wire
     from wantrain.codec import Codec, encode_arrays
-    from wantrain.messages import (DELTA, MODEL, HashReport, Join, Ready, RoundMetrics, RoundResult, RoundStart,
-                                   TensorChunk, Welcome)
+    from wantrain.transport.messages import (DELTA, MODEL, HashReport, Join, Ready, RoundMetrics, RoundResult,
+                                             RoundStart, TensorChunk, Welcome)
     from wantrain.models import build_model
-    from wantrain.replica import named_params
-    from wantrain.shards import ShardLayout
+    from wantrain.models.params import named_params
+    from wantrain.models.shards import ShardLayout
 
     async def shard(call, i: int, starts: asyncio.Queue, results_q: asyncio.Queue, setup: asyncio.Future) -> None:
         """Everything but the push on shard i's stream: the model download, Ready, hash reports."""

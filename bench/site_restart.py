@@ -1,6 +1,6 @@
 """Site restart benchmark: a site SIGKILLed mid-run, started again, until it is ready to train.
 
-A real run (`wantrain.run.Run`: a PS and two site processes, `tiny` by default) trains with
+A real run (`wantrain.launch.run.Run`: a PS and two site processes, `tiny` by default) trains with
 time-budgeted rounds; site b is killed after round 1 and started again, `--restarts` times. Per
 restart, from the PS's telemetry (one clock, this machine):
 
@@ -40,7 +40,7 @@ def floor_s() -> float:
 
 def restarts(preset: str, count: int) -> list[dict]:
     from wantrain.config import RunConfig
-    from wantrain.run import Run
+    from wantrain.launch.run import Run
 
     cfg = RunConfig().replace(**{"num_sites": 2, "model.preset": preset, "train.rounds": 4 + 3 * count,
                                  "train.round_budget_s": 1.0, "train.batch_size": 4, "train.eval_batches": 1})

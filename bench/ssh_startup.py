@@ -33,7 +33,7 @@ from common import save
 def one_run(host, venvs: str, tmp: Path) -> dict[str, float]:
     from wantrain.config import RunConfig
     from wantrain.launch import RemoteSite
-    from wantrain.run import Run
+    from wantrain.launch.run import Run
 
     cfg = RunConfig().replace(**{"num_sites": 3, "sites": ["here", "ssh-1", "ssh-2"], "train.rounds": 2,
                                  "train.inner_steps": 5, "train.batch_size": 4, "train.eval_batches": 1})

@@ -2,7 +2,7 @@
 
 Each arm is a whole run (a real PS and three real site processes, the links emulated from the
 scenario's traces by the embedded testbed), stopped once a round's validation loss reaches the
-target or when the arm's wall-clock cap is spent. Figures per arm (wantrain.run_compare): time from
+target or when the arm's wall-clock cap is spent. Figures per arm (wantrain.telemetry.compare): time from
 round 0's start to the target (the median over seeds and their range), the bytes it took both ways,
 the work it took (every site's inner steps, tokens and seconds of compute), and each site's
 compute utilization.
@@ -27,7 +27,7 @@ Arms:
                          every other delta counts when it lands, its weight halved per round it is
                          late (late_policy "stale"); three times the rounds of the others, each
                          about a third of their work
-    streaming            Streaming DiLoCo's fragments (train.fragments = 4, wantrain/fragments.py):
+    streaming            Streaming DiLoCo's fragments (train.fragments = 4, wantrain/outer/fragments.py):
                          round r synchronizes a quarter of the tensors, the rest train on at the
                          sites; four times the rounds of a quarter of the inner steps, so each
                          fragment is synchronized every DiLoCo round's steps (its overlap of a
@@ -36,7 +36,7 @@ Arms:
 How an arm's settings are chosen, never tuned to a scenario: DiLoCo arms take the size's inner
 steps; a time budget is the time the scenario's median site takes for those steps (this machine's
 step time, wantrain.models.step_seconds, times the median speed factor); every
-arm is read on the same wall-clock grid (`cadence_s`, wantrain.run_compare): the global model's
+arm is read on the same wall-clock grid (`cadence_s`, wantrain.telemetry.compare): the global model's
 loss every cadence_s from round 0's start, so an arm of many short rounds is not looked at more
 often than one of few long rounds.
 
@@ -58,10 +58,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_to
 
-from wantrain.run_compare import Outcome, time_to_target
+from wantrain.telemetry.compare import Outcome, time_to_target
 from wantrain.config import RunConfig
 from wantrain.models import step_seconds
-from wantrain.run import Run, describe_scenario
+from wantrain.launch.run import Run, describe_scenario
 
 ARMS: dict[str, dict] = {
     "sync-dp": {"codec.mode": "fp32", "train.outer_lr": 1.0, "train.outer_momentum": 0.0},

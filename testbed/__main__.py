@@ -7,7 +7,7 @@ import dataclasses
 import json
 import sys
 
-from wantrain.plan import PlanError, RunPlan
+from wantrain.launch.plan import PlanError, RunPlan
 
 from .scenario import ScenarioError, load_scenario, scenario_from_plan
 from .trace import TraceError
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
                    "object of every known region's plan (wantrain place)")
     ln = sub.add_parser("links", help="run the site links of a run plan (or a scenario) to TARGET")
     what = ln.add_mutually_exclusive_group(required=True)
-    what.add_argument("--plan", help="a run plan (JSON, wantrain.plan.RunPlan), as `describe` prints it")
+    what.add_argument("--plan", help="a run plan (JSON, wantrain.launch.plan.RunPlan), as `describe` prints it")
     what.add_argument("--scenario", help="a built-in scenario's name or a scenario file")
     ln.add_argument("--target", required=True, help="HOST:PORT of the parameter server")
     ln.add_argument("--listening", required=True, help="the plan, with where each site dials, written once every "

@@ -3,7 +3,7 @@
 `python -m testbed links --plan PLAN.json --target 127.0.0.1:PSPORT --listening F --log L`
 (or `--scenario three-sites` instead of `--plan`) opens one link per site (proxy or kernel
 backend, as the plan says) in one process, writes the plan back to F once listening, with where
-each site dials and what it runs under (wantrain.plan.RunPlan), then every 5 x `interval`
+each site dials and what it runs under (wantrain.launch.plan.RunPlan), then every 5 x `interval`
 seconds appends one JSON line per link to L: the trace in force (delay each way, bandwidth,
 down), bytes each way, time stalled by outages; plus `outage_start` / `outage_end` / `spike` / `reset` events as they happen
 (a scheduled reset aborts every connection of that link).
@@ -26,7 +26,7 @@ import signal
 import time
 from pathlib import Path
 
-from wantrain.plan import JsonlTail, Outage, RunPlan, SitePlan
+from wantrain.launch.plan import JsonlTail, Outage, RunPlan, SitePlan
 
 from .backend import ProxyBackend, get_backend, without_rate
 from .scenario import Scenario
@@ -36,7 +36,7 @@ __all__ = ["run_links", "plan_of"]
 
 
 def plan_of(sc: Scenario, handles: dict | None = None) -> RunPlan:
-    """The run plan of a scenario (wantrain.plan): everything the scenario says, with the published
+    """The run plan of a scenario (wantrain.launch.plan): everything the scenario says, with the published
     RTTs and, once the links listen (`handles`), where each site dials and what it runs under."""
     handles = handles or {}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from wantrain.plan import RunPlan
+from wantrain.launch.plan import RunPlan
 
 from .scenario import ScenarioError
 from .trace import MAX_OUTAGE_S, Trace

@@ -13,7 +13,7 @@ A scenario is a TOML file (see scenarios/ for the built-in ones):
              backend = "kernel" (where the host has no netem: htb there does the uplink rate, its
              proxy link here the delay, loss and outages), chunk_loss, chunk_burst, chunk_late_s
              (the site's own delta chunks lost at that rate, in runs of that mean length, each sent
-             that many seconds after the others: wantrain.recovery.ChunkLoss)
+             that many seconds after the others: wantrain.runtime.chunk_loss.ChunkLoss)
 
 A bad file gets a message that names the file, the line (where the TOML says it) and the field.
 """
@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wantrain.plan import ON_HOST_BACKENDS, RunPlan
+from wantrain.launch.plan import ON_HOST_BACKENDS, RunPlan
 
 from .regions import regions, rtt_ms
 from .trace import Outage, Trace, TraceError, synthetic
@@ -60,9 +60,9 @@ class SiteLink:
     speed_factor: float = 1.0
     trace: str | None = None
     resets: tuple[float, ...] = ()     # trace seconds at which every connection of the link is reset
-    backend: str | None = None         # "tcconfig" or "kernel": shaped on the site's host (wantrain.plan.SitePlan)
+    backend: str | None = None         # "tcconfig" or "kernel": shaped on the site's host (wantrain.launch.plan.SitePlan)
     interface: str | None = None       # the host's interface to shape
-    chunk_loss: float = 0.0            # application-level delta chunk loss (wantrain.plan.SitePlan)
+    chunk_loss: float = 0.0            # application-level delta chunk loss (wantrain.launch.plan.SitePlan)
     chunk_burst: float = 1.0
     chunk_late_s: float = 30.0
 

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from wantrain.plan import CANNOT_SHAPE, ON_HOST_BACKENDS, RunPlan
+from wantrain.launch.plan import CANNOT_SHAPE, ON_HOST_BACKENDS, RunPlan
 
 from .scenario import scenario_from_plan
 from .htb_link import HtbError, HtbLink

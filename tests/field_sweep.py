@@ -149,16 +149,18 @@ def main() -> None:
     import torch
 
     from tests.helpers import small_config
-    from wantrain import wire
+    from wantrain.transport import wire
     from wantrain.codec import Codec, EncodeStats, encode_arrays, load_kernels
     from wantrain.config import CODEC_MODES
     from wantrain.errors import CodecError, ProtocolError, WantrainError
-    from wantrain.messages import DELTA, DeltaParity, RoundMetrics, TensorChunk
+    from wantrain.transport.messages import DELTA, DeltaParity, RoundMetrics, TensorChunk
     from wantrain.ps.model import GlobalModel
     from wantrain.ps.uploads import Upload, check_chunk, check_manifest, check_parity, extract_chunk, rebuild_member
-    from wantrain.recovery import build_manifest, group_parities, protect, roles_of
-    from wantrain.replica import named_params
-    from wantrain.screening import check_claims
+    from wantrain.transport.manifest import build_manifest, protect
+    from wantrain.transport.sending import group_parities
+    from wantrain.transport.roles import roles_of
+    from wantrain.models.params import named_params
+    from wantrain.outer.screening import check_claims
     from wantrain.data import load_run_data
 
     torch.set_num_threads(1)

@@ -27,7 +27,7 @@ from pathlib import Path
 from wantrain.config import RunConfig
 from wantrain.ps import ParameterServer
 from wantrain.ps.serve import serve
-from wantrain.relay import EventRelay, shard_relay
+from wantrain.launch.relay import EventRelay, shard_relay
 from wantrain.site import Site, SiteOptions
 from wantrain.telemetry import read_events
 

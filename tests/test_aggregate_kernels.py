@@ -10,11 +10,11 @@ from hypothesis.extra import numpy as hnp
 import sys
 from pathlib import Path
 
-from wantrain import aggregate_kernels as kernels
-from wantrain.aggregate import apply_sent, weighted_mean
+from wantrain.outer import kernels
+from wantrain.outer.aggregate import apply_sent, weighted_mean
 from wantrain.codec import Codec, Extracted, dequantize_int8, quantize_int8
 from wantrain.config import CodecConfig
-from wantrain.outer import OuterNesterov
+from wantrain.outer.nesterov import OuterNesterov
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from baseline_aggregate import quantize as numpy_quantize  # the numpy rule, kept for the bench

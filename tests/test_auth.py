@@ -6,11 +6,11 @@ import stat
 import grpc
 import pytest
 
-from wantrain import net
-from wantrain.auth import Authenticator, new_secret_file
+from wantrain.transport import net
+from wantrain.transport.auth import Authenticator, new_secret_file
 from wantrain.errors import ConfigError
-from wantrain.messages import PROTOCOL_VERSION
-from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.transport.messages import PROTOCOL_VERSION
+from wantrain.transport.proto.v1 import ps_pb2 as pb
 from wantrain.launch.argv import ps_args, site_args
 
 from .helpers import Proc, free_port, small_config

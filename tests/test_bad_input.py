@@ -6,9 +6,9 @@ import time
 import grpc
 import pytest
 
-from wantrain import net, wire
-from wantrain.messages import PROTOCOL_VERSION
-from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.transport import net, wire
+from wantrain.transport.messages import PROTOCOL_VERSION
+from wantrain.transport.proto.v1 import ps_pb2 as pb
 from wantrain.launch.argv import ps_args, site_args
 
 from .helpers import Proc, free_port, pid_alive, small_config, wantrain
@@ -151,8 +151,8 @@ def test_version_names_the_package_the_wire_protocol_and_the_telemetry_schema(ca
     from pathlib import Path
 
     from wantrain import __version__
-    from wantrain.cli import main
-    from wantrain.messages import PROTOCOL_VERSION
+    from wantrain.commands.cli import main
+    from wantrain.transport.messages import PROTOCOL_VERSION
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])
@@ -166,7 +166,7 @@ def test_version_names_the_package_the_wire_protocol_and_the_telemetry_schema(ca
 def test_every_option_of_every_command_has_a_help_line():
     import argparse
 
-    from wantrain.cli import build_parser
+    from wantrain.commands.cli import build_parser
 
     def missing(parser: argparse.ArgumentParser, name: str) -> list[str]:
         out = []

@@ -6,7 +6,7 @@ import pytest
 
 from wantrain.codec import ChunkSpec, Codec
 from wantrain.config import CodecConfig
-from wantrain.messages import UPDATE, RoundResult, TensorChunk
+from wantrain.transport.messages import UPDATE, RoundResult, TensorChunk
 from wantrain.ps.catchup import Catchup
 from wantrain.telemetry import rows
 

@@ -1,7 +1,7 @@
-"""Checked commits (wantrain/checking.py): with two sites, a delta the update does better without
+"""Checked commits (wantrain/outer/checking.py): with two sites, a delta the update does better without
 on held-out data is left out, an honest run is left alone bit for bit, and each site's record.
 
-In-process (wantrain.inprocess: the sites' inner loops, the PS's screen, check and model) for the
+In-process (wantrain.studies.inprocess: the sites' inner loops, the PS's screen, check and model) for the
 decision; the parameter server itself for what it journals, tells and restores.
 """
 
@@ -10,14 +10,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from wantrain.checking import CheckDecision, CommitCheck
+from wantrain.outer.checking import CheckDecision, CommitCheck
 from wantrain.config import RunConfig
 from wantrain.data import check_batches, eval_batches, load_run_data
 from wantrain.errors import ConfigError, DataError
-from wantrain.inprocess import InProcessRun
-from wantrain.messages import Join
+from wantrain.studies.inprocess import InProcessRun
+from wantrain.transport.messages import Join
 from wantrain.ps import ParameterServer
-from wantrain.screening import Verdict
+from wantrain.outer.screening import Verdict
 
 from .helpers import small_config
 from .test_poison import encoded_delta, push
@@ -146,7 +146,7 @@ def test_the_ps_leaves_out_what_makes_its_update_worse_and_keeps_it_so(tmp_path)
 @pytest.mark.timeout(120)
 def test_an_operator_clears_an_excluded_site_from_the_command_line(tmp_path):
     """`wantrain clear-site` over gRPC (Report, with the observer token): the PS counts the site again."""
-    from wantrain.auth import Authenticator
+    from wantrain.transport.auth import Authenticator
 
     from .harness import InProcessCluster
     from .helpers import wantrain
@@ -175,8 +175,8 @@ def test_a_noisy_site_cannot_spoil_a_real_two_site_run(tmp_path):
     """Over gRPC: a real site trains every round; mallory, authenticated, sends round 0 a delta of
     noise well under the bound on arrival (what a broken GPU or a bad pipeline could send). The
     commit check leaves it out; mallory hears why; the honest site's replicas agree throughout."""
-    from wantrain.auth import Authenticator
-    from wantrain.messages import DeltaOutcome, RoundResult
+    from wantrain.transport.auth import Authenticator
+    from wantrain.transport.messages import DeltaOutcome, RoundResult
     from wantrain.telemetry import rows
 
     from .cluster import check_run

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from wantrain.checkpoint import load_checkpoint, save_checkpoint
+from wantrain.ps.checkpoint import load_checkpoint, save_checkpoint
 from wantrain.launch.argv import ps_args
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from wantrain.charts import timeline_figure
-from wantrain.run import Run, describe_scenario
+from wantrain.telemetry.charts import timeline_figure
+from wantrain.launch.run import Run, describe_scenario
 from wantrain.telemetry import read_events, rows
 
 from .cluster import check_run

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from wantrain.launch import RemotePS, RemoteSite
-from wantrain.run import Run
+from wantrain.launch.run import Run
 
 from .helpers import small_config
 from .sshd import SshServer

@@ -80,7 +80,7 @@ def test_a_run_under_the_adaptive_controller_trains_each_site_for_its_own_budget
     codecs, tells them (a `controller` event and the site's RoundStart), and each site computes for
     its own budget; the narrow link's site, link-bound, sends its deltas in int4 + Huffman, which
     the PS counts beside the others' int8 + Huffman, and the updates go in int4 + Huffman."""
-    from wantrain.run import Run, describe_scenario
+    from wantrain.launch.run import Run, describe_scenario
     from wantrain.telemetry import read_events, rows
 
     from .helpers import small_config
@@ -111,7 +111,7 @@ def test_a_run_under_the_adaptive_controller_trains_each_site_for_its_own_budget
     assert all(e["ok"] for e in rows(events, "hash_check")) and rows(events, "hash_check")
     assert all(set(e["sites"]) == set(plan.names) for e in rows(events, "round_end"))   # every delta counted
     # the dashboard and the report draw every decision, its reason in the hover
-    from wantrain.charts import figures
+    from wantrain.telemetry.charts import figures
 
     (chart,) = [f for f in figures(events) if f.layout.title.text.startswith("Controller")]
     drawn = {t.name.removeprefix("budget "): t for t in chart.data if t.name.startswith("budget ")}

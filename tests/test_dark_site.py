@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from wantrain.run import Run, describe_scenario
+from wantrain.launch.run import Run, describe_scenario
 from wantrain.telemetry import read_events, rows
 
 from .cluster import check_run

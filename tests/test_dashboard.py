@@ -6,9 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from wantrain.plan import JsonlTail
-from wantrain.charts import figures, thin
-from wantrain.run import Run
+from wantrain.launch.plan import JsonlTail
+from wantrain.telemetry.charts import figures, thin
+from wantrain.launch.run import Run
 from wantrain.ui import Dashboard
 
 from .helpers import small_config

@@ -11,11 +11,12 @@ import pytest
 
 from wantrain.codec import Codec, EncodeStats, encode_arrays
 from wantrain.errors import ProtocolError
-from wantrain.messages import DELTA, HashReport, Join, RoundResult, TensorChunk
+from wantrain.transport.messages import DELTA, HashReport, Join, RoundResult, TensorChunk
 from wantrain.ps import ParameterServer
 from wantrain.ps.journal import JOURNAL_DIR
-from wantrain.recovery import build_manifest, roles_of
-from wantrain.replica import named_params
+from wantrain.transport.manifest import build_manifest
+from wantrain.transport.roles import roles_of
+from wantrain.models.params import named_params
 
 from .helpers import small_config
 from .test_server import drain, enter, metrics_for, rows_of

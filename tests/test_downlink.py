@@ -1,4 +1,4 @@
-"""The downlink's tail (recovery.downlink_budget; recovery/downlink.py): an update sent as a head before
+"""The downlink's tail (recovery.downlink_budget; ps/downlink.py): an update sent as a head before
 the result and a tail after the next RoundStart, patched into the replica and into the round
 training from it. Unit tests, then a run over real gRPC in this process (tests/harness.py)."""
 
@@ -13,11 +13,11 @@ import torch
 from wantrain.codec import Codec, plan_chunks
 from wantrain.config import CodecConfig
 from wantrain.errors import ProtocolError
-from wantrain.messages import UPDATE, RoundResult, TensorChunk
+from wantrain.transport.messages import UPDATE, RoundResult, TensorChunk
 from wantrain.models import build_model
-from wantrain.recovery import roles_of
-from wantrain.recovery.downlink import split_update, update_energies
-from wantrain.replica import flat_copy, named_params
+from wantrain.transport.roles import roles_of
+from wantrain.ps.downlink import split_update, update_energies
+from wantrain.models.params import flat_copy, named_params
 from wantrain.site.replica import Replica
 from wantrain.site.schedule import Schedule
 from wantrain.site.train import InnerLoop

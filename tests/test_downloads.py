@@ -10,11 +10,11 @@ import asyncio
 import pytest
 
 from wantrain.codec import Codec, join_chunks
-from wantrain.messages import Join, RoundResult, TensorChunk, Welcome
+from wantrain.transport.messages import Join, RoundResult, TensorChunk, Welcome
 from wantrain.models import build_model
 from wantrain.ps import ParameterServer
 from wantrain.ps.downloads import ModelDownload
-from wantrain.replica import apply_update, load_flat, named_params, param_hash
+from wantrain.models.params import apply_update, load_flat, named_params, param_hash
 from wantrain.telemetry import rows
 
 from .cluster import Cluster, check_run

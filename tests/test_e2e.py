@@ -5,10 +5,10 @@ import html
 
 import pytest
 
-from wantrain.ps_placement import costs_from_run
-from wantrain.report import write_report
-from wantrain.round_time import PARTS, round_splits, site_totals
-from wantrain.run import Run
+from wantrain.launch.ps_regions import costs_from_run
+from wantrain.telemetry.report import write_report
+from wantrain.telemetry.round_time import PARTS, round_splits, site_totals
+from wantrain.launch.run import Run
 from wantrain.telemetry import read_events, rows
 
 from .harness import run_in_process
@@ -82,7 +82,7 @@ def test_each_site_sends_in_its_own_encoding_and_every_replica_stays_identical(t
 
 
 def check_round_time(events: list[dict], cfg) -> None:
-    """Where each round went (wantrain/round_time.py), from real processes' timers: every site's
+    """Where each round went (wantrain/telemetry/round_time.py), from real processes' timers: every site's
     every round is split, each measured part is a duration, and what the timers left unexplained
     is a small share of the wall time. (About 2-4 % here, where three sites share two cores in
     rounds of a second; the first round's includes opening the lanes. The bound has room for a

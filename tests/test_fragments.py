@@ -1,4 +1,4 @@
-"""Streaming DiLoCo's fragments (train.fragments, wantrain/fragments.py): a round synchronizes one
+"""Streaming DiLoCo's fragments (train.fragments, wantrain/outer/fragments.py): a round synchronizes one
 fragment of the tensors, the PS moves only those (and only their momentum), a site trains the rest
 on and sends a delta that is zero outside its round's fragment; a run keeps every replica equal."""
 
@@ -7,14 +7,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from wantrain.aggregate import Contribution
+from wantrain.outer.aggregate import Contribution
 from wantrain.codec import Extracted
 from wantrain.config import RunConfig
 from wantrain.errors import ConfigError
-from wantrain.fragments import fragments, synced
-from wantrain.messages import Join
+from wantrain.outer.fragments import fragments, synced
+from wantrain.transport.messages import Join
 from wantrain.ps import ParameterServer
-from wantrain.replica import flat_copy
+from wantrain.models.params import flat_copy
 from wantrain.site.schedule import Schedule
 from wantrain.telemetry import rows
 

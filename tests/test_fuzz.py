@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wantrain import net
+from wantrain.transport import net
 from wantrain.errors import Reject
-from wantrain.messages import PROTOCOL_VERSION
-from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.transport.messages import PROTOCOL_VERSION
+from wantrain.transport.proto.v1 import ps_pb2 as pb
 from wantrain.ps import STATUS
 from wantrain.telemetry import read_events, rows
 from wantrain.launch.argv import ps_args, site_args

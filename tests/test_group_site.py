@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from wantrain.run import Run
+from wantrain.launch.run import Run
 from wantrain.telemetry import read_events, rows
 
 from .cluster import check_run

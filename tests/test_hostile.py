@@ -18,13 +18,13 @@ import grpc
 import numpy as np
 import pytest
 
-from wantrain import wire
+from wantrain.transport import wire
 from wantrain.codec import Codec, EncodeStats, encode_arrays
-from wantrain.messages import (DELTA, PROTOCOL_VERSION, HashReport, Join, LaneAck, LaneOpen, LinkProbe, Ready,
-                               RoundMetrics, RoundStart, TensorChunk, Welcome)
-from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.transport.messages import (DELTA, PROTOCOL_VERSION, HashReport, Join, LaneAck, LaneOpen, LinkProbe,
+                                         Ready, RoundMetrics, RoundStart, TensorChunk, Welcome)
+from wantrain.transport.proto.v1 import ps_pb2 as pb
 from wantrain.telemetry import read_events, rows
-from wantrain.tls import make_dev_certs
+from wantrain.transport.tls import make_dev_certs
 from wantrain.launch.argv import ps_args
 
 from .helpers import Proc, free_port, small_config

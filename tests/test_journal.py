@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from wantrain.errors import CheckpointError
-from wantrain.messages import HashReport, Join
+from wantrain.transport.messages import HashReport, Join
 from wantrain.ps import ParameterServer
 from wantrain.ps.journal import JOURNAL_DIR
 from wantrain.ps.rounds import MAX_STALENESS

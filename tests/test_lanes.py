@@ -11,10 +11,12 @@ import pytest
 
 from wantrain.codec import Codec, encode_arrays
 from wantrain.config import CodecConfig
-from wantrain.messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
-from wantrain.recovery import MAX_HEDGES, Transmission, build_manifest, roles_of, transmissions
-from wantrain import wire
-from wantrain.charts import timeline_figure
+from wantrain.transport.messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
+from wantrain.transport.sending import MAX_HEDGES, Transmission, transmissions
+from wantrain.transport.manifest import build_manifest
+from wantrain.transport.roles import roles_of
+from wantrain.transport import wire
+from wantrain.telemetry.charts import timeline_figure
 from wantrain.site.lanes import Lanes
 from wantrain.site.sender import Sender, Sent, overdue
 from wantrain.telemetry import rows

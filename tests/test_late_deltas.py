@@ -1,16 +1,16 @@
 """Deltas that miss their round: the aggregation's zero substitute and its path outside the outer
-momentum (aggregate.py), and the study that compares the policies (late_study.py)."""
+momentum (outer/aggregate.py), and the study that compares the policies (studies/late.py)."""
 
 import numpy as np
 
 import pytest
 
-from wantrain.aggregate import Contribution, aggregate_round, weighted_mean
+from wantrain.outer.aggregate import Contribution, aggregate_round, weighted_mean
 from wantrain.codec import Codec, Extracted, plan_chunks
 from wantrain.config import CodecConfig, RunConfig
 from wantrain.errors import WantrainError
-from wantrain.late_study import WHOLE, chunk_schedule, late_schedule, run_arm
-from wantrain.outer import OuterNesterov
+from wantrain.studies.late import WHOLE, chunk_schedule, late_schedule, run_arm
+from wantrain.outer.nesterov import OuterNesterov
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -158,10 +158,10 @@ def test_the_peer_mean_of_randomly_missing_chunks_is_unbiased_over_many_seeds():
 
 
 def test_a_hadamard_spread_loss_is_noise_over_its_tensor_unbiased_over_many_seeds():
-    """B5 (recovery/spread.py): the transform is orthonormal and its own inverse; losing a run of
+    """B5 (studies/spread.py): the transform is orthonormal and its own inverse; losing a run of
     the transformed coefficients costs noise over the whole tensor, not the run, and dividing by
     the share that came makes the estimate unbiased over the random signs."""
-    from wantrain.recovery.spread import hadamard, spread_loss
+    from wantrain.studies.spread import hadamard, spread_loss
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 64))

@@ -51,7 +51,7 @@ def _wait_for_output(h, timeout_s: float = 30) -> str:
 
 
 def test_a_run_says_what_it_is_where_a_notebook_shows_it(tmp_path):
-    from wantrain.run import Run
+    from wantrain.launch.run import Run
 
     from .helpers import small_config
 

@@ -19,8 +19,8 @@ def test_wantrain_never_imports_testbed():
 
 def test_only_wire_and_net_import_the_generated_code():
     for p in sources():
-        if p.relative_to(PKG).as_posix() not in ("wire.py", "net.py"):
-            assert not re.search(r"(from|import)\s+(\.|wantrain\.)proto\b", p.read_text()), p
+        if p.relative_to(PKG).as_posix() not in ("transport/wire.py", "transport/net.py"):
+            assert not re.search(r"(from|import)\s+(\.|wantrain\.transport\.)proto\b", p.read_text()), p
 
 
 def test_public_surface_resolves():
@@ -32,7 +32,7 @@ def test_the_conformance_site_needs_nothing_of_wantrain_but_the_generated_stubs(
     """tests/conformance implements a site from docs/protocol.md alone (issue 10)."""
     for p in (Path(__file__).parent / "conformance").glob("*.py"):
         for m in re.finditer(r"^\s*(?:from|import)\s+(wantrain[\w.]*)", p.read_text(), re.M):
-            assert m.group(1).startswith("wantrain.proto"), (p.name, m.group(1))
+            assert m.group(1).startswith("wantrain.transport.proto"), (p.name, m.group(1))
 
 
 # ------------------------------------------------------------------ docs/architecture.md's layers
@@ -42,6 +42,8 @@ ARCH = (ROOT / "docs" / "architecture.md").read_text()
 
 
 def layers() -> dict[str, int]:
+    """The `layers` block: a key is a module or a package (dotted, under wantrain), and covers the
+    modules under it that no longer key names."""
     block = re.search(r"```layers\n(.*?)```", ARCH, re.S).group(1)
     out = {}
     for line in block.strip().splitlines():
@@ -51,59 +53,86 @@ def layers() -> dict[str, int]:
     return out
 
 
-def wantrain_imports(path: Path) -> set[str]:
-    """The top-level wantrain modules a file imports (relative or absolute)."""
-    import ast
-    rel = path.relative_to(PKG).parts
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = list(rel[:-1])[:len(rel) - node.level]
-            target = base + (node.module.split(".") if node.module else [])
-            out |= {target[0]} if target else {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("wantrain."):
-            out.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("wantrain.")}
+def key_of(module: str, keys) -> str | None:
+    """The layer key of a dotted wantrain module: itself, or the nearest package above it that has one."""
+    parts = module.split(".")[1:] or ["__init__"]
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in keys:
+            return ".".join(parts[:n])
+    return None
+
+
+def keyed_graph() -> dict[str, set[str]]:
+    """module_graph collapsed onto the layer keys: which key imports which."""
+    keys = layers()
+    out: dict[str, set[str]] = {}
+    for module, deps in module_graph().items():
+        mine = key_of(module, keys)
+        assert mine is not None, f"{module} is in no layer of docs/architecture.md"
+        out.setdefault(mine, set()).update(k for d in deps if (k := key_of(d, keys)) not in (None, mine))
     return out
-
-
-def top_module(path: Path) -> str:
-    rel = path.relative_to(PKG).with_suffix("").parts
-    return rel[0]
 
 
 def test_every_module_has_a_layer_and_imports_point_down():
     layer = layers()
-    for p in sources():
-        mine = top_module(p)
-        assert mine in layer, f"{mine} is in no layer of docs/architecture.md"
-        for dep in wantrain_imports(p) - {mine, "proto"}:
-            assert dep in layer, (p, dep)
-            assert layer[dep] <= layer[mine], f"{p.relative_to(ROOT)} imports {dep} (layer {layer[dep]} > {layer[mine]})"
+    for mine, deps in keyed_graph().items():
+        for dep in deps:
+            assert layer[dep] <= layer[mine], f"{mine} (layer {layer[mine]}) imports {dep} (layer {layer[dep]})"
+
+
+def test_no_circle_between_the_units_of_the_layers():
+    """A package-level loop (messages.py importing recovery/'s manifest while recovery/ imported
+    messages) is a circle of concepts even where no two modules import each other."""
+    graph = keyed_graph()
+    assert not circles(graph), circles(graph)
 
 
 def test_the_roles_meet_only_on_the_wire_and_the_leaves_stay_leaves():
-    for p in sources():
-        mine, deps = top_module(p), wantrain_imports(p)
+    leaves = {"launch.plan", "config.presets", "errors"}
+    for mine, deps in keyed_graph().items():
         if mine == "ps":
-            assert "site" not in deps, p
+            assert "site" not in deps, deps
         if mine == "site":
-            assert "ps" not in deps, p
-        if mine in ("plan", "presets", "errors"):
-            assert deps <= {"plan", "presets", "errors", mine}, (p, deps)
+            assert "ps" not in deps, deps
+        if mine in leaves:
+            assert deps <= leaves, (mine, deps)
+
+
+def test_the_top_level_shows_the_rooms_at_a_glance():
+    """wantrain/ holds its rooms (packages) and a few modules every room uses: at most about 15
+    entries besides __init__.py, __main__.py and py.typed."""
+    entries = sorted(p.name for p in PKG.iterdir() if p.name not in ("__init__.py", "__main__.py", "py.typed",
+                                                                     "__pycache__"))
+    assert len(entries) <= 15, entries
+
+
+def test_architecture_names_every_module():
+    """docs/architecture.md's concept table names every module, by its path under wantrain/ or by its
+    file name in the row of its package."""
+    rows = [line for line in ARCH.splitlines() if line.startswith("|")]
+    missing = []
+    for p in sources():
+        rel = p.relative_to(PKG).as_posix()
+        if p.name == "__init__.py" and p.parent != PKG:
+            rel = p.parent.relative_to(PKG).as_posix() + "/"
+        package = p.parent.relative_to(PKG).as_posix() + "/" if p.parent != PKG else ""
+        named = f"`{rel}`" in ARCH or any(f"`{package}`" in row and (f"`{p.name}`" in row or p.name == "__init__.py")
+                                          for row in rows if package)
+        if not named and p.name not in ("__init__.py", "__main__.py"):
+            missing.append(rel)
+    assert not missing, missing
 
 
 def test_testbed_imports_only_the_plan_of_wantrain():
     for p in (ROOT / "testbed").rglob("*.py"):
         for m in re.finditer(r"^\s*(?:from|import)\s+(wantrain[\w.]*)", p.read_text(), re.M):
-            assert m.group(1) == "wantrain.plan", (p.name, m.group(1))
+            assert m.group(1) == "wantrain.launch.plan", (p.name, m.group(1))
 
 
 def test_a_config_does_not_import_torch():
     import subprocess
     import sys
-    code = "import sys, wantrain; wantrain.RunConfig(); import wantrain.plan; print('torch' in sys.modules)"
+    code = "import sys, wantrain; wantrain.RunConfig(); import wantrain.launch.plan; print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
 
@@ -113,7 +142,7 @@ def test_the_panel_and_the_command_line_load_neither_torch_nor_numba():
     torch (about 150 MB a process) and numba (about 30 MB) are for the PS and the sites."""
     import subprocess
     import sys
-    code = ("import sys, wantrain.ui, wantrain.cli, wantrain.wire; "
+    code = ("import sys, wantrain.ui, wantrain.commands.cli, wantrain.transport.wire; "
             "print(sorted(m for m in ('torch', 'numba') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "[]", (r.stdout, r.stderr)
@@ -128,7 +157,7 @@ LONG_BY_DESIGN: dict[str, str] = {
     "wantrain/ps/servicer.py": "the gRPC adapter: each RPC's translation between the wire and the PS (Session, "
                                "Lane, Watch, Ping, Report), sharing one account of streams per address and one "
                                "way to refuse and log; apart, each would reach into that accounting",
-    "wantrain/run.py": "the composition root of a run's processes: starting, following and stopping them and the "
+    "wantrain/launch/run.py": "the composition root of a run's processes: starting, following and stopping them and the "
                         "faults injected on purpose (kill, outage, restart or move the PS, drop an SSH link) act on "
                         "the same processes and their bookkeeping (which were killed on purpose, restarts, the relay)",
     "wantrain/config/sections.py": "the run config's sections: one frozen dataclass per owner, each field's "

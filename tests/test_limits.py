@@ -13,10 +13,10 @@ import time
 import grpc
 import pytest
 
-from wantrain import net, wire
+from wantrain.transport import net, wire
 from wantrain.errors import ProtocolError, RejectedError
-from wantrain.limits import Limits, Throttle, TokenBucket, safe_text
-from wantrain.messages import HashReport, Join
+from wantrain.transport.limits import Limits, Throttle, TokenBucket, safe_text
+from wantrain.transport.messages import HashReport, Join
 from wantrain.ps import ParameterServer
 from wantrain.ps.connections import ConnectionGuard, peer_address
 from wantrain.telemetry import read_events

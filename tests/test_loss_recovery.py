@@ -8,7 +8,9 @@ import pytest
 
 from wantrain.errors import ConfigError, WantrainError
 from wantrain.models import build_model
-from wantrain.recovery import ChunkLoss, rebuild, role_of, roles_of, xor_parity
+from wantrain.runtime.chunk_loss import ChunkLoss
+from wantrain.transport.parity import rebuild, xor_parity
+from wantrain.transport.roles import role_of, roles_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,7 +55,7 @@ def test_protection_follows_the_loss_the_link_showed():
     with clean pushes to none, back in proportion as soon as chunks are lost; without it, the
     settings always."""
     from wantrain.config import RecoveryConfig
-    from wantrain.recovery import PROTECT_FULL_AT, ProtectionGauge
+    from wantrain.transport.sending import PROTECT_FULL_AT, ProtectionGauge
 
     gauge = ProtectionGauge(RecoveryConfig(parity_share=0.5))
     seen = []
@@ -121,7 +123,7 @@ def test_chunk_loss_names_a_bad_setting():
 
 def test_a_manifest_blind_to_energy_weighs_chunks_by_their_elements():
     from wantrain.config import Importance
-    from wantrain.recovery import build_manifest
+    from wantrain.transport.manifest import build_manifest
 
     m, chunks, decoded = _manifest()
     roles = {c.tensor: c.role for c in m.chunks}
@@ -136,7 +138,7 @@ def test_a_manifest_blind_to_energy_weighs_chunks_by_their_elements():
 def _manifest(critical_elements=0):
     from wantrain.codec import Codec, encode_arrays
     from wantrain.config import CodecConfig
-    from wantrain.recovery import build_manifest
+    from wantrain.transport.manifest import build_manifest
 
     model = build_model("tiny", 256, 0)
     rng = np.random.default_rng(1)
@@ -170,7 +172,7 @@ def test_a_manifest_knows_each_chunks_energy_and_what_is_missing():
 
 
 def test_protection_covers_the_most_important_share_in_groups_on_no_critical_chunk():
-    from wantrain.recovery import protect
+    from wantrain.transport.manifest import protect
 
     m, _, _ = _manifest()
     p = protect(m, share=0.5, group_size=4)
@@ -187,7 +189,7 @@ def test_protection_covers_the_most_important_share_in_groups_on_no_critical_chu
 
 
 def _hand_manifest():
-    from wantrain.recovery import ChunkEntry, Manifest
+    from wantrain.transport.manifest import ChunkEntry, Manifest
 
     def entry(i, role, importance, group=-1, nbytes=100):
         return ChunkEntry(i, "t", 0, 10, role, importance, importance, nbytes, 0, group)
@@ -198,7 +200,7 @@ def _hand_manifest():
 
 
 def test_the_send_order_is_critical_twice_then_groups_with_parity_then_the_rest_by_importance():
-    from wantrain.recovery import overhead_bytes, transmissions
+    from wantrain.transport.sending import overhead_bytes, transmissions
 
     order = [(t.kind, t.index) for t in transmissions(_hand_manifest())]
     assert order == [("chunk", 0), ("copy", 0), ("chunk", 1), ("chunk", 3), ("chunk", 2), ("chunk", 4), ("parity", 0),
@@ -211,7 +213,7 @@ def test_the_send_order_is_critical_twice_then_groups_with_parity_then_the_rest_
 
 
 def test_what_lost_transmissions_leave_missing():
-    from wantrain.recovery import still_missing, to_resend, transmissions
+    from wantrain.transport.sending import still_missing, to_resend, transmissions
 
     m = _hand_manifest()
     order = transmissions(m)

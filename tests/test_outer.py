@@ -3,9 +3,9 @@ import torch
 
 import pytest
 
-from wantrain.aggregate import weighted_mean
+from wantrain.outer.aggregate import weighted_mean
 from wantrain.errors import WantrainError
-from wantrain.outer import OuterNesterov
+from wantrain.outer.nesterov import OuterNesterov
 
 
 def test_weighted_mean_by_tokens():

@@ -9,7 +9,7 @@ import torch
 
 from wantrain.data import BatchSampler, load_run_data
 from wantrain.models import build_model
-from wantrain.replica import flat_copy, load_flat
+from wantrain.models.params import flat_copy, load_flat
 from wantrain.site.replica import Replica
 from wantrain.site.schedule import Schedule
 from wantrain.site.train import InnerLoop, Segment
@@ -133,7 +133,7 @@ def test_overlap_run_keeps_every_replica_identical(tmp_path):
 
 
 def test_demo_command_line_chooses_the_schedule():
-    from wantrain.cli import build_parser
+    from wantrain.commands.cli import build_parser
     from wantrain.commands.demo import demo_config
     from wantrain.errors import ConfigError
 

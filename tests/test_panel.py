@@ -154,7 +154,7 @@ def test_buttons_drive_a_real_run(tmp_path):
     # every message of every delta as gRPC carried it, protection included; and what the emulated
     # links carried up (TLS, HTTP/2, the Join, probes, hash reports, a killed site's lost upload
     # besides) is at least that, and not much more.
-    from wantrain.report import summarize
+    from wantrain.telemetry.report import summarize
 
     s = summarize(logged)
     assert s["uplink_ratio"] == pytest.approx(sum(e["raw_bytes"] for e in rounds) / sum(e["framed_bytes"] for e in rounds))

@@ -10,10 +10,14 @@ import numpy as np
 import pytest
 
 from wantrain.errors import ProtocolError
-from wantrain.messages import DeltaParity, Join
+from wantrain.transport.messages import DeltaParity, Join
 from wantrain.ps import ParameterServer
-from wantrain.recovery import MAX_HEDGES, ChunkLoss, protect, roles_of, xor_parity
-from wantrain.replica import named_params
+from wantrain.transport.sending import MAX_HEDGES
+from wantrain.runtime.chunk_loss import ChunkLoss
+from wantrain.transport.manifest import protect
+from wantrain.transport.roles import roles_of
+from wantrain.transport.parity import xor_parity
+from wantrain.models.params import named_params
 from wantrain.site.uplink import Uplink
 
 from .helpers import small_config
@@ -76,7 +80,7 @@ def test_a_parity_that_overtakes_its_member_rebuilds_nothing_lost_and_every_byte
     """Over lanes a group's parity may arrive before its last member (another lane): the PS rebuilds
     that member at once, and when the member itself comes it is neither a repeat nor a loss. And the
     delta's bytes on the wire are every message of it as gRPC carries it (wire.framed_size)."""
-    from wantrain.wire import framed_size
+    from wantrain.transport.wire import framed_size
 
     ps = ParameterServer(small_config(num_sites=1), run_dir=None)
     manifest, msgs, m, parity = protected(ps)

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from wantrain.launch.argv import links_command, site_args
-from wantrain.plan import PLAN_VERSION, Outage, PlanError, RunPlan
-from wantrain.run import describe_scenario
+from wantrain.launch.plan import PLAN_VERSION, Outage, PlanError, RunPlan
+from wantrain.launch.run import describe_scenario
 
 from .helpers import free_port
 

@@ -1,4 +1,4 @@
-"""Finding 1: one authenticated site must not be able to destroy the run (wantrain.screening).
+"""Finding 1: one authenticated site must not be able to destroy the run (wantrain.outer.screening).
 
 Domain tests drive the PS without a network: claims bounded by the round, an outlier delta
 rejected or clipped against its peers and the history, the trimmed mean. The last test is the
@@ -13,13 +13,13 @@ import math
 import numpy as np
 import pytest
 
-from wantrain.auth import Authenticator
+from wantrain.transport.auth import Authenticator
 from wantrain.codec import Codec, Encoded, EncodeStats, ErrorFeedback, encode_arrays
 from wantrain.errors import ProtocolError
-from wantrain.messages import DELTA, Join, TensorChunk
-from wantrain.outer import OuterNesterov
+from wantrain.transport.messages import DELTA, Join, TensorChunk
+from wantrain.outer.nesterov import OuterNesterov
 from wantrain.ps import ParameterServer
-from wantrain.replica import apply_update, flat_copy, load_flat, param_hash
+from wantrain.models.params import apply_update, flat_copy, load_flat, param_hash
 from wantrain.telemetry import rows
 
 from .cluster import check_run
@@ -229,7 +229,7 @@ def test_a_site_given_a_broken_model_says_so(tmp_path):
     which does not point at the cause. Now a NaN in a downloaded model or an update, or a NaN loss,
     is named for what it is."""
     from wantrain.errors import CorruptModelError, DivergedError
-    from wantrain.messages import MODEL, UPDATE, RoundResult, Welcome
+    from wantrain.transport.messages import MODEL, UPDATE, RoundResult, Welcome
     from wantrain.site import Site, SiteOptions
 
     cfg = small_config(num_sites=1)
@@ -261,7 +261,7 @@ def torch_no_grad():
 def test_sum_of_squares_from_symbols_equals_that_of_the_values():
     from wantrain.codec import Codec
     from wantrain.config import CodecConfig
-    from wantrain.screening import sum_of_squares
+    from wantrain.outer.screening import sum_of_squares
     rng = np.random.default_rng(3)
     codec = Codec(CodecConfig(quant_block=64))
     encs = [codec.encode((rng.standard_normal(n) * s).astype(np.float32))[0] for n, s in ((1000, 1e-3), (37, 5.0))]

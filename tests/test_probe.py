@@ -1,4 +1,4 @@
-"""The sensitivity probe (recovery/probe.py): how much each role's part of a real round's delta
+"""The sensitivity probe (site/probe.py): how much each role's part of a real round's delta
 matters on a held-out batch, the role weights it gives a manifest's importance, and where a site's
 schedule runs it (while the model holds where the round ended, before any step ahead)."""
 
@@ -11,9 +11,10 @@ import torch
 from wantrain.codec import EncodeStats
 from wantrain.data import BatchSampler, eval_batches, load_run_data
 from wantrain.models import build_model
-from wantrain.recovery import DEFAULT_ROLE_WEIGHTS, roles_of
-from wantrain.recovery.probe import role_energy, role_sensitivity, role_weights
-from wantrain.replica import flat_copy, named_params
+from wantrain.transport.manifest import DEFAULT_ROLE_WEIGHTS
+from wantrain.transport.roles import roles_of
+from wantrain.site.probe import role_energy, role_sensitivity, role_weights
+from wantrain.models.params import flat_copy, named_params
 from wantrain.site.replica import Replica
 from wantrain.site.schedule import Schedule
 from wantrain.site.train import InnerLoop

@@ -4,7 +4,7 @@ downloads to watchers."""
 import json
 import logging
 
-from wantrain.messages import Join
+from wantrain.transport.messages import Join
 from wantrain.ps import ParameterServer
 from wantrain.site.progress import DownloadProgress
 from wantrain.ui import site_states

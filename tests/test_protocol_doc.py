@@ -10,15 +10,17 @@ from pathlib import Path
 
 import numpy as np
 
-from wantrain import wire
-from wantrain.codec import ChunkSpec, Codec, Encoded, huffman
+from wantrain.transport import wire
+from wantrain.codec import ChunkSpec, Codec, Encoded
+from wantrain.codec import huffman
 from wantrain.config import RunConfig
 from wantrain.errors import Reject
-from wantrain.limits import Limits
-from wantrain.messages import DELTA, PROTOCOL_VERSION, DeltaParity, Join, TensorChunk
+from wantrain.transport.limits import Limits
+from wantrain.transport.messages import DELTA, PROTOCOL_VERSION, DeltaParity, Join, TensorChunk
 from wantrain.ps import STATUS
-from wantrain.recovery import build_manifest, xor_parity
-from wantrain.replica import param_hash
+from wantrain.transport.manifest import build_manifest
+from wantrain.transport.parity import xor_parity
+from wantrain.models.params import param_hash
 from wantrain.telemetry import EVENT_KINDS
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()

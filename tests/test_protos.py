@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_generated_code_is_up_to_date(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "tools" / "gen_protos.py"), str(tmp_path)], check=True,
                    capture_output=True, timeout=120)
-    committed = ROOT / "wantrain" / "proto"
+    committed = ROOT / "wantrain" / "transport" / "proto"
     made = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert made, "the generator wrote nothing"
     have = sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file() and "__pycache__" not in p.parts)

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from wantrain.run import Run
+from wantrain.launch.run import Run
 from wantrain.telemetry import read_events, rows
 
 from .cluster import Cluster, ShardedCluster, check_run

@@ -19,8 +19,8 @@ from testbed import kernel
 from testbed.kernel import KernelLink
 from wantrain.errors import ShapingError
 from wantrain.launch import RemoteSite
-from wantrain.run import describe_scenario
-from wantrain.run import Run
+from wantrain.launch.run import describe_scenario
+from wantrain.launch.run import Run
 
 from .helpers import small_config
 from .sshd import SshServer

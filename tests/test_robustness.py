@@ -1,5 +1,5 @@
 """bench/robustness.py in its quick form, as CI runs it: one hostile site per attack family against
-the PS's default screen, wantrain's own code in one process (wantrain.inprocess). The goals of
+the PS's default screen, wantrain's own code in one process (wantrain.studies.inprocess). The goals of
 issues 26 and 55, on one seed of short runs: with two and three sites the run ends within 2 % of
 the same run without the attacker (at two, by the commit check), no honest delta rejected or left
 out, an alert raised; and the default screen changes no bit of an honest run."""

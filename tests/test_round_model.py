@@ -1,10 +1,10 @@
-"""The round-time model behind `wantrain place` (wantrain/round_model.py), and the command itself."""
+"""The round-time model behind `wantrain place` (wantrain/launch/round_model.py), and the command itself."""
 
 import re
 
 import pytest
 
-from wantrain.round_model import SiteCost, predict_round
+from wantrain.launch.round_model import SiteCost, predict_round
 
 from .helpers import wantrain
 

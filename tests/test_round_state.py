@@ -5,7 +5,7 @@ import math
 import pytest
 
 from wantrain.errors import ProtocolError
-from wantrain.messages import RoundMetrics
+from wantrain.transport.messages import RoundMetrics
 from wantrain.config import ScheduleConfig
 from wantrain.ps.rounds import RoundClock, RoundState
 from wantrain.ps.uploads import Upload
@@ -153,7 +153,7 @@ def test_a_site_new_to_a_round_tolerates_no_loss():
     before: the warm-up rule decides."""
     from concurrent.futures import Future
 
-    from wantrain.recovery import ChunkEntry, Manifest
+    from wantrain.transport.manifest import ChunkEntry, Manifest
 
     def sending(state, site):            # a manifest of two chunks and the first chunk in
         up = state.uploads[site]

@@ -1,9 +1,9 @@
-"""Where a round goes (wantrain/round_time.py), on events written by hand: each part is read from
+"""Where a round goes (wantrain/telemetry/round_time.py), on events written by hand: each part is read from
 the fields that measure it, the wall time from the rounds' starts, and the parts add up to it."""
 
 import pytest
 
-from wantrain.round_time import PARTS, round_splits, site_totals
+from wantrain.telemetry.round_time import PARTS, round_splits, site_totals
 from wantrain.telemetry import utilization
 
 

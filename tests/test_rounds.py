@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from wantrain.config import ScheduleConfig
-from wantrain.messages import DeltaOutcome, HashReport, Join, RoundResult, RoundStart
+from wantrain.transport.messages import DeltaOutcome, HashReport, Join, RoundResult, RoundStart
 from wantrain.ps import ParameterServer
 from wantrain.ps import rounds
 from wantrain.ps.rounds import RoundClock, stale_weight
-from wantrain.replica import param_hash
+from wantrain.models.params import param_hash
 
 from .helpers import small_config
 from .test_server import delta_chunks, drain, enter, rows_of
@@ -319,7 +319,7 @@ def test_a_delta_some_shards_counted_carries_forward_only_the_other_tensors():
     shard of `w` and late at the shard of `v` carries forward `v`'s part only (nothing counted twice)."""
     from types import SimpleNamespace
 
-    from wantrain.shards import ShardLayout
+    from wantrain.models.shards import ShardLayout
     from wantrain.site.sharded import ShardedStream
     from wantrain.site.uplink import Uplink
 
@@ -366,7 +366,7 @@ def test_two_tails_on_the_way_are_settled_one_by_one():
     a commit that applies one of them names the site once, and only that one is settled; the other
     is carried forward once it can no longer be applied. The one the PS said it deferred is the one
     applied, whatever its age."""
-    from wantrain.messages import DeltaOutcome
+    from wantrain.transport.messages import DeltaOutcome
     from wantrain.site.uplink import Uplink
 
     cfg = small_config(**{"recovery.late_policy": "zero-outside", "recovery.partial_deltas": True})

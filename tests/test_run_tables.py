@@ -1,6 +1,6 @@
-"""A run's rows and sentences (wantrain/run_tables.py), on events written by hand."""
+"""A run's rows and sentences (wantrain/telemetry/tables.py), on events written by hand."""
 
-from wantrain.run_tables import incidents, round_rows
+from wantrain.telemetry.tables import incidents, round_rows
 
 
 def test_a_row_per_committed_round_with_its_sites_bytes_and_close():

@@ -1,4 +1,4 @@
-"""The screen and the bounded mean, as pure functions (wantrain.screening.Screen, aggregate.py).
+"""The screen and the bounded mean, as pure functions (wantrain.outer.screening.Screen, aggregate.py).
 
 Properties, over deltas an attacker chooses freely (any norm, any direction, any claim): while
 honest sites are a majority and agree with each other, no honest delta is rejected or clipped;
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wantrain.aggregate import Contribution, weighted_mean
+from wantrain.outer.aggregate import Contribution, weighted_mean
 from wantrain.codec import Codec, ErrorFeedback, Extracted, encode_arrays
 from wantrain.config import RunConfig
-from wantrain.screening import Screen, clipped, gram, norms_on_supports
+from wantrain.outer.screening import Screen, clipped, gram, norms_on_supports
 
 DIM = 256
 CFG = RunConfig()

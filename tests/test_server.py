@@ -8,10 +8,10 @@ import pytest
 from wantrain.codec import Codec, EncodeStats, encode_arrays
 from wantrain.config import CodecConfig
 from wantrain.errors import ProtocolError, Reject, RejectedError
-from wantrain.messages import (DELTA, MODEL, UPDATE, HashReport, Join, Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk,
-                               Welcome)
+from wantrain.transport.messages import (DELTA, MODEL, UPDATE, HashReport, Join, Ready, RoundMetrics, RoundResult,
+                                         RoundStart, TensorChunk, Welcome)
 from wantrain.ps import ParameterServer
-from wantrain.replica import param_hash
+from wantrain.models.params import param_hash
 
 from .helpers import drain, small_config
 
@@ -221,9 +221,9 @@ def rows_of(ps, kind):
 def test_chunkwise_aggregation_equals_the_whole_model_reference(tmp_path):
     """The PS steps one chunk at a time; the result is bit for bit the whole-tensor computation."""
     from wantrain.codec import ErrorFeedback
-    from wantrain.aggregate import weighted_mean
-    from wantrain.outer import OuterNesterov
-    from wantrain.replica import apply_update, flat_copy, load_flat
+    from wantrain.outer.aggregate import weighted_mean
+    from wantrain.outer.nesterov import OuterNesterov
+    from wantrain.models.params import apply_update, flat_copy, load_flat
 
     async def scenario():
         ps = ParameterServer(small_config(num_sites=2, **{"train.rounds": 2, "robust.trust": "trusted"}), run_dir=tmp_path)

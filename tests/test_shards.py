@@ -8,7 +8,7 @@ import re
 import pytest
 
 from wantrain.errors import ConfigError, ProtocolError
-from wantrain.shards import ShardLayout, combine_hashes, parse_shard
+from wantrain.models.shards import ShardLayout, combine_hashes, parse_shard
 from wantrain.telemetry import rows
 
 from .cluster import check_run
@@ -139,7 +139,7 @@ async def _rounds(ps, deltas: list[dict], order_seed: int) -> None:
     import random
 
     from wantrain.codec import Codec, EncodeStats, encode_arrays
-    from wantrain.messages import DELTA, Join, TensorChunk
+    from wantrain.transport.messages import DELTA, Join, TensorChunk
 
     from .helpers import drain
     from .test_server import enter, metrics_for

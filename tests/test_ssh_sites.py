@@ -107,8 +107,8 @@ def test_a_run_with_a_local_and_an_ssh_site(tmp_path, venvs):
     import time
 
     from wantrain.launch import RemoteSite
-    from wantrain.run import describe_scenario
-    from wantrain.run import Run
+    from wantrain.launch.run import describe_scenario
+    from wantrain.launch.run import Run
 
     scenario = tmp_path / "two.toml"
     scenario.write_text('name = "two"\nps_region = "East US"\n[[site]]\nname = "a"\nregion = "East US"\n'

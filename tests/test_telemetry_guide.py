@@ -4,7 +4,7 @@ every chart the report draws (the fields themselves are protocol.md's, checked e
 import re
 from pathlib import Path
 
-from wantrain.charts import figures
+from wantrain.telemetry.charts import figures
 from wantrain.telemetry import EVENT_KINDS
 
 GUIDE = (Path(__file__).resolve().parent.parent / "docs" / "telemetry.md").read_text()

@@ -1,12 +1,12 @@
-"""A run's telemetry as TensorBoard event files (wantrain/tensorboard_log.py), read back by
+"""A run's telemetry as TensorBoard event files (wantrain/telemetry/tensorboard.py), read back by
 TensorBoard's own reader. The live path, through `wantrain demo --tensorboard`, is checked on a real
 run in tests/test_panel.py."""
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from wantrain.round_time import PARTS
-from wantrain.tensorboard_log import TensorBoardLog
+from wantrain.telemetry.round_time import PARTS
+from wantrain.telemetry.tensorboard import TensorBoardLog
 
 
 def _events():
@@ -72,7 +72,7 @@ def test_without_tensorboard_installed_the_error_says_what_to_install(monkeypatc
 
 
 def test_a_run_whose_tensorboard_files_fail_goes_on_without_them(tmp_path, caplog):
-    from wantrain.run import Run
+    from wantrain.launch.run import Run
 
     from .helpers import small_config
 

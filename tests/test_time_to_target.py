@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wantrain.run_compare import time_to_target
+from wantrain.telemetry.compare import time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))           # the harness's arms: bench/time_to_target.py
@@ -47,12 +47,12 @@ def test_time_to_target_from_events():
 
 
 def bytes_per_round(arm: str) -> int:
-    """One round of `arm`'s codec and schedule in this process (wantrain.inprocess): every site's
+    """One round of `arm`'s codec and schedule in this process (wantrain.studies.inprocess): every site's
     delta as sent, and the update as each of the three sites downloads it."""
     from time_to_target import SIZES, arm_config
 
     from wantrain.data import load_run_data
-    from wantrain.inprocess import InProcessRun
+    from wantrain.studies.inprocess import InProcessRun
 
     size = {**SIZES["quick"], "inner_steps": 2}
     cfg = arm_config(arm, size, 0, ["us-west", "eu-west", "ap-southeast"])
@@ -99,7 +99,7 @@ def test_the_quick_harness_measures_a_real_arm(tmp_path):
 
 
 def test_counted_tokens_are_the_deltas_that_reached_the_model_in_time():
-    from wantrain.run_compare import counted_tokens
+    from wantrain.telemetry.compare import counted_tokens
 
     events = [_event("round_start", 100.0, round=0), _event("round_start", 104.0, round=1)]
     for site, tokens in (("a", 10), ("b", 20), ("c", 40)):
@@ -116,7 +116,7 @@ def test_counted_tokens_are_the_deltas_that_reached_the_model_in_time():
 
 
 def test_a_stored_figure_meets_a_goal_only_where_its_whole_spread_does():
-    from wantrain.run_compare import Spread, against, faster
+    from wantrain.telemetry.compare import Spread, against, faster
 
     assert Spread.of([1.82, 0.46]) == Spread(1.82, 1.82 - 0.46, 1.82 + 0.46)        # mean ± sd
     assert Spread.of([32, 22, 32]) == Spread(32, 22, 32) and Spread.of(2.81) == Spread(2.81, 2.81, 2.81)
@@ -132,7 +132,7 @@ def test_the_tutorials_verdicts_come_from_the_stored_figures_whatever_a_run_meas
     """07 and 08 print their verdict from bench/published: the same lines every time they run."""
     from pathlib import Path
 
-    from wantrain.run_compare import loss_recovery_verdict, read_published, time_to_target_verdict
+    from wantrain.telemetry.compare import loss_recovery_verdict, read_published, time_to_target_verdict
 
     published = Path(__file__).resolve().parents[1] / "bench" / "published"
     lines = loss_recovery_verdict(read_published(published / "loss_recovery.json"))

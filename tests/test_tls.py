@@ -5,8 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from wantrain.messages import Welcome
-from wantrain.tls import make_dev_certs
+from wantrain.transport.messages import Welcome
+from wantrain.transport.tls import make_dev_certs
 from wantrain.launch.argv import ps_args, site_args
 
 from .helpers import Proc, free_port, small_config, wantrain

@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from wantrain.run import Run
+from wantrain.launch.run import Run
 from wantrain.telemetry import read_events, rows
 
 from .helpers import small_config

@@ -11,9 +11,9 @@ import json
 import grpc
 import pytest
 
-from wantrain import net
-from wantrain.auth import bearer
-from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.transport import net
+from wantrain.transport.auth import bearer
+from wantrain.transport.proto.v1 import ps_pb2 as pb
 from wantrain.launch.argv import ps_args
 
 from .helpers import Proc, free_port, small_config, wantrain

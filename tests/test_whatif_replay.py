@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from wantrain.config import RunConfig
-from wantrain.run import Run
+from wantrain.launch.run import Run
 from wantrain.telemetry import read_events, round_windows
 
 from .helpers import wantrain

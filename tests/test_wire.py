@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from wantrain import wire
+from wantrain.transport import wire
 from wantrain.codec import ChunkSpec, Codec
 from wantrain.config import CodecConfig, RunConfig
 from wantrain.errors import ProtocolError
-from wantrain.messages import (DELTA, DeltaParity, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics, RoundResult, RoundStart,
-                               TensorChunk, Welcome)
-from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.transport.messages import (DELTA, DeltaParity, ErrorMessage, HashReport, Join, LinkProbe, RoundMetrics,
+                                         RoundResult, RoundStart, TensorChunk, Welcome)
+from wantrain.transport.proto.v1 import ps_pb2 as pb
 
 H = "0123456789abcdef"      # a parameter hash: 16 lowercase hex digits
 
@@ -124,7 +124,7 @@ def test_a_huffman_header_cannot_claim_more_symbols_than_its_chunk():
 
 
 def manifest():
-    from wantrain.messages import ChunkEntry, Manifest
+    from wantrain.transport.messages import ChunkEntry, Manifest
 
     return Manifest(3, (ChunkEntry(0, "h.0.ln_1.weight", 0, 64, "critical", 0.5, 0.25, 80, 7),
                         ChunkEntry(1, "h.0.attn.c_attn.weight", 0, 5000, "attention", 1.5, 0.75, 5100, 9, group=0)),

@@ -1,9 +1,9 @@
-"""Generate wantrain/proto/ from protos/ with the pinned grpcio-tools.
+"""Generate wantrain/transport/proto/ from protos/ with the pinned grpcio-tools.
 
 protoc names a generated module after the proto's path, so protos/wantrain/v1/ps.proto becomes
 `wantrain.v1.ps_pb2`; the service module would import it by that bare name. We generate into a
-scratch folder and place the result under wantrain/proto/v1/, pointing that one import at
-`wantrain.proto.v1`. Usage: python tools/gen_protos.py [OUT_DIR] (default: wantrain/proto).
+scratch folder and place the result under wantrain/transport/proto/v1/, pointing that one import at
+`wantrain.transport.proto.v1`. Usage: python tools/gen_protos.py [OUT_DIR] (default: wantrain/transport/proto).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def generate(out_dir: Path) -> list[Path]:
         dst.mkdir(parents=True, exist_ok=True)
         written = []
         for f in sorted(src.iterdir()):
-            text = f.read_text().replace("from wantrain.v1 import", "from wantrain.proto.v1 import")
+            text = f.read_text().replace("from wantrain.v1 import", "from wantrain.transport.proto.v1 import")
             (dst / f.name).write_text(text)
             written.append(dst / f.name)
     for init in (out_dir / "__init__.py", out_dir / "v1" / "__init__.py"):
@@ -40,8 +40,8 @@ def generate(out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "wantrain" / "proto"
-    if out == ROOT / "wantrain" / "proto" and out.exists():
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "wantrain" / "transport" / "proto"
+    if out == ROOT / "wantrain" / "transport" / "proto" and out.exists():
         shutil.rmtree(out)
     for p in generate(out):
         print(p.relative_to(out.parent) if out in p.parents else p)

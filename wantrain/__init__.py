@@ -23,8 +23,8 @@ from .errors import (CodecError, ConfigError, ConnectionLostError, DataError, Pr
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Run": "wantrain.run",
-    "RunPlan": "wantrain.plan",
+    "Run": "wantrain.launch.run",
+    "RunPlan": "wantrain.launch.plan",
     "ParameterServer": "wantrain.ps",
     "serve": "wantrain.ps",
     "Site": "wantrain.site",
@@ -32,7 +32,7 @@ _LAZY = {
     "Codec": "wantrain.codec",
     "ErrorFeedback": "wantrain.codec",
     "read_events": "wantrain.telemetry",
-    "write_report": "wantrain.report",
+    "write_report": "wantrain.telemetry.report",
     "build_model": "wantrain.models",
 }
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wantrain import wire
+from wantrain.transport import wire
 from wantrain.codec import ChunkSpec, Codec
 from wantrain.config import CODEC_MODES, CodecConfig
-from wantrain.messages import DELTA, TensorChunk
+from wantrain.transport.messages import DELTA, TensorChunk
 
 GOLDEN = Path(__file__).parent / "golden"
 N = 6000          # three Huffman blocks of 2048, the last one short; 24 quantization blocks

@@ -6,7 +6,7 @@ from hypothesis.extra import numpy as hnp
 
 from wantrain.codec import huffman
 from wantrain.errors import CodecError
-from wantrain.codec_study import entropy_bits
+from wantrain.studies.compression import entropy_bits
 
 
 def roundtrip(a: np.ndarray, block: int = huffman.DEFAULT_BLOCK, tables: int = huffman.DEFAULT_TABLES) -> np.ndarray:

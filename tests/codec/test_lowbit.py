@@ -175,7 +175,7 @@ def test_huffman_on_packed_symbols_spends_within_005_bit_of_their_entropy(mode, 
     """Why these need no arithmetic coder: the static code over packed tuples, its tables and
     block index counted, is within 0.05 bit a symbol of the symbols' order-0 entropy."""
     from wantrain.codec.formats import compress_lowbit
-    from wantrain.codec_study import entropy_bits
+    from wantrain.studies.compression import entropy_bits
 
     rng = np.random.default_rng(7)
     x = getattr(rng, shape)(size=1 << 18).astype(np.float32)

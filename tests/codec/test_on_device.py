@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from wantrain.codec import Codec, huffman, on_device, quantize
+from wantrain.codec import Codec
+from wantrain.codec import huffman, on_device, quantize
 from wantrain.config import CodecConfig
 from wantrain.errors import CodecError
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wantrain.proto.v1 import ps_pb2 as pb
+from wantrain.transport.proto.v1 import ps_pb2 as pb
 
 SPEC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 PROTOCOL_VERSION = 5

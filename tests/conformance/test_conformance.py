@@ -23,8 +23,8 @@ import grpc
 import numpy as np
 import pytest
 
-from wantrain.proto.v1 import ps_pb2 as pb
-from wantrain.proto.v1 import ps_pb2_grpc as pb_grpc
+from wantrain.transport.proto.v1 import ps_pb2 as pb
+from wantrain.transport.proto.v1 import ps_pb2_grpc as pb_grpc
 
 from . import spec_site as spec
 

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from wantrain.run import Run
+from wantrain.launch.run import Run
 from wantrain.telemetry import LINK_KINDS, read_events, rows
 from wantrain.ui import Dashboard
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from wantrain.run import Run
+from wantrain.launch.run import Run
 from wantrain.telemetry import rows, utilization
 
 from ..helpers import small_config

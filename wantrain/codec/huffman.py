@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from ..cpu_pool import map_ordered
+from ..runtime.cpu_pool import map_ordered
 from ..errors import CodecError
 from .huffman_codes import (MAX_CODE_LEN, canonical_codes, code_lengths, decode_table, is_prefix_code, pack_lengths,
                             unpack_lengths)

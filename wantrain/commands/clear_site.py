@@ -8,12 +8,12 @@ __all__ = ["add_parser", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import net
-    from ..auth import read_secret
+    from ..transport import net
+    from ..transport.auth import read_secret
     from ..config import check_site_name
     from ..errors import ConfigError
-    from ..tls import TLSClient
-    from ..watch import report_events
+    from ..transport.tls import TLSClient
+    from ..telemetry.watch import report_events
 
     if why := check_site_name(args.site):
         raise ConfigError(f"--site: {why}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import CODEC_MODES, BudgetMode, ScheduleMode, TrainConfig
-from ..presets import PRESETS
+from ..config.presets import PRESETS
 from ..telemetry import on_wire
 
 __all__ = ["add_parser", "run", "demo_config"]
@@ -31,14 +31,14 @@ def demo_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..report import summarize, write_report
-    from ..run import Run
+    from ..telemetry.report import summarize, write_report
+    from ..launch.run import Run
 
     cfg = demo_config(args)
     scenario = None if args.scenario == "none" else args.scenario
     sites = None
     if scenario is not None:
-        from ..run import describe_scenario
+        from ..launch.run import describe_scenario
         sites = describe_scenario(scenario).names
         cfg = cfg.replace(num_sites=len(sites))
     # Fail fast, in this process, on a missing corpus or tokenizer.
@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
                 bar.write(f"  error: {ev['message']}")
         bar.close()
         run.wait_exit(30)
-    from ..charts import split
-    from ..run_tables import round_rows
+    from ..telemetry.charts import split
+    from ..telemetry.tables import round_rows
     from ..telemetry import read_events
     everything = read_events(run.run_dir)      # includes what arrived after run_end (last hash checks)
     events = split(everything)[0]
@@ -103,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
           f"headers {s['uplink_framing_mb']:.2f}), downlink {s['downlink_mb']:.2f} MB "
           f"per site ({s['downlink_ratio']:.2f}x); replica hash checks {s['hash_checks']}, "
           f"mismatches {s['hash_mismatches']}")
-    from ..report import link_summary
-    from ..round_time import summary_lines
+    from ..telemetry.report import link_summary
+    from ..telemetry.round_time import summary_lines
     for line in link_summary(everything) + summary_lines(events):
         print(line)
     print(f"report: {report}")

@@ -1,7 +1,7 @@
 """`wantrain place`: where to put the parameter server, before paying for the GPUs.
 
 For every region the testbed knows (its published RTT table), the round time the scenario's sites
-would see with the PS there, fastest first, with what sets each (wantrain.ps_placement). What each
+would see with the PS there, fastest first, with what sets each (wantrain.launch.ps_regions). What each
 site's round costs comes from a recorded run of the scenario (`--from-run`), or else from an inner
 step of the model timed on this machine, the scenario's speed factors and the codec's typical
 size (bench/codec_leaderboard.py's figures).
@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
-from ..ps_placement import TYPICAL_BITS, costs_from_run, costs_from_step, rank
+from ..launch.ps_regions import TYPICAL_BITS, costs_from_run, costs_from_step, rank
 
 __all__ = ["add_parser", "run"]
 

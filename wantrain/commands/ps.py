@@ -8,31 +8,32 @@ import logging
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..faults import parse_stalls
+from ..runtime.faults import parse_stalls
 from .process import setup_logging
 
 __all__ = ["add_parser", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..memory import limit_malloc_arenas
+    from ..runtime.memory import limit_malloc_arenas
 
     limit_malloc_arenas()              # before any thread allocates: see memory.py
-    from ..auth import Authenticator, new_secret_file
+    from ..transport.auth import Authenticator, new_secret_file
     from ..config import RunConfig
-    from ..limits import Limits
-    from ..ps import ParameterServer, serve
-    from ..relay import shard_relay
-    from ..run import new_run_dir
-    from ..shards import parse_shard
-    from ..tls import TLSServer
+    from ..transport.limits import Limits
+    from ..ps import ParameterServer
+    from ..ps import serve
+    from ..launch.relay import shard_relay
+    from ..launch.run import new_run_dir
+    from ..models.shards import parse_shard
+    from ..transport.tls import TLSServer
 
     setup_logging()
     log = logging.getLogger("wantrain.ps")
     cfg = RunConfig.load(args.config) if args.config else RunConfig()
     # The codec's and the round's compiled loops, before the first site joins: from numba's cache
     # (an install writes it) in a fraction of a second, rather than in the first commit.
-    from ..aggregate_kernels import load as load_round_loops
+    from ..outer.kernels import load as load_round_loops
     from ..codec import load_kernels
     from ..config import CODEC_MODES
 

@@ -11,13 +11,13 @@ __all__ = ["add_parser", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..report import write_report
+    from ..telemetry.report import write_report
 
     if not Path(args.run_dir).exists():
         raise DataError(f"run folder {args.run_dir} does not exist")
     print(write_report(args.run_dir, args.output))
     if args.tensorboard:
-        from ..tensorboard_log import export
+        from ..telemetry.tensorboard import export
         print(f"TensorBoard event files in {export(args.run_dir, args.tensorboard)}: tensorboard --logdir "
               f"{args.tensorboard}")
     return 0

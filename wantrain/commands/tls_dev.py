@@ -8,7 +8,7 @@ __all__ = ["add_parser", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tls import make_dev_certs
+    from ..transport.tls import make_dev_certs
 
     certs = make_dev_certs(args.folder, hosts=tuple(args.host or ("localhost", "127.0.0.1")), clients=tuple(args.client))
     print(f"development CA and certificates in {certs.folder}:")

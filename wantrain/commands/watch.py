@@ -8,9 +8,9 @@ __all__ = ["add_parser", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..auth import read_secret
-    from ..tls import TLSClient
-    from ..watch import print_events
+    from ..transport.auth import read_secret
+    from ..transport.tls import TLSClient
+    from ..telemetry.watch import print_events
 
     print_events(args.ps, read_secret(args.observer_token_file) if args.observer_token_file else "",
                  TLSClient(args.tls_ca, args.tls_cert, args.tls_key) if args.tls_ca else None, args.tls_server_name,

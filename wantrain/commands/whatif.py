@@ -1,7 +1,7 @@
 """`wantrain whatif RUN_DIR`: a recorded run's round time and time to target under other settings.
 
 From what the run measured (each site's compute, codec and apply times, the PS's time, the bytes:
-`ps_placement.costs_from_run`) and its links (the run's plan: RTTs and bandwidths), round_model predicts
+`ps_regions.costs_from_run`) and its links (the run's plan: RTTs and bandwidths), round_model predicts
 its round time as recorded, which says how far to trust it, and with the settings changed: more or
 fewer inner steps (compute scales with them), another codec (bytes scale with its typical bits per
 parameter), the PS in another region (RTTs from the testbed's table). The time to a target loss
@@ -18,14 +18,14 @@ import statistics
 from pathlib import Path
 
 from ..errors import ConfigError, DataError
-from ..ps_placement import TYPICAL_BITS, costs_from_run, predict_plan
+from ..launch.ps_regions import TYPICAL_BITS, costs_from_run, predict_plan
 
 __all__ = ["add_parser", "run"]
 
 
 def run(args: argparse.Namespace) -> int:
     from ..launch.emulator import describe_scenario
-    from ..plan import RunPlan
+    from ..launch.plan import RunPlan
     from ..telemetry import read_events, round_windows, rows
 
     run_dir = Path(args.run_dir)

@@ -11,7 +11,7 @@ import sys
 
 from ..config import CODEC_MODES
 from ..errors import ConfigError
-from ..faults import parse_stalls
+from ..runtime.faults import parse_stalls
 
 __all__ = ["add_parser", "run"]
 
@@ -19,13 +19,13 @@ ARGV_VARIABLE = "WANTRAIN_WORKER_ARGV"     # a group's ranks: the `wantrain work
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..memory import limit_malloc_arenas
+    from ..runtime.memory import limit_malloc_arenas
 
     limit_malloc_arenas()              # before any thread allocates: see memory.py
     import torch
 
-    from ..auth import read_secret
-    from ..tls import TLSClient
+    from ..transport.auth import read_secret
+    from ..transport.tls import TLSClient
     from ..site import Site, SiteOptions, default_device
     from ..site.group import follow, group_rank, join_group, leave
 

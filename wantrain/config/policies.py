@@ -110,7 +110,7 @@ class BudgetMode(Policy):
 
 
 class Importance(Policy):
-    """What a chunk's importance in its manifest weighs (recovery/manifest.py). ENERGY: its role's
+    """What a chunk's importance in its manifest weighs (transport/manifest.py). ENERGY: its role's
     weight times its energy after quantization. SIZE: its share of the delta's elements, blind to
     what it holds (an ablation)."""
 
@@ -135,7 +135,7 @@ class NormAction(Policy):
 
 
 class Aggregation(Policy):
-    """How a round's deltas are averaged (aggregate.py): the token-weighted mean, or a coordinate-
+    """How a round's deltas are averaged (outer/aggregate.py): the token-weighted mean, or a coordinate-
     wise trimmed mean."""
 
     MEAN = "mean"

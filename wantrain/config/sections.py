@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..presets import PRESETS
+from .presets import PRESETS
 from .policies import (Aggregation, BudgetMode, CheckMode, Importance, LatePolicy, NormAction, Policy, ScheduleMode,
                        Trust)
 
@@ -56,7 +56,7 @@ class _Section:
 
 @dataclass(frozen=True)
 class ModelConfig(_Section):
-    """Which model to train: a preset name (see wantrain.presets.PRESETS) and its context."""
+    """Which model to train: a preset name (see wantrain.config.presets.PRESETS) and its context."""
 
     NAME = "model"
 
@@ -111,7 +111,7 @@ class TrainConfig(_Section):
     # steps than a slow one in the same wall time (inner_steps then only sets the LR warm-up
     # scale); the PS weights deltas by the tokens each site trained.
     round_budget_s: float = 0.0
-    # Streaming DiLoCo (wantrain/fragments.py): 1, every round synchronizes the whole model; P > 1,
+    # Streaming DiLoCo (wantrain/outer/fragments.py): 1, every round synchronizes the whole model; P > 1,
     # the tensors are cut into P fragments and round r synchronizes fragment r mod P alone (the
     # others train on at the sites). Run P times the rounds of 1/P the inner steps. Sync schedule only.
     fragments: int = 1
@@ -178,7 +178,7 @@ class ScheduleConfig(_Section):
 @dataclass(frozen=True)
 class RecoveryConfig(_Section):
     """Loss recovery: what a round does about deltas, or parts of them, that do not arrive in time,
-    and how a site protects what it sends (../shared/loss_recovery.md; the profile the PS's close
+    and how a site protects what it sends (docs/loss_recovery.md; the profile the PS's close
     rules (ps/closing.py), its uploads and a site's uplink act on)."""
 
     NAME = "recovery"
@@ -204,12 +204,12 @@ class RecoveryConfig(_Section):
     # chunk, or more than this share of its importance, from members that all sent their manifests
     # waits up to one deadline more, closing ("extended") as soon as neither holds (0: never).
     extend_above: float = 0.0
-    # Role weights of a delta's importance (recovery/probe.py): every this many rounds a site measures
+    # Role weights of a delta's importance (site/probe.py): every this many rounds a site measures
     # on a held-out batch how much its step loses without each role's change, and weighs the roles
     # by it (0: never; all roles weigh 1, importance is energy alone).
     probe_every: int = 0
     importance: Importance = Importance.ENERGY
-    # A delta's chunks protected on the wire (recovery/sending.py; docs/protocol.md 4a): each critical
+    # A delta's chunks protected on the wire (transport/sending.py; docs/protocol.md 4a): each critical
     # chunk sent twice, and XOR parity over the most important other chunks that hold parity_share of
     # the delta's importance, in groups of parity_group_size (the PS rebuilds one lost member of a
     # group; 0: no parity). An unsharded PS: a sharded site sends each chunk once. The defaults (with
@@ -223,7 +223,7 @@ class RecoveryConfig(_Section):
     # critical_copies and parity_share as the most a delta carries: each site sizes its parity by
     # the share of its chunks its link lost lately (hedged or sent again; full from 2 %, none below
     # 0.2 %, a quarter as much after each clean push, full until it has pushed once), and sends
-    # the copies while it sends any parity (recovery/sending.py's ProtectionGauge), so a clean link
+    # the copies while it sends any parity (transport/sending.py's ProtectionGauge), so a clean link
     # pays for protection on its first two pushes only; what then looks lost is hedged.
     protection_adapts: bool = True
     # Extra TCP connections (Lane calls, docs/protocol.md 4b) a site spreads each delta's manifest,
@@ -341,7 +341,7 @@ class CodecConfig(_Section):
 
 @dataclass(frozen=True)
 class RobustConfig(_Section):
-    """What one site may do to the global model: bounds on its delta and its claims (wantrain.screening).
+    """What one site may do to the global model: bounds on its delta and its claims (wantrain.outer.screening).
 
     A site could be buggy or hostile; either way, one delta must not be able to destroy the run."""
 
@@ -364,7 +364,7 @@ class RobustConfig(_Section):
     max_steps_per_s: float = 1000.0  # time-budgeted rounds: steps a site may claim per second of its budget
     aggregate: Aggregation = Aggregation.MEAN  # "mean" (weighted by tokens) or "trimmed_mean" (per coordinate, unweighted)
     trim_fraction: float = 0.2       # trimmed_mean: share of the deltas dropped at each end of every coordinate
-    # Checked commits (wantrain/checking.py): before a round commits, the PS evaluates its update on
+    # Checked commits (wantrain/outer/checking.py): before a round commits, the PS evaluates its update on
     # held-out check batches; if that is worse than the current model by more than the tolerance,
     # each delta is tried alone and those that make the model worse are left out (kept in their
     # site's error feedback). "loss": every run; "auto": runs of fewer than three sites, where

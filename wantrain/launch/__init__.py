@@ -1,11 +1,25 @@
-"""Starting the processes of a run: ProcessSpec + Launcher, on this machine or over SSH."""
+"""A run's processes: what they are (`plan.py`: the run plan, stdlib only, the testbed's contract),
+where they run and how they start and stop (ProcessSpec + Launcher, on this machine or over SSH),
+and `Run` (`run.py`), which composes them. The names below load on first use (PEP 562), so that the
+testbed's `wantrain.launch.plan` and the notebook's panel pull in neither asyncssh nor a launcher."""
 
-from .base import Launcher, ProcessHandle, ProcessSpec
-from .local import LocalLauncher, LocalProcess
-from .local_host import LocalSshHost
-from .ps_host import LocalPS, RemotePS
-from .remote import RemoteSite
-from .ssh import SshLauncher, SshProcess, SshTarget
+from __future__ import annotations
 
-__all__ = ["Launcher", "ProcessHandle", "ProcessSpec", "LocalLauncher", "LocalProcess", "LocalPS", "RemotePS", "LocalSshHost",
-           "RemoteSite", "SshLauncher", "SshProcess", "SshTarget"]
+import importlib
+from typing import Any
+
+_WHERE = {"Launcher": "base", "ProcessHandle": "base", "ProcessSpec": "base", "LocalLauncher": "local",
+          "LocalProcess": "local", "LocalSshHost": "local_host", "LocalPS": "ps_host", "RemotePS": "ps_host",
+          "RemoteSite": "remote", "SshLauncher": "ssh", "SshProcess": "ssh", "SshTarget": "ssh"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'wantrain.launch' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

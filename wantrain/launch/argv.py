@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..plan import SitePlan
+from .plan import SitePlan
 
 __all__ = ["ps_args", "ps_command", "site_args", "site_command", "links_command", "options"]
 

@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..auth import new_secret_file, read_secret
+from ..transport.auth import new_secret_file, read_secret
 
 if TYPE_CHECKING:
-    from ..tls import DevCerts
+    from ..transport.tls import DevCerts
 
 __all__ = ["Credentials"]
 
@@ -39,7 +39,7 @@ class Credentials:
         self.observer_token = read_secret(self.files["observer-token"])
         self.certs: DevCerts | None = None
         if tls_hosts is not None:
-            from ..tls import make_dev_certs  # cryptography: only for runs that use TLS
+            from ..transport.tls import make_dev_certs  # cryptography: only for runs that use TLS
             self.certs = make_dev_certs(run_dir / "tls", hosts=tls_hosts)
             self.files.update({"tls-cert": self.certs.server_cert, "tls-key": self.certs.server_key})
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, ProcessError
-from ..plan import RunPlan, move_command, outage_command
+from .plan import RunPlan, move_command, outage_command
 from .argv import links_command
 from .base import Launcher, ProcessHandle, ProcessSpec
 

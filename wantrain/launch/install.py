@@ -147,6 +147,6 @@ def _install(launcher, run: Callable[..., str], wheel: Path, python: str, venv: 
     # compiling them in its first round (13 s "encoding" and 6 s "applying" seen on a fresh host).
     progress(f"{target}: compiling the codec's loops")
     run(f"{q}/bin/python -c 'from wantrain.codec import load_kernels; from wantrain.config import CODEC_MODES; "
-        f"import wantrain.aggregate_kernels as a; load_kernels(CODEC_MODES); a.load()' 2>&1",
+        f"import wantrain.outer.kernels as a; load_kernels(CODEC_MODES); a.load()' 2>&1",
         "compiling the codec's loops", 600)
     run(f"{q}/bin/python -c 'import wantrain' && touch {q}/installed", "checking the install")

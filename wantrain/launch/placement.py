@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, ProcessError, ShapingError
-from ..plan import CANNOT_SHAPE, RunPlan
+from .plan import CANNOT_SHAPE, RunPlan
 from .base import Launcher, ProcessHandle, ProcessSpec
 from .remote import RemoteSite
 

@@ -136,7 +136,7 @@ def _load_codec_kernels() -> None:
     PS and site would otherwise pay at its first delta. The loops are plain compiled code, no
     thread, so the children inherit them. A failure here is the children's to report."""
     try:
-        from wantrain.aggregate_kernels import load as load_round_loops
+        from wantrain.outer.kernels import load as load_round_loops
         from wantrain.codec import load_kernels
         from wantrain.config import CODEC_MODES
 

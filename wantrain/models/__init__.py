@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from ..errors import ConfigError
-from ..presets import PRESETS
+from ..config.presets import PRESETS
 from .gpt import GPT, GPTConfig
 from .llama import Llama, LlamaConfig
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ..messages import Join, RoundResult, TensorChunk
+from ..transport.messages import Join, RoundResult, TensorChunk
 
 __all__ = ["Catchup"]
 

@@ -20,7 +20,7 @@ The round-close policy, from the run config's `train`:
                       missing from members that all sent their manifests; it closes ("extended")
                       as an early close does, once what is missing is within this share
     downlink_budget   whether a round's update goes in a head and a tail, the tail after the next
-                      RoundStart (recovery/downlink.py): under the sync schedule, not in the
+                      RoundStart (ps/downlink.py): under the sync schedule, not in the
                       warm-up nor the last round, not on a sharded PS
 
 `ClosePolicy` decides; the server acts on its decisions (its timers, the sites' outboxes, the commit).
@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 
 from ..config import RunConfig
-from ..messages import DeltaOutcome
+from ..transport.messages import DeltaOutcome
 from ..telemetry import Recorder
 from .rounds import RoundState, kept_reason, late_outcome
 from .uploads import Upload

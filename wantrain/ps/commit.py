@@ -8,7 +8,7 @@ each other (screening.Screen) and says what it rejected, clipped or weighed less
 
 Under late_policy "zero-outside" (`zero_outside`) a member whose delta missed the round counts as
 zeros at the mean weight of the deltas counted, and a late delta goes to the aggregation's side
-path at that share of its own round, outside the outer momentum (aggregate.py). Under "zero-carry"
+path at that share of its own round, outside the outer momentum (outer/aggregate.py). Under "zero-carry"
 the zeros are the same and no late delta comes: its site carries it into its next delta.
 """
 
@@ -24,17 +24,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..aggregate import Contribution
-from ..checking import Checkable, CheckDecision, CommitCheck
+from ..outer.aggregate import Contribution
+from ..outer.checking import Checkable, CheckDecision, CommitCheck
 from ..codec import EncodeStats, Extracted
 from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError
 from ..config import LatePolicy, RunConfig
-from ..faults import Stalls
-from ..messages import DeltaOutcome, RoundResult, TensorChunk
-from ..recovery.downlink import split_update, update_energies
-from ..screening import Screen, Verdict, counted, gram, norms_on_supports, parse_key, sum_of_squares
+from ..runtime.faults import Stalls
+from ..transport.messages import DeltaOutcome, RoundResult, TensorChunk
+from .downlink import split_update, update_energies
+from ..outer.screening import Screen, Verdict, counted, gram, norms_on_supports, parse_key, sum_of_squares
 from ..telemetry import Recorder
-from ..wire import framed_bytes
+from ..transport.wire import framed_bytes
 from .downloads import Downloads
 from .journal import Journal
 from .ledger import Ledger
@@ -183,7 +183,7 @@ class Committer:
         """Screen and aggregate the closed round (`uploads` of its members, `stale` late deltas kept
         for it, `late` the sites owing a delta, as it stands when the round ends; `close`: why it
         closed; `partial`: it counts the chunks in of a delta with a manifest), apply it and make it
-        durable. `split`: its update goes in a head and a tail (recovery/downlink.py). `update_mode`:
+        durable. `split`: its update goes in a head and a tail (ps/downlink.py). `update_mode`:
         the update's encoding, as the controller chose it ("": the run's; journaled, for the replay)."""
         round_ = self.ledger.round
         closed_s = time.time() - started_at      # the round's deltas are in (or its deadline came)

@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from ..limits import Limits
+from ..transport.limits import Limits
 
 __all__ = ["ConnectionGuard", "peer_address"]
 

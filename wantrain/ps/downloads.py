@@ -19,9 +19,9 @@ import numpy as np
 
 from ..codec import Codec, plan_chunks
 from ..errors import Reject, RejectedError
-from ..limits import Limits
-from ..messages import MODEL, TensorChunk, Welcome
-from ..replica import named_params
+from ..transport.limits import Limits
+from ..transport.messages import MODEL, TensorChunk, Welcome
+from ..models.params import named_params
 from ..telemetry import Recorder
 
 __all__ = ["ModelDownload", "Downloads", "live_views"]

@@ -17,18 +17,18 @@ import math
 import numpy as np
 import torch
 
-from ..aggregate import Contribution, aggregate_round
+from ..outer.aggregate import Contribution, aggregate_round
 from ..codec import Codec, EncodeStats, ErrorFeedback, plan_chunks
 from ..config import RunConfig
 from ..data import check_batches, eval_batches
-from ..fragments import synced
-from ..messages import TensorChunk
+from ..outer.fragments import synced
+from ..transport.messages import TensorChunk
 from ..models import build_model, count_parameters
-from ..outer import OuterNesterov
-from ..recovery import roles_of
-from ..replica import load_flat, named_params, values_hash
-from ..screening import l2_norm, parse_key
-from ..shards import ShardLayout
+from ..outer.nesterov import OuterNesterov
+from ..transport.roles import roles_of
+from ..models.params import load_flat, named_params, values_hash
+from ..outer.screening import l2_norm, parse_key
+from ..models.shards import ShardLayout
 from .downloads import live_views
 
 __all__ = ["GlobalModel"]
@@ -44,7 +44,7 @@ class GlobalModel:
         sharded = shard[1] > 1
         self.val = [] if sharded else eval_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size,
                                                    cfg.train.eval_batches)
-        # Held-out batches a commit is checked on (wantrain/checking.py), apart from those reported.
+        # Held-out batches a commit is checked on (wantrain/outer/checking.py), apart from those reported.
         self.check = check_batches(val_tokens, cfg.train.batch_size, cfg.model.block_size, cfg.robust.check_batches,
                                    cfg.train.eval_batches) if cfg.robust.checks(cfg.num_sites) and not sharded else []
         self.sizes = {k: p.numel() for k, p in named_params(self.model).items()}    # every shard's tensors
@@ -79,7 +79,7 @@ class GlobalModel:
         """Aggregate, take the outer step, encode the update and apply exactly what was encoded;
         returns the update's chunks, its encoding stats and the new hash. (Evaluation is separate:
         a replayed round takes its validation loss from its commit record.) `side`, `substitute`:
-        deltas or chunks that missed their round (aggregate.py). `update_mode`: the update's
+        deltas or chunks that missed their round (outer/aggregate.py). `update_mode`: the update's
         encoding this round, where the controller chose one ("": the run's)."""
         robust = self.cfg.robust
         if update_mode not in self.codecs:

@@ -49,8 +49,8 @@ from collections import deque
 
 from ..config import RecoveryConfig, ScheduleConfig
 from ..errors import ProtocolError
-from ..messages import MAX_STALENESS
-from ..screening import late_key
+from ..transport.messages import MAX_STALENESS
+from ..outer.screening import late_key
 from .uploads import Upload
 
 __all__ = ["RoundClock", "RoundState", "FIRST_ROUND_FACTOR", "QUORUM_GRACE_FLOOR_S",
@@ -310,7 +310,7 @@ class RoundState:
 
     def missing_importance(self) -> dict[str, float]:
         """Of the members whose delta is not complete and who sent its manifest: the share of its
-        importance still to come (recovery/manifest.py)."""
+        importance still to come (transport/manifest.py)."""
         out = {}
         for s in self.missing():
             share = self.uploads[s].missing_importance

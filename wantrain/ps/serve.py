@@ -7,9 +7,9 @@ import logging
 import time
 from pathlib import Path
 
-from .. import net
-from ..limits import raise_open_file_limit
-from ..tls import TLSServer
+from ..transport import net
+from ..transport.limits import raise_open_file_limit
+from ..transport.tls import TLSServer
 from .server import ParameterServer
 from .servicer import Servicer, add_to_server
 

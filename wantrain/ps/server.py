@@ -9,7 +9,7 @@ A round: when every site is connected and has said it is Ready (its model loaded
 sends RoundStart; each site answers with its delta chunks and RoundMetrics. When every delta is
 in, or at the round's deadline those that are (rounds.py), the PS screens them (commit.py),
 averages them, takes the outer Nesterov step, encodes the update with its own error feedback,
-applies exactly the decoded update to its replica (aggregate.py), journals the round, and sends the
+applies exactly the decoded update to its replica (outer/aggregate.py), journals the round, and sends the
 update chunks and a RoundResult (with the new parameter hash) to every site. Late deltas are
 dropped or applied in a later round; a site that (re)joins mid-round trains in it with what is
 left of the budget; one that comes back holding an earlier model gets the updates it missed.
@@ -29,19 +29,20 @@ import time
 import uuid
 from pathlib import Path
 
-from ..auth import Authenticator
-from ..checking import CommitCheck
-from ..checkpoint import CHECKPOINT_NAME, load_checkpoint
+from ..transport.auth import Authenticator
+from ..outer.checking import CommitCheck
+from .checkpoint import CHECKPOINT_NAME, load_checkpoint
 from ..codec import Codec
 from ..config import CodecConfig, RunConfig
 from ..data import load_run_data
 from ..errors import DeltaRejectedError, NonFiniteDeltaError, ProtocolError
-from ..faults import Stalls
-from ..limits import Limits
-from ..memory import trim_heap
-from ..messages import DeltaParity, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart, TensorChunk
-from ..screening import Screen, check_claims
-from .. import wire
+from ..runtime.faults import Stalls
+from ..transport.limits import Limits
+from ..runtime.memory import trim_heap
+from ..transport.messages import (DeltaParity, HashReport, Join, LinkProbe, Manifest, Ready, RoundMetrics, RoundStart,
+                                  TensorChunk)
+from ..outer.screening import Screen, check_claims
+from ..transport import wire
 from ..telemetry import Recorder
 from .commit import Committed, Committer
 from .downloads import Downloads
@@ -447,6 +448,6 @@ class ParameterServer:
             self.done.set()
         else:
             self.maybe_start_round()
-        for link in heard:                  # the update's tail: after the next RoundStart (recovery/downlink.py)
+        for link in heard:                  # the update's tail: after the next RoundStart (ps/downlink.py)
             for chunk in c.update[len(head):]:
                 link.outbox.put_nowait(chunk)

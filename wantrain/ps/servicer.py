@@ -22,11 +22,11 @@ from collections import Counter
 
 import grpc
 
-from .. import net, wire
-from ..auth import token_from_metadata
+from ..transport import net, wire
+from ..transport.auth import token_from_metadata
 from ..errors import CodecError, ProtocolError, Reject, RejectedError
-from ..limits import Limits, Throttle, TokenBucket, safe_text
-from ..messages import DeltaParity, ErrorMessage, Join, LaneAck, LaneOpen, Manifest, TensorChunk
+from ..transport.limits import Limits, Throttle, TokenBucket, safe_text
+from ..transport.messages import DeltaParity, ErrorMessage, Join, LaneAck, LaneOpen, Manifest, TensorChunk
 from .connections import ConnectionGuard
 from .downloads import ModelDownload
 from .server import ParameterServer

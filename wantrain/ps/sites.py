@@ -12,11 +12,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from ..auth import Authenticator
+from ..transport.auth import Authenticator
 from ..config import RunConfig
 from ..errors import ProtocolError, Reject, RejectedError
-from ..limits import Limits, TokenBucket, safe_text
-from ..messages import PROTOCOL_VERSION, HashReport, Join, LaneOpen, LinkProbe, Ready, Welcome
+from ..transport.limits import Limits, TokenBucket, safe_text
+from ..transport.messages import PROTOCOL_VERSION, HashReport, Join, LaneOpen, LinkProbe, Ready, Welcome
 from ..telemetry import Recorder
 from .catchup import Catchup
 from .downloads import Downloads

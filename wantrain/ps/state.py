@@ -14,14 +14,14 @@ import time
 from pathlib import Path
 from collections.abc import Callable, Collection
 
-from ..aggregate import Contribution
-from ..checking import CommitCheck
-from ..checkpoint import save_checkpoint
+from ..outer.aggregate import Contribution
+from ..outer.checking import CommitCheck
+from .checkpoint import save_checkpoint
 from ..config import LatePolicy, RunConfig
 from ..errors import CheckpointError, ConfigError
-from ..faults import Stalls
-from ..messages import RoundResult
-from ..screening import Screen, Verdict, clipped, parse_key
+from ..runtime.faults import Stalls
+from ..transport.messages import RoundResult
+from ..outer.screening import Screen, Verdict, clipped, parse_key
 from ..telemetry import Recorder
 from .catchup import Catchup
 from .journal import Journal

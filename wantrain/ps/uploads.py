@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import cpu_pool
+from ..runtime import cpu_pool
 from ..codec import ChunkSpec, Codec, Encoded, Extracted
 from ..codec.quantize import num_blocks
 from ..config import CodecConfig, RunConfig
 from ..errors import CodecError, DeltaRejectedError, NonFiniteDeltaError, ProtocolError, WantrainError
-from ..messages import DELTA, DeltaParity, Manifest, RoundMetrics, TensorChunk
-from ..recovery.manifest import checksum
-from ..recovery.sending import MAX_HEDGES
-from ..recovery.parity import rebuild
-from ..screening import check_weight, max_delta_scale, sum_of_squares
+from ..transport.messages import DELTA, DeltaParity, Manifest, RoundMetrics, TensorChunk
+from ..transport.manifest import checksum
+from ..transport.sending import MAX_HEDGES
+from ..transport.parity import rebuild
+from ..outer.screening import check_weight, max_delta_scale, sum_of_squares
 
 __all__ = ["Upload", "check_manifest", "check_chunk", "check_parity", "rebuild_member", "extract_chunk", "assemble", "assemble_part"]
 

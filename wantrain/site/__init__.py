@@ -4,7 +4,7 @@
     replica.py   the global model as the site holds it
     uplink.py    its deltas: error feedback, pushed, settled
     retry.py     when a session fails: retry with backoff, stop, or give up
-    train.py     the inner loop (AdamW steps, LR schedule, speed emulation), also used by codec_study.py
+    train.py     the inner loop (AdamW steps, LR schedule, speed emulation), also used by studies/compression.py
     progress.py  how a model download shows its progress
 
 Imported on first use, as `wantrain`'s own names are: `wantrain worker` (commands/worker.py)

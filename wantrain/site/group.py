@@ -35,7 +35,7 @@ from ..config import RunConfig
 from ..data import BatchSampler, eval_batches, load_run_data
 from ..errors import ReplicaMismatchError
 from ..models import build_model
-from ..replica import param_hash
+from ..models.params import param_hash
 from .train import InnerLoop, Segment
 
 __all__ = ["group_rank", "build_inner", "site_sampler", "GroupInnerLoop", "follow", "leave"]

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 
-from ..messages import RoundResult
+from ..transport.messages import RoundResult
 
 __all__ = ["Hands", "RoundInHand"]
 

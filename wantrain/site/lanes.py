@@ -20,9 +20,9 @@ from collections import Counter
 
 import grpc
 
-from .. import net, wire
+from ..transport import net, wire
 from ..errors import ConnectionLostError, ProtocolError, Reject, RejectedError
-from ..messages import DeltaParity, ErrorMessage, LaneAck, LaneOpen, Manifest, TensorChunk
+from ..transport.messages import DeltaParity, ErrorMessage, LaneAck, LaneOpen, Manifest, TensorChunk
 
 __all__ = ["Lanes"]
 

@@ -17,9 +17,9 @@ import torch
 
 from ..codec import Codec, check_coverage, check_fits, join_chunks
 from ..errors import CodecError, CorruptModelError, ProtocolError, ReplicaMismatchError
-from ..messages import RoundResult, TensorChunk
-from ..replica import add_update, flat_copy
-from ..shards import ShardLayout, combine_hashes
+from ..transport.messages import RoundResult, TensorChunk
+from ..models.params import add_update, flat_copy
+from ..models.shards import ShardLayout, combine_hashes
 
 __all__ = ["Replica"]
 

@@ -13,9 +13,9 @@ import time
 
 import grpc
 
-from .. import net
+from ..transport import net
 from ..errors import ConnectionLostError, Reject, RejectedError
-from ..tls import TLSClient
+from ..transport.tls import TLSClient
 
 __all__ = ["Reconnect", "RETRYABLE_STATUS", "FAILURES"]
 

@@ -16,7 +16,7 @@ it, and it is what is hashed); the model itself holds the parameters being train
              Nesterov momentum amplifies deltas that are a round late, and steps that go on from
              the site's own end point lean the way the next model moves.
 
-Under sync with train.fragments > 1 (Streaming DiLoCo, wantrain/fragments.py), a round reloads
+Under sync with train.fragments > 1 (Streaming DiLoCo, wantrain/outer/fragments.py), a round reloads
 from the replica only the tensors synchronized since the site last trained (the whole model after a
 Welcome, or when it missed a whole cycle of fragments); the others go on from where they were, and
 its delta is zero outside its own round's fragment. Where an update moved a tensor outside its
@@ -25,7 +25,7 @@ tensor's training moves by as much, as steps ahead do under overlap: its next de
 steps alone, and does not take back the late delta.
 
 Under sync, a round may start before the last update's tail is in (recovery.downlink_budget,
-recovery/downlink.py): it starts from a copy of the replica, and each tail chunk, added to the
+ps/downlink.py): it starts from a copy of the replica, and each tail chunk, added to the
 replica as it lands, is added between two inner steps to the parameters being trained and to that
 copy alike, so the delta (copy - end) is still the steps taken, never the patch. A site of several
 processes (group.py) takes the patches at its next round instead: every rank must step alike.
@@ -46,9 +46,9 @@ import numpy as np
 import torch
 
 from ..codec import ChunkSpec
-from ..fragments import synced
-from ..messages import TensorChunk
-from ..replica import flat_copy, load_flat, named_params
+from ..outer.fragments import synced
+from ..transport.messages import TensorChunk
+from ..models.params import flat_copy, load_flat, named_params
 from .replica import Replica
 from .train import InnerLoop, Segment
 

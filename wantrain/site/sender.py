@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
-from ..recovery import MAX_HEDGES, ChunkLoss, Transmission, to_resend
+from ..transport.messages import DELTA, DeltaParity, LaneAck, Manifest, TensorChunk
+from ..transport.sending import MAX_HEDGES, Transmission, to_resend
+from ..runtime.chunk_loss import ChunkLoss
 from .lanes import Lanes
 
 __all__ = ["Sender", "Sent", "overdue", "HEDGE_FLOOR_S"]

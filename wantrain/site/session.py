@@ -41,14 +41,15 @@ import torch
 
 from ..config import RunConfig
 from ..errors import ConfigError, ProtocolError, Reject, RejectedError, ReplicaMismatchError
-from ..faults import Stalls
-from ..memory import trim_heap
-from ..recovery import ChunkLoss, roles_of
-from ..recovery.probe import role_sensitivity
-from ..replica import named_params
-from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready, RoundResult,
-                        RoundStart, TensorChunk, Welcome)
-from ..tls import TLSClient
+from ..runtime.faults import Stalls
+from ..runtime.memory import trim_heap
+from ..runtime.chunk_loss import ChunkLoss
+from ..transport.roles import roles_of
+from .probe import role_sensitivity
+from ..models.params import named_params
+from ..transport.messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Ready,
+                                  RoundResult, RoundStart, TensorChunk, Welcome)
+from ..transport.tls import TLSClient
 from .progress import DownloadProgress
 from .replica import Replica
 from .retry import FAILURES, Reconnect
@@ -326,7 +327,7 @@ class Site:
                  " (late: its round committed without it)" if hand.closed else "")
 
     def _probe(self, end: dict[str, np.ndarray], delta: dict[str, np.ndarray]) -> dict[str, float]:
-        """The sensitivity probe (recovery/probe.py), run while the model holds where the round ended."""
+        """The sensitivity probe (site/probe.py), run while the model holds where the round ended."""
         _, model, inner, uplink = self._loaded()
         return role_sensitivity(model, end, delta, uplink.roles, inner.held_out)
 

@@ -1,6 +1,6 @@
 """A site's session with a sharded PS: one stream per shard, merged so the session sees one PS.
 
-Each shard (wantrain/shards.py) is a parameter server of its own for its share of the tensors.
+Each shard (wantrain/models/shards.py) is a parameter server of its own for its share of the tensors.
 This stream fans the session's messages out and merges the shards' replies, so session.py keeps
 the logic of one PS:
 
@@ -38,12 +38,12 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 
-from .. import wire
+from ..transport import wire
 from ..codec import ChunkSpec, plan_chunks
 from ..errors import ConnectionLostError, ProtocolError
-from ..messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Manifest, Ready,
-                        RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
-from ..shards import combine_hashes
+from ..transport.messages import (MODEL, UPDATE, DeltaOutcome, ErrorMessage, HashReport, Join, LinkProbe, Manifest,
+                                  Ready, RoundMetrics, RoundResult, RoundStart, TensorChunk, Welcome)
+from ..models.shards import combine_hashes
 from .replica import Replica
 
 __all__ = ["ShardedStream", "ShardMemory"]

@@ -16,8 +16,8 @@ from typing import Protocol
 
 import grpc
 
-from .. import net, wire
-from ..auth import bearer
+from ..transport import net, wire
+from ..transport.auth import bearer
 from ..errors import ConnectionLostError
 from .lanes import Lanes
 from .sharded import ShardedStream

@@ -3,7 +3,7 @@
 `InnerLoop.train` takes a round's steps (a number of them or a compute budget), possibly in
 several pieces (a `Segment` keeps the count), and `InnerLoop.delta` returns the pseudo-gradient
 (start - end) with what the round cost. Sites use them through their schedule (schedule.py);
-`InnerLoop.run` is one whole round, which codec_study.py uses to make real deltas for the codec's
+`InnerLoop.run` is one whole round, which studies/compression.py uses to make real deltas for the codec's
 benchmarks.
 """
 
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..config import TrainConfig
 from ..data import BatchSampler
 from ..errors import DivergedError
-from ..replica import flat_copy, load_flat
+from ..models.params import flat_copy, load_flat
 from .adamw import InnerAdamW
 
 __all__ = ["InnerLoop", "Segment", "lr_at"]
@@ -72,7 +72,7 @@ class InnerLoop:
 
     def run(self, round_: int, train_s: float = 0.0, start_hash: str = "") -> tuple[dict[str, np.ndarray], dict]:
         """One whole round from the current parameters, which it then restores; returns the
-        pseudo-gradient and the round's figures (what codec_study.py needs)."""
+        pseudo-gradient and the round's figures (what studies/compression.py needs)."""
         start = flat_copy(self.model)
         seg = Segment(round_, train_s)
         self.train(seg, start_hash=start_hash)

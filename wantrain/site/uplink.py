@@ -29,12 +29,13 @@ import numpy as np
 from ..codec import Codec, EncodeStats, ErrorFeedback, encode_arrays, plan_chunks
 from ..config import RunConfig
 from ..errors import ConfigError
-from ..faults import Stalls
-from ..fragments import synced
-from ..messages import MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult
-from ..recovery import (DEFAULT_ROLE_WEIGHTS, ChunkLoss, ProtectionGauge, Transmission, build_manifest, promote, protect,
-                        group_parities, to_resend, transmissions)
-from ..recovery.probe import role_energy, role_weights
+from ..runtime.faults import Stalls
+from ..outer.fragments import synced
+from ..transport.messages import MAX_STALENESS, DeltaOutcome, Manifest, RoundMetrics, RoundResult
+from ..transport.manifest import DEFAULT_ROLE_WEIGHTS, build_manifest, promote, protect
+from ..runtime.chunk_loss import ChunkLoss
+from ..transport.sending import ProtectionGauge, Transmission, group_parities, to_resend, transmissions
+from .probe import role_energy, role_weights
 from .sender import Sender
 
 __all__ = ["Uplink"]
@@ -59,7 +60,7 @@ class Uplink:
         self.stalls = stalls or Stalls((), log)
         self.pending: dict[int, dict[str, np.ndarray]] = {}
         self.outcomes: dict[int, DeltaOutcome] = {}
-        self.role_weights = dict(DEFAULT_ROLE_WEIGHTS)   # of the manifests' importance (recovery/probe.py)
+        self.role_weights = dict(DEFAULT_ROLE_WEIGHTS)   # of the manifests' importance (site/probe.py)
         self.missed: dict[int, int] = {}     # chunk -> rounds in a row its round counted the delta without it
         self.plan_size = 0                   # chunks a delta comes in (known from the first push)
         self.protection = ProtectionGauge(cfg.recovery)    # the copies and parity its deltas carry, by the loss seen

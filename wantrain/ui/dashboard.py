@@ -8,7 +8,7 @@ rate-capped (`min_interval_s`, stretched so that redrawing takes at most a tenth
 kernel's time however long the run), wait until the page has drawn the last batch (a browser on a
 loaded machine draws slower than a kernel sends: `wantrain.ui.page_ack`), and every series is
 thinned to about `max_points`, keeping its
-spikes (`wantrain.charts.thin`), before a figure is built: each redraw sends whole figures to
+spikes (`wantrain.telemetry.charts.thin`), before a figure is built: each redraw sends whole figures to
 the browser, and plotly validates every point it is given. `follow()` runs in a background thread, so the kernel
 stays free while training runs; `static_figures()` gives plain figures of the final state for
 a saved or rendered notebook (a saved notebook keeps no widget state).
@@ -26,12 +26,12 @@ from collections.abc import Iterable
 import plotly.graph_objects as go
 
 from ..errors import ProcessError, WaitTimeoutError
-from ..charts import figures
+from ..telemetry.charts import figures
 from ..telemetry import on_wire
 
 __all__ = ["Dashboard", "site_states", "progress_text", "CHART_ORDER"]
 
-# Title prefixes of the charts (wantrain.charts.figures), in their order.
+# Title prefixes of the charts (wantrain.telemetry.charts.figures), in their order.
 CHART_ORDER = ("Loss", "Bytes on the wire", "Where each site", "Controller", "Links: RTT", "Links: throughput", "Timeline")
 
 
@@ -181,7 +181,7 @@ class Dashboard:
     def attach(cls, address: str, token: str, tls=None, server_name: str = "", **kw) -> Dashboard:
         """A dashboard of the run of the PS at `address` (HOST:PORT), from the start of its log: all
         it needs is the address and the observer token (and the CA, for a PS that speaks TLS)."""
-        from ..watch import follow_events
+        from ..telemetry.watch import follow_events
 
         dash = cls(**kw)
         dash.follow(follow_events(address, token, tls, server_name))
@@ -275,10 +275,10 @@ class Dashboard:
                  "stopped by the user" if self.stopped_by_user and not done else None)
         rows = "".join(f"<tr><td><b>{html.escape(site)}</b></td><td>{html.escape(st)}</td></tr>"
                        for site, st in sorted(site_states(events, ended).items()))
-        # The screen's alerts (wantrain.screening): who is out of line, since when, what was done.
+        # The screen's alerts (wantrain.outer.screening): who is out of line, since when, what was done.
         alerts = "".join(f"<div style='color:#b00020'><b>alert</b> (round {e.get('round', 0)}): "
                          f"{html.escape(e.get('message', ''))}</div>" for e in events if e["kind"] == "alert")
-        # The commit check's last decisions that left a delta out (wantrain.checking), and the losses
+        # The commit check's last decisions that left a delta out (wantrain.outer.checking), and the losses
         # they compared.
         checks = "".join(_check_line(e) for e in [e for e in events if e["kind"] == "check" and e.get("left_out")]
                          [-CHECKS_SHOWN:])

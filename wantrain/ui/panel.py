@@ -4,7 +4,7 @@ One row per site (name, where it runs: this machine or ssh://user@host, device, 
 custom trace, speed factor; an SSH host's state as it is prepared, and the site's log) over a testbed
 scenario, the run's settings (model preset, rounds, inner steps or a time budget, codec), the
 regions the PS could run in ranked by the round time these sites and settings would see there
-(wantrain.ps_placement), Start and Stop, and fault buttons (kill a site, restart the PS, an outage
+(wantrain.launch.ps_regions), Start and Stop, and fault buttons (kill a site, restart the PS, an outage
 on a link now, move the PS to a ranked region). It drives
 the same `Run` as `wantrain demo`: the edited rows become a scenario file in the run folder. Or it
 attaches to a run that is already going (by its folder, or the PS's address and observer token)
@@ -27,13 +27,13 @@ from pathlib import Path
 
 from ..config import CODEC_MODES, RunConfig
 from ..errors import ConfigError, ProcessError, StateError, WaitTimeoutError
-from ..plan import RunPlan
-from ..round_model import Prediction
-from ..report import write_report
+from ..launch.plan import RunPlan
+from ..launch.round_model import Prediction
+from ..telemetry.report import write_report
 from ..launch import RemotePS
 from ..launch.base import log_tail
-from ..run import Run, describe_scenario, new_run_dir
-from ..watch import Observer
+from ..launch.run import Run, describe_scenario, new_run_dir
+from ..telemetry.watch import Observer
 from .dashboard import Dashboard
 from .placement_view import PlacementView, ranked_regions
 from .site_rows import WHERE, SiteRow, ps_host, remote_hosts, site_table
@@ -55,7 +55,7 @@ class ControlPanel:
                  restart_after_s: float = 2.0, python: str = sys.executable, ssh: dict | None = None) -> None:
         import ipywidgets as W
 
-        from ..presets import PRESETS
+        from ..config.presets import PRESETS
 
         self.base = config or RunConfig()
         self.scenario, self.run_root, self.site_threads, self.python = scenario, Path(run_root), site_threads, python

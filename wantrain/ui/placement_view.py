@@ -1,5 +1,5 @@
 """The panel's PS placement: the regions the parameter server could run in, ranked by the round time
-the panel's sites (as edited) and settings would see there (wantrain.ps_placement), and the move to
+the panel's sites (as edited) and settings would see there (wantrain.launch.ps_regions), and the move to
 one of them (Run.move_ps). The view owns its widgets and what they show; the panel says what to rank
 and does the move."""
 
@@ -10,9 +10,9 @@ import html
 from collections.abc import Callable
 from pathlib import Path
 
-from ..plan import RunPlan
-from ..ps_placement import costs_from_step, rank
-from ..round_model import Prediction
+from ..launch.plan import RunPlan
+from ..launch.ps_regions import costs_from_step, rank
+from ..launch.round_model import Prediction
 
 __all__ = ["PlacementView", "ranked_regions"]
 

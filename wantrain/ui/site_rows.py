@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..launch import RemotePS, RemoteSite
-from ..plan import SitePlan
+from ..launch.plan import SitePlan
 
 __all__ = ["DEVICES", "COLUMNS", "SiteRow", "site_table", "remote_hosts", "ps_host"]
 
