@@ -149,30 +149,39 @@ def test_the_panel_and_the_command_line_load_neither_torch_nor_numba():
 
 
 # A file past about 400 lines is a smell to look at (DEVELOPERS.md): split it along a seam, a second
-# reason to change, never to get under the count. One that is long for a reason is named here, with it.
-LONG_BY_DESIGN: dict[str, str] = {
-    "wantrain/ps/server.py": "the composition root of the PS's owners and the one place a site's messages move "
-                             "the round (join, ready, chunk, metrics, hash report, deadline, commit): its handlers "
-                             "share the round's state, and apart they would each reach into it",
-    "wantrain/ps/servicer.py": "the gRPC adapter: each RPC's translation between the wire and the PS (Session, "
-                               "Lane, Watch, Ping, Report), sharing one account of streams per address and one "
-                               "way to refuse and log; apart, each would reach into that accounting",
-    "wantrain/launch/run.py": "the composition root of a run's processes: starting, following and stopping them and the "
-                        "faults injected on purpose (kill, outage, restart or move the PS, drop an SSH link) act on "
-                        "the same processes and their bookkeeping (which were killed on purpose, restarts, the relay)",
-    "wantrain/config/sections.py": "the run config's sections: one frozen dataclass per owner, each field's "
-                                   "meaning, default and check beside it, the one place a user reads what a "
-                                   "setting does",
+# reason to change, never to get under the count. One that is long for a reason is named here, with
+# the reason and a ceiling: its size when it was named plus a small margin, so an exemption bounds
+# what it exempts (raising a ceiling is a decision a commit states, not a drift).
+LONG_BY_DESIGN: dict[str, tuple[int, str]] = {
+    "wantrain/ps/server.py": (470, "the composition root of the PS's owners and the one place a site's messages "
+                                   "move the round (join, ready, chunk, metrics, hash report, deadline, commit): "
+                                   "its handlers share the round's state, and apart they would each reach into it"),
+    "wantrain/ps/servicer.py": (430, "the gRPC adapter: each RPC's translation between the wire and the PS "
+                                     "(Session, Lane, Watch, Ping, Report), sharing one account of streams per "
+                                     "address and one way to refuse and log; apart, each would reach into that "
+                                     "accounting"),
+    "wantrain/launch/run.py": (440, "the composition root of a run's processes: starting, following and stopping "
+                                    "them and the faults injected on purpose (kill, outage, restart or move the "
+                                    "PS, drop an SSH link) act on the same processes and their bookkeeping (which "
+                                    "were killed on purpose, restarts, the relay)"),
+    "wantrain/config/sections.py": (420, "the run config's sections: one frozen dataclass per owner, each field's "
+                                         "meaning, default and check beside it, the one place a user reads what a "
+                                         "setting does"),
 }
 MAX_LINES = 400
+CEILING_MARGIN = 0.06      # a ceiling at most this share above the file's size
 
 
 def test_no_module_is_longer_than_the_guard_without_a_named_reason():
-    long = {rel: n for p in sources() if (n := len(p.read_text().splitlines())) > MAX_LINES
-            and (rel := str(p.relative_to(ROOT))) not in LONG_BY_DESIGN}
+    lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in sources()}
+    long = {rel: n for rel, n in lines.items() if n > MAX_LINES and rel not in LONG_BY_DESIGN}
     assert not long, long
-    for rel, reason in LONG_BY_DESIGN.items():
-        assert (ROOT / rel).is_file() and len(reason) > 20, rel
+    for rel, (ceiling, reason) in LONG_BY_DESIGN.items():
+        assert rel in lines and len(reason) > 20, rel
+        assert lines[rel] <= ceiling, f"{rel}: {lines[rel]} lines, past its ceiling of {ceiling}: split it or say why"
+        # An exemption that no longer exempts anything, or whose ceiling leaves room to grow a lot, is stale.
+        assert lines[rel] > MAX_LINES, f"{rel} is {lines[rel]} lines now: take it off LONG_BY_DESIGN"
+        assert ceiling <= lines[rel] * (1 + CEILING_MARGIN), f"{rel}: ceiling {ceiling} far above its {lines[rel]} lines"
 
 
 # ------------------------------------------------------------------ the shape of the code

@@ -16,7 +16,8 @@ from typing import Any
 # ("skipping fork() handlers"). Read when grpc is first imported, so set here, before that.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from .config import CodecConfig, DataConfig, ModelConfig, RunConfig, TrainConfig
+from .config import (CodecConfig, DataConfig, ModelConfig, RecoveryConfig, RenamedKeyWarning, RobustConfig, RunConfig,
+                     ScheduleConfig, TrainConfig)
 from .errors import (CodecError, ConfigError, ConnectionLostError, DataError, ProcessError, ProtocolError,
                      RejectedError, ReplicaMismatchError, WantrainError)
 
@@ -36,7 +37,8 @@ _LAZY = {
     "build_model": "wantrain.models",
 }
 
-__all__ = ["RunConfig", "ModelConfig", "DataConfig", "TrainConfig", "CodecConfig",
+__all__ = ["RunConfig", "ModelConfig", "DataConfig", "TrainConfig", "ScheduleConfig", "RecoveryConfig", "CodecConfig",
+           "RobustConfig", "RenamedKeyWarning",
            "WantrainError", "ConfigError", "DataError", "CodecError", "ProtocolError", "RejectedError",
            "ConnectionLostError", "ProcessError", "ReplicaMismatchError", *_LAZY, "__version__"]
 
