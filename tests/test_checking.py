@@ -139,7 +139,7 @@ def test_the_ps_leaves_out_what_makes_its_update_worse_and_keeps_it_so(tmp_path)
     assert [q["site"] for q in rows_of(ps, "quarantine")] == ["b", "b"]
     assert any(getattr(m, "outcome", "") == "rejected" and "commit check" in m.reason for m in heard)
     restarted = ParameterServer(cfg, run_dir=tmp_path)       # loads the checkpoint and replays the journal
-    assert restarted.round == 2 and restarted.hash == ps.hash
+    assert restarted.ledger.round == 2 and restarted.ledger.hash == ps.ledger.hash
     assert restarted.check.windows == ps.check.windows
 
 

@@ -49,7 +49,7 @@ def test_a_delta_with_a_manifest_commits_as_one_without():
             ps.on_chunk(a, msgs[i])
         await ps.on_metrics(a, m)
         await ps.round_task
-        return ps.round, ps.hash
+        return ps.ledger.round, ps.ledger.hash
 
     assert asyncio.run(scenario(True)) == asyncio.run(scenario(False)) and asyncio.run(scenario(True))[0] == 1
 
@@ -154,7 +154,7 @@ def _partial_run(tmp_path, policy, late_b):
                 for i in order[len(order) // 2:]:        # the rest of b's, late
                     ps.on_chunk(b, deltas[(0, "b")][1][i])
                 await ps.on_metrics(b, deltas[(0, "b")][2])
-                ps.on_hash_report(b, HashReport(0, ps.hash))
+                ps.on_hash_report(b, HashReport(0, ps.ledger.hash))
             await ps.round_task
             heard += drain(a)
         return ps, frozenset(order[:len(order) // 2]), heard
@@ -227,7 +227,7 @@ def _early(missing_critical=False, no_manifest=False, budget=0.2, reliable_round
             await ps.round_task
         return ps
     ps = asyncio.run(scenario())
-    return ps, ps.round == 1
+    return ps, ps.ledger.round == 1
 
 
 def test_a_round_closes_early_once_what_is_missing_is_within_the_budget():
@@ -261,7 +261,7 @@ def test_an_early_close_waits_for_a_delta_whose_every_chunk_is_in():
         for c in b_msgs:
             ps.on_chunk(b, c)
         await asyncio.sleep(1.0)                 # twice the grace (a tenth of the deadline)
-        waited = ps.round == 0 and not ps.aggregating
+        waited = ps.ledger.round == 0 and not ps.rounds.aggregating
         await ps.on_metrics(b, b_metrics)
         await ps.round_task
         return ps, waited
@@ -295,7 +295,7 @@ def _extended(more: bool):
                 held, sent = held - b_manifest.chunks[i].importance, sent + 1
         send_until(0.4)
         await asyncio.sleep(2.3)                  # the deadline passes: the round waits
-        assert ps.round == 0 and not ps.aggregating and ps.rounds.extensions == 1
+        assert ps.ledger.round == 0 and not ps.rounds.aggregating and ps.rounds.extensions == 1
         if more:
             send_until(0.1)
         await asyncio.sleep(0.6 if more else 2.2)   # (more) the grace, a tenth of the deadline; else
@@ -303,7 +303,7 @@ def _extended(more: bool):
             await ps.round_task
         return ps
     ps = asyncio.run(scenario())
-    assert ps.round == 1
+    assert ps.ledger.round == 1
     return rows_of(ps, "round_end")[-1]
 
 
@@ -346,7 +346,7 @@ def test_a_partial_delta_the_screen_rejects_counts_as_zeros_and_the_round_commit
         await ps.round_task
         return ps, drain(links["a"])
     ps, heard = asyncio.run(scenario())
-    assert ps.round == 1 and any(isinstance(x, RoundResult) and x.round == 0 for x in heard)
+    assert ps.ledger.round == 1 and any(isinstance(x, RoundResult) and x.round == 0 for x in heard)
     end = rows_of(ps, "round_end")[-1]
     assert end["round"] == 0 and "b" in end["rejected"] and end["substituted"]["b"] == len(ps.plan)
     record = json.loads((tmp_path / JOURNAL_DIR / "commit-000000.json").read_text())

@@ -56,7 +56,7 @@ def test_a_download_in_flight_keeps_its_round_while_two_rounds_commit(tmp_path):
         return ps, cfg, welcome, [first, *rest], drain(b)
 
     ps, cfg, welcome, chunks, after = asyncio.run(scenario())
-    assert isinstance(welcome, Welcome) and welcome.round == 1 and welcome.model_hash == ps.hashes[1]
+    assert isinstance(welcome, Welcome) and welcome.round == 1 and welcome.model_hash == ps.ledger.hashes[1]
     assert len(chunks) == welcome.model_chunks
     assert [e["downloads"] for e in rows_of(ps, "downloads_frozen")] == [1]    # frozen once, at round 1
 
@@ -69,11 +69,11 @@ def test_a_download_in_flight_keeps_its_round_while_two_rounds_commit(tmp_path):
         if isinstance(m, RoundResult):
             apply_update(replica, join_chunks([c.spec for c in updates], Codec.decode_many([c.data for c in updates]),
                                               sizes))
-            assert param_hash(replica) == m.model_hash == ps.hashes[m.round + 1]
+            assert param_hash(replica) == m.model_hash == ps.ledger.hashes[m.round + 1]
             updates = []
         else:
             updates.append(m)
-    assert param_hash(replica) == ps.hash and ps.round == 3
+    assert param_hash(replica) == ps.ledger.hash and ps.ledger.round == 3
 
 
 @pytest.mark.timeout(300)

@@ -48,7 +48,7 @@ def test_the_fp32_codec_carries_a_whole_run(tmp_path):
     cfg = small_config(sites=list(SITES), **{"codec.mode": "fp32", "train.rounds": 2})
     events, cluster = run_in_process(cfg, tmp_path / "run")
     check_trained(events, cfg)
-    assert {s.hash for s in cluster.sites.values()} == {cluster.ps.hash}
+    assert {s.hash for s in cluster.sites.values()} == {cluster.ps.ledger.hash}
 
 
 @pytest.mark.timeout(120)
@@ -72,7 +72,7 @@ def test_each_site_sends_in_its_own_encoding_and_every_replica_stays_identical(t
     ends, checks = rows(events, "round_end"), rows(events, "hash_check")
     assert len(ends) == 3 and not rows(events, "error") and not rows(events, "quarantine")
     assert len(checks) == 9 and all(c["ok"] for c in checks)
-    assert {s.hash for s in cluster.sites.values()} == {cluster.ps.hash}
+    assert {s.hash for s in cluster.sites.values()} == {cluster.ps.ledger.hash}
     assert ends[-1]["val_loss"] < rows(events, "run_start")[0]["val_loss"]
     for s in rows(events, "site_round"):
         assert s["encoding"] == (codecs[s["site"]] or "int8-huffman") and s["received_wire_bytes"] == s["wire_bytes"]

@@ -21,7 +21,7 @@ async def play_round(ps, links, seed):
     """Every site sends a delta of its own for the current round; returns once it has committed."""
     for i, link in enumerate(links):
         drain(link)
-        msgs, m = delta_chunks(ps, ps.round, seed=seed + i)
+        msgs, m = delta_chunks(ps, ps.ledger.round, seed=seed + i)
         for c in msgs:
             ps.on_chunk(link, c)
         await ps.on_metrics(link, m)
@@ -30,7 +30,7 @@ async def play_round(ps, links, seed):
 
 
 def state_of(ps):
-    return ps.round, ps.hash, ps.global_model.state_dict(), dict(ps.data_positions), ps.screen.state_dict()
+    return ps.ledger.round, ps.ledger.hash, ps.global_model.state_dict(), dict(ps.ledger.data_positions), ps.screen.state_dict()
 
 
 def assert_same_state(a, b):
@@ -55,7 +55,7 @@ def test_a_restarted_ps_replays_the_journal_bit_identically(tmp_path):
         state = state_of(ps)
         again = ParameterServer(cfg, run_dir=tmp_path)
         assert_same_state(state_of(again), state)
-        assert again.round == 2 and again.hashes == ps.hashes
+        assert again.ledger.round == 2 and again.ledger.hashes == ps.ledger.hashes
 
         await play_round(ps, [a, b], seed=20)          # round 2 makes round 3 a full checkpoint ...
         journal = tmp_path / JOURNAL_DIR
@@ -117,7 +117,7 @@ def test_a_journal_that_does_not_replay_to_its_hash_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="belongs to run someone-else"):
         ParameterServer(cfg, run_dir=tmp_path)
     record.write_text(json.dumps(good))
-    assert ParameterServer(cfg, run_dir=tmp_path).round == 2
+    assert ParameterServer(cfg, run_dir=tmp_path).ledger.round == 2
 
 
 @pytest.mark.timeout(120)
@@ -169,7 +169,7 @@ def test_a_late_delta_counted_rounds_later_is_replayed(tmp_path, policy):
         for c in late_msgs:
             ps.on_chunk(b, c)
         await ps.on_metrics(b, late_metrics)                   # b's delta of round 0, late
-        ps.on_hash_report(b, HashReport(0, ps.hash))           # b applied round 0: it is in round 1
+        ps.on_hash_report(b, HashReport(0, ps.ledger.hash))           # b applied round 0: it is in round 1
         await play_round(ps, [a, b], seed=20)                  # round 1 counts it too
         return ps
 

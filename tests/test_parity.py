@@ -57,7 +57,7 @@ async def commit(lost=(), send_parity=True, extra=(), share=1.0, hedge_all=False
         await ps.handle(a, x)
     await ps.handle(a, m)
     await ps.round_task
-    return ps.round, ps.hash, rows_of(ps, "site_round")[0]
+    return ps.ledger.round, ps.ledger.hash, rows_of(ps, "site_round")[0]
 
 
 def test_the_parity_rebuilds_any_one_lost_member_and_the_round_commits_as_if_it_came():
@@ -140,7 +140,7 @@ def test_a_parity_that_does_not_belong_is_refused_and_changes_nothing():
         a = enter(ps, Join("a"))
         drain(a)
         m, msgs, _, _ = protected(ps)
-        before = ps.hash
+        before = ps.ledger.hash
         if not without_manifest:
             await ps.handle(a, m)
         for c in msgs:
@@ -149,7 +149,7 @@ def test_a_parity_that_does_not_belong_is_refused_and_changes_nothing():
         with pytest.raises(ProtocolError) as info:
             for x in extra:
                 await ps.handle(a, x)
-        assert ps.hash == before and ps.round == 0
+        assert ps.ledger.hash == before and ps.ledger.round == 0
         return str(info.value)
 
     assert "without a manifest" in asyncio.run(refused(set(), p0, without_manifest=True))
@@ -190,7 +190,7 @@ def test_a_site_s_push_under_chunk_loss_sends_late_only_what_the_ps_cannot_rebui
         figures = {k: getattr(m, k) for k in ("train_loss", "last_train_loss", "tokens", "steps", "compute_s")}
         await up.push(Feed(), 0, delta, {**figures, "decode_s": 0.0})
         await ps.round_task
-        return ps.hash, rows_of(ps, "site_round")[0], sent
+        return ps.ledger.hash, rows_of(ps, "site_round")[0], sent
 
     whole_hash, whole_row, whole_sent = asyncio.run(scenario(0.0))
     kinds = [type(x).__name__ for x in whole_sent]

@@ -73,7 +73,7 @@ def test_claims_cannot_exceed_what_the_round_allowed(tmp_path):
         with pytest.raises(ProtocolError, match="arrived twice|not in that round"):
             await ps.on_metrics(a, m)                            # ... once (and the round is aggregating)
         await ps.round_task
-        assert ps.round == 1
+        assert ps.ledger.round == 1
 
     asyncio.run(scenario())
 
@@ -100,7 +100,7 @@ def reference_hash(tmp_path, deltas, names, **changes):
         for n in names:
             await push(ps, links[n], *deltas[n][:2])
         await ps.round_task
-        return ps.hash
+        return ps.ledger.hash
     return asyncio.run(scenario())
 
 
@@ -111,7 +111,7 @@ def test_an_outlier_delta_is_rejected_against_its_peers(tmp_path):
     assert end["sites"] == ["a", "b"] and end["rejected"] == ["c"]
     q = rows_of(ps, "quarantine")[-1]
     assert q["site"] == "c" and q["action"] == "reject" and 15 < q["norm"] / q["reference"] < 25
-    assert ps.hash == reference_hash(tmp_path / "ref", deltas, "ab")       # as if c had sent nothing
+    assert ps.ledger.hash == reference_hash(tmp_path / "ref", deltas, "ab")       # as if c had sent nothing
     assert all(math.isfinite(e["val_loss"]) for e in rows_of(ps, "round_end"))
 
 
@@ -123,7 +123,7 @@ def test_an_outlier_delta_can_be_clipped_instead(tmp_path):
     assert q["site"] == "c" and q["action"] == "clip" and q["factor"] == pytest.approx(10 * q["reference"] / q["norm"])
     assert rows_of(ps, "round_end")[-1]["sites"] == ["a", "b", "c"]
     clipped = dict(deltas, c=(scaled(deltas["c"][0], q["factor"]), deltas["c"][1], None))
-    assert ps.hash == reference_hash(tmp_path / "ref", clipped, "abc", **{"robust.trust": "trusted"})
+    assert ps.ledger.hash == reference_hash(tmp_path / "ref", clipped, "abc", **{"robust.trust": "trusted"})
 
 
 @pytest.mark.timeout(120)
@@ -139,7 +139,7 @@ def test_trimmed_mean_takes_the_coordinate_median_of_three(tmp_path):
     _, decoded = encode_arrays(update, Codec(ps.cfg.codec), ErrorFeedback())
     load_flat(fresh.model, start)
     apply_update(fresh.model, decoded)
-    assert param_hash(fresh.model) == ps.hash
+    assert param_hash(fresh.model) == ps.ledger.hash
 
 
 @pytest.mark.timeout(120)
@@ -153,7 +153,7 @@ def test_a_lone_site_is_judged_against_nothing_and_told_so(tmp_path):
             await ps.round_task
         return ps
     ps = asyncio.run(scenario())
-    assert rows_of(ps, "quarantine") == [] and ps.round == 3       # no history it could be judged by
+    assert rows_of(ps, "quarantine") == [] and ps.ledger.round == 3       # no history it could be judged by
     alert, = rows_of(ps, "alert")
     assert alert["round"] == 0 and "no rule can tell an honest delta from a hostile one" in alert["message"]
 
@@ -169,7 +169,7 @@ def test_a_delta_larger_than_the_model_is_refused_on_arrival(tmp_path):
             ps.on_chunk(a, c)
         with pytest.raises(ProtocolError, match="max_delta_ratio"):
             await ps.on_metrics(a, m)
-        assert ps.round == 0 and not ps.aggregating
+        assert ps.ledger.round == 0 and not ps.rounds.aggregating
         assert rows_of(ps, "quarantine")[-1]["action"] == "rejected"
 
     asyncio.run(scenario())

@@ -104,7 +104,7 @@ def test_a_round_with_a_quorum_closes_a_grace_after_it_not_at_its_deadline(tmp_p
                 ps.on_chunk(link, x)
             await ps.on_metrics(link, m)
         t0 = time.monotonic()
-        while ps.round == 0 and time.monotonic() - t0 < 30:
+        while ps.ledger.round == 0 and time.monotonic() - t0 < 30:
             await asyncio.sleep(0.05)
         await ps.round_task
         return ps, time.monotonic() - t0
@@ -132,7 +132,7 @@ def test_a_site_that_drips_its_first_delta_holds_the_others_only_to_the_bound(tm
         for c in a0:
             ps.on_chunk(a, c)
         await ps.on_metrics(a, am0)
-        while ps.round == 0 and time.monotonic() - t0 < 59:
+        while ps.ledger.round == 0 and time.monotonic() - t0 < 59:
             await asyncio.sleep(0.1)
         await ps.round_task
         return ps, time.monotonic() - t0
@@ -168,7 +168,7 @@ def test_a_site_that_drips_its_delta_holds_the_others_only_to_their_own_deadline
         await asyncio.sleep(0.5)
         await send(b, b0, bm0)                                # b is slower, but in time
         await ps.round_task
-        ps.on_hash_report(a, HashReport(0, ps.hash)), ps.on_hash_report(b, HashReport(0, ps.hash))
+        ps.on_hash_report(a, HashReport(0, ps.ledger.hash)), ps.on_hash_report(b, HashReport(0, ps.ledger.hash))
         start = rows_of(ps, "round_start")[-1]
         a_s, b_s = ps.clock.arrivals["a"][0], ps.clock.arrivals["b"][0]
         assert start["round"] == 1 and start["deadline_s"] == pytest.approx(max(0.5, 3 * a_s))
@@ -207,10 +207,10 @@ def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, p
         for c in a_msgs:
             ps.on_chunk(a, c)
         await ps.on_metrics(a, a_metrics)
-        assert ps.round == 0                                  # b is still training
+        assert ps.ledger.round == 0                                  # b is still training
         await asyncio.sleep(4.3)                              # the deadline passes
         await ps.round_task
-        assert ps.round == 1 and ps.late.keys() == {"b"}
+        assert ps.ledger.round == 1 and ps.rounds.late.keys() == {"b"}
         end = rows_of(ps, "round_end")[-1]
         assert end["sites"] == ["a"] and end["missed"] == ["b"]
         assert rows_of(ps, "deadline")[-1]["missing"] == ["b"]
@@ -221,7 +221,7 @@ def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, p
         assert not [m for m in out_b if isinstance(m, RoundStart)]
         start = rows_of(ps, "round_start")[-1]
         assert start["round"] == 1 and start["sites"] == ["a"] and start["dark"] == ["b"]
-        h1 = ps.hash
+        h1 = ps.ledger.hash
         await push(ps, b, 0, seed=1)                          # b's late delta for round 0
         late = rows_of(ps, "late_delta")[-1]
         assert late["site"] == "b" and late["rounds_late"] == 1
@@ -233,14 +233,14 @@ def test_deadline_aggregates_what_arrived_and_handles_the_late_delta(tmp_path, p
                 "rescale": "the mean over the deltas that came stood in for it",
                 "zero-outside": "applied when round 1 commits, at its share of round 0, outside the outer momentum",
                 }[policy] in told[0].reason
-        assert ps.hash == h1 == param_hash(ps.model)          # a late delta never changes a committed round
+        assert ps.ledger.hash == h1 == param_hash(ps.model)          # a late delta never changes a committed round
         ps.on_hash_report(b, HashReport(0, h1))               # b applied round 0: it is current, and in round 1
-        assert [s.round for s in starts(b)] == [1] and ps.in_round == {"a", "b"}
+        assert [s.round for s in starts(b)] == [1] and ps.rounds.members == {"a", "b"}
         await push(ps, a, 1, seed=2)
         await push(ps, b, 1, seed=3)
         await ps.round_task
         end = rows_of(ps, "round_end")[-1]
-        assert ps.round == 2 and end["sites"] == ["a", "b"]
+        assert ps.ledger.round == 2 and end["sites"] == ["a", "b"]
         assert end["late_sites"] == (["b"] if applied else [])
 
     asyncio.run(scenario())
@@ -260,16 +260,16 @@ def test_a_missing_site_holds_nobody_up_after_the_first_round(tmp_path):
         await push(ps, a, 0, seed=0)
         ps.leave(b, "killed")                                  # b dies mid-round: a's round completes
         await ps.round_task
-        assert ps.round == 1 and not ps.in_round
+        assert ps.ledger.round == 1 and not ps.rounds.members
         await asyncio.sleep(0.5)                               # quorum_wait_s: round 1 starts without b
-        assert ps.in_round == {"a"} and [s.round for s in starts(a)] == [1]
+        assert ps.rounds.members == {"a"} and [s.round for s in starts(a)] == [1]
         await asyncio.sleep(1.0)
         before = time.time() - ps.rounds.started_at
         b = enter(ps, Join("b"))                                 # b is back: joins the running round
         after = time.time() - ps.rounds.started_at
         got = starts(b)
         assert got[0].round == 1 and 30.0 - after <= got[0].train_s <= 30.0 - before <= 29.0   # what is left
-        assert ps.in_round == {"a", "b"}
+        assert ps.rounds.members == {"a", "b"}
 
     asyncio.run(scenario())
 

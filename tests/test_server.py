@@ -19,8 +19,8 @@ from .helpers import drain, small_config
 def enter(ps, join):
     """Join a site and, as a real site does once its model is loaded, say it is Ready."""
     link = ps.join(join)
-    if link.name not in ps.awaiting_model:
-        ps.on_ready(link, Ready(ps.round, ps.hash))
+    if link.name not in ps.sites.awaiting_model:
+        ps.on_ready(link, Ready(ps.ledger.round, ps.ledger.hash))
     return link
 
 
@@ -74,7 +74,7 @@ def test_round_without_network(tmp_path):
         with pytest.raises(RejectedError, match="already has its 2 sites"):
             ps.join(Join("c"))
         assert isinstance(a.outbox.get_nowait(), RoundStart)
-        h0 = ps.hash
+        h0 = ps.ledger.hash
 
         msgs, m = delta_chunks(ps, 0)
         with pytest.raises(ProtocolError, match="round 5"):
@@ -84,16 +84,16 @@ def test_round_without_network(tmp_path):
         with pytest.raises(ProtocolError, match="arrived twice"):
             ps.on_chunk(a, msgs[0])
         await ps.on_metrics(a, m)
-        assert ps.round == 0 and ps.hash == h0          # waits for b
+        assert ps.ledger.round == 0 and ps.ledger.hash == h0          # waits for b
         msgs_b, m_b = delta_chunks(ps, 0, seed=1)
         for c in msgs_b:
             ps.on_chunk(b, c)
         await ps.on_metrics(b, m_b)
         await ps.round_task
-        assert ps.round == 1 and ps.hash != h0 and ps.hash == param_hash(ps.model)
+        assert ps.ledger.round == 1 and ps.ledger.hash != h0 and ps.ledger.hash == param_hash(ps.model)
         out = drain(a)
         assert all(c.kind == UPDATE for c in out[:-1]) and isinstance(out[-1], RoundResult)
-        assert out[-1].model_hash == ps.hash and ps.done.is_set()
+        assert out[-1].model_hash == ps.ledger.hash and ps.done.is_set()
         ev = ps.recorder.events
         assert any('"kind":"round_end"' in e for e in ev) and any('"kind":"run_end"' in e for e in ev)
 
@@ -104,7 +104,7 @@ def test_round_without_network(tmp_path):
 def test_bad_delta_never_touches_the_model(tmp_path):
     async def scenario():
         ps, a, msgs, m = one_site_round(tmp_path)
-        h0 = ps.hash
+        h0 = ps.ledger.hash
         with pytest.raises(ProtocolError, match="unknown tensor"):
             bad = msgs[0]
             ps.on_chunk(a, TensorChunk(DELTA, 0, 0, bad.count, type(bad.spec)("nope", 0, 1), bad.data))
@@ -121,7 +121,7 @@ def test_bad_delta_never_touches_the_model(tmp_path):
                 ps.on_chunk(a, TensorChunk(DELTA, 0, i, len(msgs), big.spec, big.data))
         with pytest.raises(ProtocolError, match="metrics after"):
             await ps.on_metrics(a, m)
-        assert ps.hash == h0 == param_hash(ps.model) and ps.round == 0
+        assert ps.ledger.hash == h0 == param_hash(ps.model) and ps.ledger.round == 0
 
     asyncio.run(scenario())
 
@@ -133,7 +133,7 @@ def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path, mode):
 
     async def scenario():
         ps, a, msgs, m = one_site_round(tmp_path, **{"codec.mode": mode})
-        h0 = ps.hash
+        h0 = ps.ledger.hash
         first = msgs[0]
         if mode == "fp32":           # a NaN element
             values = np.frombuffer(first.data.payload, np.float32).copy()
@@ -148,7 +148,7 @@ def test_non_finite_delta_is_rejected_for_that_site_alone(tmp_path, mode):
             ps.on_chunk(a, c)
         with pytest.raises(ProtocolError, match="non-finite"):
             await ps.on_metrics(a, m)
-        assert ps.hash == h0 == param_hash(ps.model) and ps.round == 0 and not ps.aggregating
+        assert ps.ledger.hash == h0 == param_hash(ps.model) and ps.ledger.round == 0 and not ps.rounds.aggregating
         assert rows_of(ps, "quarantine")[-1]["site"] == "a"
 
     asyncio.run(scenario())
@@ -163,7 +163,7 @@ def test_a_site_leaving_never_stalls_or_cancels_the_round(tmp_path):
         await deliver(ps, 0, a, b)
         ps.leave(b, "connection lost")
         await ps.round_task
-        assert ps.round == 1 and not ps.aggregating
+        assert ps.ledger.round == 1 and not ps.rounds.aggregating
         # Round 1: a is done, b (rejoined) leaves without a delta: the round goes on without it.
         b = enter(ps, Join("b"))
         await asyncio.sleep(0)
@@ -171,10 +171,10 @@ def test_a_site_leaving_never_stalls_or_cancels_the_round(tmp_path):
         for c in msgs:
             ps.on_chunk(a, c)
         await ps.on_metrics(a, m)
-        assert ps.round == 1
+        assert ps.ledger.round == 1
         ps.leave(b, "connection lost")
         await ps.round_task
-        assert ps.round == 2 and rows_of(ps, "round_end")[-1]["sites"] == ["a"]
+        assert ps.ledger.round == 2 and rows_of(ps, "round_end")[-1]["sites"] == ["a"]
 
     asyncio.run(scenario())
 
@@ -204,10 +204,10 @@ def test_a_site_joining_again_replaces_its_open_session(tmp_path):
         assert "b" not in ps.rounds.uploads
         ps.leave(old, "stream closed by the site")               # the old stream's end changes nothing now
         assert ps.sites.links["b"] is new
-        ps.on_ready(new, Ready(ps.round, ps.hash))
+        ps.on_ready(new, Ready(ps.ledger.round, ps.ledger.hash))
         await deliver(ps, 0, a, new)
         await ps.round_task
-        assert ps.round == 1 and rows_of(ps, "round_end")[-1]["sites"] == ["a", "b"]
+        assert ps.ledger.round == 1 and rows_of(ps, "round_end")[-1]["sites"] == ["a", "b"]
 
     asyncio.run(scenario())
 
@@ -245,7 +245,7 @@ def test_chunkwise_aggregation_equals_the_whole_model_reference(tmp_path):
         _, decoded = encode_arrays(update, Codec(ps.cfg.codec), ErrorFeedback())
         load_flat(ps.model, start)
         apply_update(ps.model, decoded)
-        assert param_hash(ps.model) == ps.hash
+        assert param_hash(ps.model) == ps.ledger.hash
 
     asyncio.run(scenario())
 
@@ -268,7 +268,7 @@ def test_a_delta_is_in_one_encoding_that_fits_the_plan(tmp_path):
         ternary, _ = Codec(CodecConfig(mode="ternary-huffman")).encode(values)
         with pytest.raises(ProtocolError, match="encoded ternary-huffman, the delta's first int8-huffman"):
             ps.on_chunk(a, TensorChunk(DELTA, 0, second.index, second.count, second.spec, ternary))
-        assert ps.uploads["a"].encoding == "int8-huffman"
+        assert ps.rounds.uploads["a"].encoding == "int8-huffman"
 
     asyncio.run(scenario())
 
@@ -292,12 +292,12 @@ def test_the_ps_waits_at_the_end_for_a_site_that_does_not_hold_the_final_model(t
         a, b = enter(ps, Join("a")), enter(ps, Join("b"))
         await deliver(ps, 0, a, b)
         await ps.round_task
-        assert ps.done.is_set() and ps.told_finished == set()
-        ps.on_hash_report(a, HashReport(0, ps.hash))
+        assert ps.done.is_set() and ps.sites.told_finished == set()
+        ps.on_hash_report(a, HashReport(0, ps.ledger.hash))
         ps.leave(b, "connection lost")
-        assert ps.told_finished == {"a"}
+        assert ps.sites.told_finished == {"a"}
         with pytest.raises(RejectedError, match="finished after 1 rounds"):
             ps.join(Join("b", resume_round=0))
-        assert ps.told_finished == {"a", "b"}
+        assert ps.sites.told_finished == {"a", "b"}
 
     asyncio.run(scenario())

@@ -76,7 +76,7 @@ def test_two_shards_train_and_agree(tmp_path, schedule, fragments):
     assert {e["event"]["round"] for e in relayed if e["event"]["kind"] == "round_end"} >= set(range(rounds - 1))
     assert relayed[0]["event"]["kind"] == "run_start"
     assert all(e["source"] == "reported" for e in relayed)
-    assert {s.hash for s in c.sites.values()} == {combine_hashes([ps.hash for ps in c.shards])}
+    assert {s.hash for s in c.sites.values()} == {combine_hashes([ps.ledger.hash for ps in c.shards])}
 
 
 @pytest.mark.timeout(120)
@@ -109,7 +109,7 @@ def test_a_late_delta_is_reconciled_on_both_shards_and_every_replica_agrees(tmp_
         reconciled = [r for r, e in ends.items() for k in e["reconciled"] if k == "b@1"]
         assert len(reconciled) == 1 and reconciled[0] in (2, 3), [(r, e["reconciled"]) for r, e in ends.items()]
     _same_rounds(shards, rounds)
-    assert {s.hash for s in c.sites.values()} == {combine_hashes([ps.hash for ps in c.shards])}
+    assert {s.hash for s in c.sites.values()} == {combine_hashes([ps.ledger.hash for ps in c.shards])}
 
 
 @pytest.mark.timeout(120)
@@ -162,7 +162,7 @@ async def _rounds(ps, deltas: list[dict], order_seed: int) -> None:
             if metrics[s][0] == 0:
                 await ps.on_metrics(links[s], metrics[s][1])
         await ps.round_task
-        assert ps.round == r + 1
+        assert ps.ledger.round == r + 1
 
 
 @pytest.mark.timeout(300)
@@ -185,13 +185,13 @@ def test_arrival_order_and_sharding_change_no_bit_of_the_model(tmp_path):
     for seed in range(3):
         ps = ParameterServer(cfg, run_dir=tmp_path / f"order{seed}")
         asyncio.run(_rounds(ps, deltas, seed))
-        results.append((ps.hash, {k: v.copy() for k, v in ps.global_model.views.items()}))
+        results.append((ps.ledger.hash, {k: v.copy() for k, v in ps.global_model.views.items()}))
     assert len({h for h, _ in results}) == 1
     shard_hashes = []
     for i in range(2):
         ps = ParameterServer(cfg, run_dir=tmp_path / f"shard{i}", shard=(i, 2))
         asyncio.run(_rounds(ps, deltas, 10 + i))
-        shard_hashes.append(ps.hash)
+        shard_hashes.append(ps.ledger.hash)
         for k, v in ps.global_model.views.items():
             np.testing.assert_array_equal(v, results[0][1][k])
     layout = ShardLayout.balanced({k: v.size for k, v in results[0][1].items()}, 2)

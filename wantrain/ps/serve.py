@@ -33,7 +33,7 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
     bound = net.bind(server, host, port, tls)
     await server.start()
     servicer.guard.start(bound)
-    log.info("parameter server %s listening on %s:%d (%s; at most %d connections, open-file limit %d)", ps.run_id,
+    log.info("parameter server %s listening on %s:%d (%s; at most %d connections, open-file limit %d)", ps.ledger.run_id,
              host, bound, "plaintext" if tls is None else "TLS, client certificates required" if tls.client_ca
              else "TLS", ps.limits.connection_cap(), soft)
     if port_file:
@@ -44,10 +44,10 @@ async def serve(ps: ParameterServer, host: str = "127.0.0.1", port: int = 0,
         if ps.exit_when_done:
             await ps.done.wait()
             deadline = time.time() + 30
-            while ps.links and time.time() < deadline:   # let sites receive the last result
+            while ps.sites.links and time.time() < deadline:   # let sites receive the last result
                 await asyncio.sleep(0.05)
             deadline = time.time() + straggler_wait_s
-            while set(ps.registry) - ps.told_finished and time.time() < deadline:
+            while set(ps.ledger.registry) - ps.sites.told_finished and time.time() < deadline:
                 await asyncio.sleep(0.05)
             deadline = time.time() + linger_s             # and watchers the last events
             while not servicer.watchers_caught_up() and time.time() < deadline:

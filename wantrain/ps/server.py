@@ -112,8 +112,8 @@ class ParameterServer:
                                self.checkpoints, self.recorder, self.corpus_summary)
         self.sites = Sites(cfg, self.auth, self.limits, self.ledger, g, self.downloads, self.catchup, self.recorder)
         if saved is not None:
-            self.rounds.last_members = set(self.registry)   # after a restart, give every site time to return
-            if self.round >= cfg.train.rounds:
+            self.rounds.last_members = set(self.ledger.registry)   # after a restart, give every site time to return
+            if self.ledger.round >= cfg.train.rounds:
                 self.done.set()
         c = self.corpus_summary
         log.info("corpus %s: %d document(s), %d tokens (%d for training, %d held out)%s", cfg.data.corpus,
@@ -130,33 +130,13 @@ class ParameterServer:
     def _snapshot(self) -> dict:
         return snapshot(self.cfg, self.ledger, self.global_model, self.screen, self.check)
 
-    # The committed state (ledger.py), read-only, by the names tests and the servicer read.
-    run_id = property(lambda self: self.ledger.run_id)
-    round = property(lambda self: self.ledger.round)
-    hash = property(lambda self: self.ledger.hash)
-    hashes = property(lambda self: self.ledger.hashes)
-    val_loss = property(lambda self: self.ledger.val_loss)
-    registry = property(lambda self: self.ledger.registry)
-    data_positions = property(lambda self: self.ledger.data_positions)
-
-    # The round's state, by the names tests and the servicer read.
-    in_round = property(lambda self: self.rounds.members)
-    uploads = property(lambda self: self.rounds.uploads)
-    late = property(lambda self: self.rounds.late)
-    aggregating = property(lambda self: self.rounds.aggregating)
-
-    # The connected sites (sites.py), by the names the servicer and tests read.
-    links = property(lambda self: self.sites.links)
-    awaiting_model = property(lambda self: self.sites.awaiting_model)
-    told_finished = property(lambda self: self.sites.told_finished)
-
     # ------------------------------------------------------------ site lifecycle
 
     def join(self, msg: Join) -> SiteLink:
         """Admit a site or raise RejectedError; queues the Welcome and the model download (sites.py).
         A site still connected replaces its session: the old one left, as if its stream had ended."""
         replacing = msg.site in self.sites.links
-        link = self.sites.join(msg, self.done.is_set(), self.aggregating)
+        link = self.sites.join(msg, self.done.is_set(), self.rounds.aggregating)
         if replacing:
             self.rounds.drop(link.name)
             self._maybe_finish_round()
@@ -172,7 +152,7 @@ class ParameterServer:
         if link.closed:          # a session replaced by the site's new one: what it still sends is void
             return
         if isinstance(msg, (TensorChunk, Manifest, DeltaParity, RoundMetrics)):      # a delta's message
-            up = self.rounds.upload_for(link.name, msg.round, self.round)
+            up = self.rounds.upload_for(link.name, msg.round, self.ledger.round)
             up.came(wire.framed_size(msg) if nbytes is None else nbytes)
         if isinstance(msg, TensorChunk):
             self.on_chunk(link, msg)
@@ -194,7 +174,7 @@ class ParameterServer:
     def on_ready(self, link: SiteLink, msg: Ready) -> None:
         """The site loaded its model: from now on it counts for rounds (and joins a running one)."""
         self.sites.mark_ready(link, msg)
-        if msg.round == self.round:      # else an update is on its way to it, then the next RoundStart
+        if msg.round == self.ledger.round:      # else an update is on its way to it, then the next RoundStart
             self._admit_to_round(link)
         self.maybe_start_round()
 
@@ -203,8 +183,8 @@ class ParameterServer:
         train_s = self.rounds.admission(link.name, self.cfg.train.round_budget_s, time.time(),
                                         needs_s=self.clock.site_s(link.name))
         if train_s is not None:
-            self.rounds.admit(link.name, self.round, train_s)
-            link.outbox.put_nowait(RoundStart(self.round, self.hash, train_s, self.controller.codec_of(link.name)))
+            self.rounds.admit(link.name, self.ledger.round, train_s)
+            link.outbox.put_nowait(RoundStart(self.ledger.round, self.ledger.hash, train_s, self.controller.codec_of(link.name)))
 
     def leave(self, link: SiteLink, reason: str) -> None:
         if self.sites.leave(link, reason):
@@ -227,9 +207,9 @@ class ParameterServer:
         # it is present all the same, so the quorum does not wait for it.
         dark = ready & self.rounds.owing()
         enrolled = ready - dark
-        if self.in_round or self.aggregating or self.done.is_set() or not enrolled:
+        if self.rounds.members or self.rounds.aggregating or self.done.is_set() or not enrolled:
             return
-        wait = self.rounds.quorum_wait(ready, set(self.registry), self.cfg.num_sites, self.round,
+        wait = self.rounds.quorum_wait(ready, set(self.ledger.registry), self.cfg.num_sites, self.ledger.round,
                                        self.cfg.schedule.quorum_wait_s - (time.time() - self.last_commit_at))
         if wait is not None:
             if wait < float("inf"):
@@ -238,19 +218,19 @@ class ParameterServer:
         budget = self.cfg.train.round_budget_s
         deadline = self.clock.deadline_s()
         decisions = self.controller.plan(enrolled)          # each site's budget (ps/controller.py)
-        self.rounds.start(self.round, enrolled, {s: d.budget_s for s, d in decisions.items()}, time.time(), deadline,
+        self.rounds.start(self.ledger.round, enrolled, {s: d.budget_s for s, d in decisions.items()}, time.time(), deadline,
                           untimed=self.clock.untimed)
-        self.recorder.emit("round_start", round=self.round, sites=sorted(enrolled), deadline_s=deadline,
+        self.recorder.emit("round_start", round=self.ledger.round, sites=sorted(enrolled), deadline_s=deadline,
                            budget_s=budget, dark=sorted(dark))
         for name, d in sorted(decisions.items()):
             if self.controller.adaptive:
-                self.recorder.emit("controller", round=self.round, site=name, budget_s=d.budget_s, comm_s=d.comm_s,
+                self.recorder.emit("controller", round=self.ledger.round, site=name, budget_s=d.budget_s, comm_s=d.comm_s,
                                    codec=d.codec or self.cfg.codec.mode, reason=d.reason)
-            self.links[name].outbox.put_nowait(RoundStart(self.round, self.hash, d.budget_s, d.codec))
-        self._later(deadline, self._on_deadline, self.round)
+            self.sites.links[name].outbox.put_nowait(RoundStart(self.ledger.round, self.ledger.hash, d.budget_s, d.codec))
+        self._later(deadline, self._on_deadline, self.ledger.round)
 
     def _on_deadline(self, round_: int) -> None:
-        if round_ != self.round or self.aggregating or not self.in_round:
+        if round_ != self.ledger.round or self.rounds.aggregating or not self.rounds.members:
             return
         if self.close_policy.extends_deadline(round_):      # no loss tolerated, or too much missing (closing.py)
             log.info("round %d: deadline put off %.1f s for %s, still sending", round_,
@@ -267,13 +247,13 @@ class ParameterServer:
 
     def on_manifest(self, link: SiteLink, m: Manifest) -> None:
         """Take a delta's manifest, before its chunks; raises ProtocolError if it does not belong."""
-        up = self.rounds.upload_for(link.name, m.round, self.round)
+        up = self.rounds.upload_for(link.name, m.round, self.ledger.round)
         check_manifest(self.cfg, up, m, self.plan)
         up.take_manifest(m)
 
     def on_chunk(self, link: SiteLink, c: TensorChunk) -> None:
         """Accept one delta chunk after checking that it belongs; raises ProtocolError otherwise."""
-        up = self.rounds.upload_for(link.name, c.round, self.round)
+        up = self.rounds.upload_for(link.name, c.round, self.ledger.round)
         if not check_chunk(up, c, self.plan, self.shapes, self.cfg.codec.delta_modes(), self.cfg.codec.quant_block,
                            self.cfg.recovery.hedges_every_chunk):
             up.add_repeat(c)            # a second copy: the first is in
@@ -286,19 +266,19 @@ class ParameterServer:
     def on_parity(self, link: SiteLink, p: DeltaParity) -> None:
         """Take a parity group's XOR parity, and rebuild the one member the group lacks if the others
         are in; raises ProtocolError if it does not belong or rebuilds no chunk of the delta."""
-        up = self.rounds.upload_for(link.name, p.round, self.round)
+        up = self.rounds.upload_for(link.name, p.round, self.ledger.round)
         check_parity(up, p)
         up.take_parity(p)
         rebuild_member(up, link.name, p.group, self.plan, self.shapes, self.cfg.codec)
         self._maybe_close_early()
 
     async def on_metrics(self, link: SiteLink, m: RoundMetrics) -> None:
-        up = self.rounds.upload_for(link.name, m.round, self.round)
+        up = self.rounds.upload_for(link.name, m.round, self.ledger.round)
         if up.metrics is not None:
             raise ProtocolError(f"round {m.round} metrics from {link.name!r} arrived twice")
         if len(up.decoding) != up.count or m.chunks != up.count:
             raise ProtocolError(f"metrics after {len(up.decoding)} of {max(up.count, m.chunks)} delta chunks")
-        check_claims(self.cfg, m, up.train_s, self.num_params, up.wire_bytes, self.round)
+        check_claims(self.cfg, m, up.train_s, self.num_params, up.wire_bytes, self.ledger.round)
         if up.manifest is not None and (m.steps, m.tokens) != (up.manifest.steps, up.manifest.tokens):
             raise ProtocolError(f"round {m.round} metrics claim {m.steps} steps and {m.tokens} tokens, its manifest "
                                 f"{up.manifest.steps} and {up.manifest.tokens}")
@@ -310,7 +290,7 @@ class ParameterServer:
         except (NonFiniteDeltaError, DeltaRejectedError) as e:
             self.recorder.emit("quarantine", round=m.round, site=link.name, message=str(e), action="rejected")
             raise
-        if self.uploads.get(link.name) is not up and self.rounds.owed(link.name, m.round) is not up:
+        if self.rounds.uploads.get(link.name) is not up and self.rounds.owed(link.name, m.round) is not up:
             return                  # the site left (or its upload was dropped) while its delta was checked
         self.ledger.drew(link.name, m.data_position)
         up.delta, up.metrics, up.norm = delta, m, norm
@@ -331,10 +311,10 @@ class ParameterServer:
                            parity_bytes=up.parity_bytes, framed_bytes=up.framed_bytes,
                            delta_to_model=norm / self.global_model.norm if self.global_model.norm else 0.0, **fields)
         if late:
-            if up.round == self.round:     # its round is closed but not committed: its timing is known
+            if up.round == self.ledger.round:     # its round is closed but not committed: its timing is known
                 self.clock.arrived(link.name, time.time() - self.rounds.started_at)
             self.rounds.came(link.name, up)    # heard from: counted on again from the next round
-            link.outbox.put_nowait(self.close_policy.late_delta(link.name, up, self.round, self.aggregating))
+            link.outbox.put_nowait(self.close_policy.late_delta(link.name, up, self.ledger.round, self.rounds.aggregating))
             self.maybe_start_round()         # (every site was dark: none runs)
             return
         after_s = time.time() - self.rounds.started_at
@@ -353,15 +333,15 @@ class ParameterServer:
                  else self.clock.quorum_bound_s(r.arrived_s, r.members))
         if bound is not None and bound < self.rounds.deadline_s:
             self.rounds.deadline_s = bound
-            self._later(max(0.0, bound - (time.time() - self.rounds.started_at)), self._on_deadline, self.round)
+            self._later(max(0.0, bound - (time.time() - self.rounds.started_at)), self._on_deadline, self.ledger.round)
 
     def _maybe_close_early(self) -> None:
-        grace_s = self.close_policy.arm_early_close(self.round, time.time())
+        grace_s = self.close_policy.arm_early_close(self.ledger.round, time.time())
         if grace_s is not None:
-            self._later(grace_s + 0.001, self._close_early, self.round)
+            self._later(grace_s + 0.001, self._close_early, self.ledger.round)
 
     def _close_early(self, round_: int) -> None:
-        if round_ != self.round or self.aggregating:
+        if round_ != self.ledger.round or self.rounds.aggregating:
             return
         wait_s = self.close_policy.early_wait_s(round_, time.time(), time.perf_counter())
         if wait_s == 0.0:
@@ -374,8 +354,8 @@ class ParameterServer:
         (or, with recovery.loss_budget, early: once what is missing is within it), in a task of its own:
         not one of the stream of the site whose delta completed the round (if that site's connection
         drops, its stream's tasks are cancelled, and the round with them)."""
-        early = self.close_policy.closes_early(self.round, time.time(), time.perf_counter())
-        if self.rounds.close(self.close_policy.counts_partial(self.round), early):
+        early = self.close_policy.closes_early(self.ledger.round, time.time(), time.perf_counter())
+        if self.rounds.close(self.close_policy.counts_partial(self.ledger.round), early):
             self.round_task = asyncio.create_task(self._finish_round())
 
     def on_link_probe(self, link: SiteLink, p: LinkProbe) -> None:
@@ -386,18 +366,18 @@ class ParameterServer:
 
     def on_hash_report(self, link: SiteLink, h: HashReport) -> None:
         """A site's hash after applying round h.round's update: each committed round at most once, in order."""
-        if not link.check_hash_report(h, self.round):
+        if not link.check_hash_report(h, self.ledger.round):
             return
         owed = self.rounds.heard_from(link.name, h.round)
         if owed is not None:        # it kept that delta (its round closed before it went): recorded
-            self.close_policy.kept_delta(link.name, owed, self.round)
-        expected = self.hashes.get(h.round + 1)
+            self.close_policy.kept_delta(link.name, owed, self.ledger.round)
+        expected = self.ledger.hashes.get(h.round + 1)
         ok = expected == h.model_hash
         self.recorder.emit("hash_check", round=h.round, site=link.name, ok=ok, site_hash=h.model_hash,
                            ps_hash=expected)
         if ok and h.round + 1 == self.cfg.train.rounds:
             self.sites.holds_final(link.name)
-        if ok and link.ready and h.round + 1 == self.round:
+        if ok and link.ready and h.round + 1 == self.ledger.round:
             self._admit_to_round(link)    # a rejoined or dark site that caught up with the rounds it missed
             self.maybe_start_round()
         if not ok and link.ready:          # one resync at a time: reports during a download change nothing
@@ -407,15 +387,15 @@ class ParameterServer:
 
     async def _finish_round(self) -> None:
         try:
-            committed = await self.committer.commit({s: self.uploads[s] for s in sorted(self.in_round)},
-                                                    self.rounds.take_stale(self.round), self.late,
+            committed = await self.committer.commit({s: self.rounds.uploads[s] for s in sorted(self.rounds.members)},
+                                                    self.rounds.take_stale(self.ledger.round), self.rounds.late,
                                                     self.rounds.started_at, self.rounds.close_reason,
-                                                    self.close_policy.counts_partial(self.round),
-                                                    self.close_policy.splits_update(self.round),
+                                                    self.close_policy.counts_partial(self.ledger.round),
+                                                    self.close_policy.splits_update(self.ledger.round),
                                                     self.controller.update_mode())
         except Exception as e:  # a bug, not bad input (that is rejected per site): say so, go on
-            log.exception("round %d failed to commit", self.round)
-            self.recorder.emit("error", code="round_failed", message=f"round {self.round} failed to commit: {e!r}")
+            log.exception("round %d failed to commit", self.ledger.round)
+            self.recorder.emit("error", code="round_failed", message=f"round {self.ledger.round} failed to commit: {e!r}")
             self.rounds.finish()
             self.maybe_start_round()
             return
@@ -425,8 +405,8 @@ class ParameterServer:
         """Tell every site of the committed round; start the next, or end the run."""
         self.rounds.committed(c.round, c.late_shares, c.counted_chunks)
         for site, outcome in c.outcomes.items():     # screened deltas: why, before the update
-            if site in self.links:
-                self.links[site].outbox.put_nowait(outcome)
+            if site in self.sites.links:
+                self.sites.links[site].outbox.put_nowait(outcome)
         # Every site that holds the round's starting model applies the update, late ones included; a
         # site that comes back later holding that model gets it from the catch-up (no await between).
         self.catchup.add(c.round, c.update, c.result)
@@ -443,8 +423,8 @@ class ParameterServer:
         self.sites.send_awaited_models()
         trim_heap()                             # the commit's scratch memory, back while the sites train
         if c.finished:
-            self.recorder.emit("run_end", rounds=self.round, val_loss=self.val_loss)
-            log.info("run finished: %d rounds, validation loss %.4f", self.round, self.val_loss)
+            self.recorder.emit("run_end", rounds=self.ledger.round, val_loss=self.ledger.val_loss)
+            log.info("run finished: %d rounds, validation loss %.4f", self.ledger.round, self.ledger.val_loss)
             self.done.set()
         else:
             self.maybe_start_round()

@@ -264,7 +264,7 @@ class Servicer:
                 return
             try:
                 first = await self._first_message(requests, LaneOpen, "Lane")
-                link = check_lane(first, self.ps.auth, self.ps.links, self.limits)
+                link = check_lane(first, self.ps.auth, self.ps.sites.links, self.limits)
             except StopAsyncIteration:
                 return
             except (_Ended, RejectedError) as e:
@@ -299,7 +299,7 @@ class Servicer:
                 if not isinstance(msg, (Manifest, TensorChunk, DeltaParity)):
                     raise ProtocolError(f"a lane carries manifests, delta chunks and parities, not "
                                         f"{type(msg).__name__}")
-                if isinstance(msg, TensorChunk) and self.ps.rounds.closed_for(link.name, msg.round, self.ps.round):
+                if isinstance(msg, TensorChunk) and self.ps.rounds.closed_for(link.name, msg.round, self.ps.ledger.round):
                     # A hedge that lost the race to its first copy: the delta is settled without it.
                     log.debug("site %s: chunk %d of round %d on lane %d after its round closed to it: ignored",
                               link.name, msg.index, msg.round, lane)
