@@ -34,10 +34,11 @@ WANTRAIN_QUICK ?= 1
 # clone's pytest 849 s with three, 918-1039 s with two). Tests that change the host's network share
 # a file lock (tests/conftest.py: host_network). The heaviest tests (a browser beside a run, whole
 # multi-site runs) share the xdist group "heavy", so they run one after another on one worker
-# instead of starving each other (a loaded CI machine). `make check` runs in-process tests, which
-# keep a core busy each: two workers.
+# instead of starving each other (a loaded CI machine). `make check` runs in-process tests; half
+# their time is spent waiting on round deadlines (a profile: 257 s of test time, 132 s of CPU), so
+# it runs three workers as well (145 s with two).
 TEST_WORKERS ?= 3
-CHECK_WORKERS ?= 2
+CHECK_WORKERS ?= 3
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,26 +57,28 @@ demo: $(STAMP)
 	$(COMPILE)
 	$(BIN)/wantrain demo
 
-# mypy (40 s of one core in a fresh clone) runs beside pytest, whose workers leave part of the
-# machine idle while they wait on processes; its report follows pytest's, and either failing
-# fails the target.
+# mypy (40 s of one core in a fresh clone) runs beside the tests ($(TESTS)), whose workers leave
+# part of the machine idle while they wait on processes and deadlines; its report follows theirs,
+# and either failing fails the target.
+BESIDE_TYPES = $(BIN)/mypy > $(VENV)/mypy.out 2>&1 & types=$$!; $(TESTS); \
+	tests=$$?; wait $$types; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.out; [ $$tests = 0 ] && [ $$typed = 0 ]
+
+test: TESTS = $(KERNELS) && WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
+	--dist loadgroup --durations=15
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target $(STAMP) sysdeps
 	$(BIN)/ruff check .
 	$(COMPILE)
-	$(BIN)/mypy > $(VENV)/mypy.out 2>&1 & types=$$!; \
-	$(KERNELS) && \
-	WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15; \
-	tests=$$?; wait $$types; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.out; [ $$tests = 0 ] && [ $$typed = 0 ]
+	$(BESIDE_TYPES)
 
 # The quick lane: the same checks, and the tests that prove their point in this process (unit and
-# in-process; tests/conftest.py leaves out every module that starts a process). A few minutes; `make
-# test` (everything, notebooks and real processes included) is what CI runs.
+# in-process; tests/conftest.py leaves out every module that starts a process). Under two minutes;
+# `make test` (everything, notebooks and real processes included) is what CI runs.
+check: TESTS = $(BIN)/python -m pytest -q -n $(CHECK_WORKERS) -m "not processes" --durations=5 tests
 check: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy
 	$(COMPILE)
-	$(BIN)/python -m pytest -q -n $(CHECK_WORKERS) -m "not processes" --durations=5 tests
+	$(BESIDE_TYPES)
 
 # Every benchmark, then the table of issue 12's figures from what they measured in this run
 # (bench/table.py). LARGE=1 adds the llama3-1b round (bench/large_model.py: minutes, and a PS of several GB).

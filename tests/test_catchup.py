@@ -41,7 +41,7 @@ def test_a_site_whose_link_resets_gets_only_the_rounds_it_missed(tmp_path):
     commit round 2 without it, then wait for it (a long quorum wait). b comes back holding the model
     of round 2 and receives round 2's update, not the model; every replica agrees to the end."""
     rounds = 5
-    cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 20,
+    cfg = small_config(**{"sites": ["a", "b", "c"], "train.rounds": rounds, "train.inner_steps": 10,
                           "schedule.quorum_wait_s": 60.0, "schedule.deadline_min_s": 15.0,
                           "schedule.deadline_initial_s": 60.0})
     events, t_reset = reset_b_while_it_pushes(cfg, tmp_path / "run", "push@2", 8.0)
