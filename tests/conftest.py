@@ -41,10 +41,34 @@ def host_network():
 
 @pytest.fixture(scope="session")
 def venvs(tmp_path_factory) -> str:
-    """The folder SSH hosts install wantrain into (`venvs=`), one per test process: the first test
-    that installs builds the venv (seconds of pip on a loaded machine), the others find it there, as a
-    second run on a real host does. The tests of the install itself use a folder of their own."""
-    return str(tmp_path_factory.mktemp("venvs"))
+    """The folder SSH hosts install wantrain into (`venvs=`), shared by the test processes: the first
+    to ask installs this checkout into it (a venv, pip, the codec's loops compiled: 40 to 80 s on a
+    loaded machine) through an SSH server of its own, under a lock; every later test finds it there,
+    as a second run on a real host does. The tests of a fresh install (test_host_install.py) use a
+    folder of their own."""
+    import sys
+
+    from wantrain.launch.install import install_on_host
+    from wantrain.launch.ssh import SshLauncher, SshTarget
+
+    from .sshd import SshServer
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base     # xdist: the run's folder
+    folder = shared / "venvs"
+    with open(shared / "venvs.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "ready").is_file():
+            server = SshServer(Path(tempfile.mkdtemp(prefix="venvs-sshd-", dir=shared)))
+            launcher = SshLauncher(SshTarget.parse(server.url, key_file=server.key_file,
+                                                   known_hosts=str(server.known_hosts)), python=sys.executable)
+            try:
+                install_on_host(launcher, sys.executable, reuse_site_packages=True, venvs=str(folder))
+            finally:
+                launcher.close()
+                server.close()
+            (folder / "ready").touch()
+    return str(folder)
 
 
 _LEAKED: list[str] = []

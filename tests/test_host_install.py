@@ -130,3 +130,4 @@ def test_a_venv_that_reuses_a_python_belongs_to_that_python(sshd, tmp_path):
         remote.close()
     assert first != second == again
     assert sum("creating" in m for m in said) == 2 and sum("already installed" in m for m in said) == 1, said
+    assert sum("compiling the codec's loops" in m for m in said) == 2, said       # at each install, once
