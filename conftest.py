@@ -48,6 +48,30 @@ def _keep_executed_notebooks() -> None:
 _keep_executed_notebooks()
 
 
+def _starts_ssh_sites(item) -> bool:
+    return type(item).__name__ == "NotebookItem" and "LocalSshHost" in Path(str(item.fspath)).read_text()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """A tutorial that starts sites on SSH hosts of this machine (LocalSshHost) installs wantrain
+    there into the suite's shared folder (tests/conftest.py: shared_venvs), installed before its
+    kernel starts, instead of an install of its own into ~/.wantrain/venvs."""
+    result = yield
+    if _starts_ssh_sites(item):
+        from tests.conftest import shared_venvs
+        # (pytest's own factory of temporary folders: a notebook item takes no fixtures)
+        os.environ["WANTRAIN_VENVS"] = shared_venvs(item.config._tmp_path_factory.getbasetemp())
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    if _starts_ssh_sites(item):
+        os.environ.pop("WANTRAIN_VENVS", None)
+    return (yield)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     result = yield

@@ -44,8 +44,14 @@ def venvs(tmp_path_factory) -> str:
     """The folder SSH hosts install wantrain into (`venvs=`), shared by the test processes: the first
     to ask installs this checkout into it (a venv, pip, the codec's loops compiled: 40 to 80 s on a
     loaded machine) through an SSH server of its own, under a lock; every later test finds it there,
-    as a second run on a real host does. The tests of a fresh install (test_host_install.py) use a
+    as a second run on a real host does. Two tests of a fresh install (test_host_install.py) use a
     folder of their own."""
+    return shared_venvs(tmp_path_factory.getbasetemp())
+
+
+def shared_venvs(base: Path) -> str:
+    """The `venvs` fixture's folder, installed once per suite (`base`: this process's temporary folder;
+    the tutorials that start SSH sites reach it through WANTRAIN_VENVS: conftest.py at the root)."""
     import sys
 
     from wantrain.launch.install import install_on_host
@@ -53,7 +59,6 @@ def venvs(tmp_path_factory) -> str:
 
     from .sshd import SshServer
 
-    base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base     # xdist: the run's folder
     folder = shared / "venvs"
     with open(shared / "venvs.lock", "a") as lock:

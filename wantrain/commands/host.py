@@ -56,5 +56,6 @@ def add_parser(sub) -> None:
     h.add_argument("--connect-timeout", type=float, default=20.0, help="seconds to wait for the SSH connection")
     h.add_argument("--reuse-site-packages", action="store_true",
                    help="install: the venv also sees the host Python's packages (its torch, often a CUDA build)")
-    h.add_argument("--venvs", default="~/.wantrain/venvs", help="install: where the venvs go on the host")
+    h.add_argument("--venvs", default=None, help="install: where the venvs go on the host (default: "
+                   "$WANTRAIN_VENVS, else ~/.wantrain/venvs)")
     h.set_defaults(func=run)

@@ -2,7 +2,8 @@
 virtual environment of its own, named by the content it holds and reused while that is unchanged.
 
 The wheel is built once per content (the package sources, pyproject.toml and constraints.txt,
-hashed) and cached here. On the host it goes into `~/.wantrain/venvs/<hash>` with the same
+hashed) and cached here. On the host it goes into `~/.wantrain/venvs/<hash>` (or the folder
+`WANTRAIN_VENVS` names, set here: a bigger disk, a folder shared by a CI job) with the same
 constraints as `make test`; a file `installed` marks a finished install, so a warm start is one
 `test -f`. A host whose Python already has a working torch (a GPU box with its CUDA build) keeps
 it: `reuse_site_packages=True` lets the venv see that Python's packages, and torch is then taken
@@ -12,6 +13,7 @@ from there instead of the CPU build the constraints pin.
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 import shutil
 import subprocess
@@ -23,10 +25,15 @@ from pathlib import Path
 from ..errors import ProcessError, SshError
 from .ssh import LOST
 
-__all__ = ["project_wheel", "install_on_host", "CHECKOUT"]
+__all__ = ["project_wheel", "install_on_host", "default_venvs", "CHECKOUT"]
 
 CHECKOUT = Path(__file__).resolve().parents[2]          # where pyproject.toml is, for an editable install
 _CACHE = Path.home() / ".cache" / "wantrain" / "wheels"
+
+
+def default_venvs() -> str:
+    """Where hosts keep wantrain's venvs unless told otherwise (a path on the host; `~` is its home)."""
+    return os.environ.get("WANTRAIN_VENVS") or "~/.wantrain/venvs"
 
 
 def _sources(root: Path) -> list[Path]:
@@ -68,10 +75,11 @@ def project_wheel(root: Path = CHECKOUT) -> Path:
 
 
 def install_on_host(launcher, python: str = "python3", *, reuse_site_packages: bool = False,
-                    venvs: str = "~/.wantrain/venvs", progress: Callable[[str], None] = lambda _: None,
+                    venvs: str | None = None, progress: Callable[[str], None] = lambda _: None,
                     timeout_s: float = 3600.0) -> str:
     """Install this checkout's version on the launcher's host, in a venv under `venvs` (there; `~`
-    is the home folder); returns the venv's Python."""
+    is the home folder; default: `default_venvs()`); returns the venv's Python."""
+    venvs = venvs or default_venvs()
     wheel = project_wheel()
     # A venv that reuses a Python's packages is that Python's alone: another one's (a CI clone's
     # .venv, since deleted) would be "installed" yet unable to import torch.

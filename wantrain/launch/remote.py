@@ -39,7 +39,7 @@ class RemoteSite:
     """Where a site runs when it is not this machine: `ssh://user@host[:port]` and how to use it."""
 
     def __init__(self, target: SshTarget | str, python: str = "python3", *, install: bool = True,
-                 reuse_site_packages: bool = False, venvs: str = "~/.wantrain/venvs", gpus: int = 0,
+                 reuse_site_packages: bool = False, venvs: str | None = None, gpus: int = 0,
                  progress: Callable[[str], None] = lambda _: None, **ssh) -> None:
         self.launcher = SshLauncher(SshTarget.parse(target, **ssh) if isinstance(target, str) else target,
                                     python=python)
