@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -148,3 +149,31 @@ def check_run(events: list[dict], rounds: int) -> None:
     # One clock for the run, across PS restarts: every event's elapsed_s counts from the same start.
     starts = [e["t"] - e["elapsed_s"] for e in events]
     assert max(starts) - min(starts) < 1e-3, f"the run's clock restarted: starts {sorted(set(starts))[:4]}"
+
+
+def check_dark_site(events: list[dict], dark: str, log: str, rounds: int, actions: set[str]) -> None:
+    """A site whose link went dark for longer than a deadline came back on its own stream: no
+    disconnect, no model download, its delta handled by `actions`, its log saying why."""
+    check_run(events, rounds)                          # every round once, every replica check equal
+    # No disconnect and no model download: each site joined once, and nobody left or resynced.
+    assert sorted(e["site"] for e in rows(events, "join")) == sorted({e["site"] for e in rows(events, "join")})
+    end = rows(events, "run_end")[0]["t"]
+    trouble = [e for e in events if e["kind"] in ("leave", "catchup", "error") and e["t"] < end]
+    assert not trouble, trouble
+    outages = [e for e in rows(events, "outage_start") if e["site"] == dark]
+    lates = [e for e in rows(events, "late_delta") if e["site"] == dark]
+    assert len(outages) >= 1 and len(lates) >= len(outages), (outages, lates)
+    for out in outages:
+        # The round the site was in when its link went dark: its delta is handled by the policy.
+        owed = max(e["round"] for e in rows(events, "round_start") if e["t"] <= out["t"])
+        late = next(e for e in lates if e["round"] >= owed)
+        assert late["action"] in actions and late["reason"], late
+        # Once it owed that delta, no round started counting on it until it was back.
+        back = next(e for e in rows(events, "round_end") if e["round"] > late["round"] and dark in e["sites"])
+        during = [e for e in rows(events, "round_start") if late["round"] < e["round"] <= back["round"]
+                  and e["t"] < late["t"]]
+        assert during and all(dark not in e["sites"] and dark in e["dark"] for e in during), during
+        # Its log names what became of that round's delta, and why.
+        said = [ln for ln in log.splitlines() if re.search(rf"round {late['round']}\b", ln)
+                and ("committed without this site's delta" in ln or "the delta of round" in ln)]
+        assert said and any("late_policy" in ln or "deadline" in ln for ln in said), (late, said)
