@@ -79,7 +79,7 @@ def install_on_host(launcher, python: str = "python3", *, reuse_site_packages: b
                     timeout_s: float = 3600.0) -> str:
     """Install this checkout's version on the launcher's host, in a venv under `venvs` (there; `~`
     is the home folder; default: `default_venvs()`); returns the venv's Python."""
-    venvs = venvs or default_venvs()
+    folder = venvs or default_venvs()
     wheel = project_wheel()
     # A venv that reuses a Python's packages is that Python's alone: another one's (a CI clone's
     # .venv, since deleted) would be "installed" yet unable to import torch.
@@ -93,16 +93,16 @@ def install_on_host(launcher, python: str = "python3", *, reuse_site_packages: b
             raise SshError(f"{target}: the SSH connection was lost while {what}; nothing half-installed is "
                            "used: the next install starts that venv again")
         if code != 0:
-            free = _free_mb(launcher, venvs)
+            free = _free_mb(launcher, folder)
             full = "No space left on device" in out or (free is not None and free < FULL_MB)
             raise SshError(f"{target}: {what} failed (exit {code})" + (
-                f": the disk that holds {venvs} on the host is full ({free} MB free; the install needs a few "
+                f": the disk that holds {folder} on the host is full ({free} MB free; the install needs a few "
                 "hundred MB, more without --reuse-site-packages)" if full else f": {out.strip()[-800:] or 'no output'}"))
         return out
 
-    if venvs.startswith("~"):
-        venvs = run("cd && pwd", "finding the home folder").strip() + venvs[1:]
-    venv = f"{venvs}/{digest}"
+    if folder.startswith("~"):
+        folder = run("cd && pwd", "finding the home folder").strip() + folder[1:]
+    venv = f"{folder}/{digest}"
     if launcher.run(f"test -f {shlex.quote(venv)}/installed", timeout_s=60)[0] == 0:
         progress(f"{target}: wantrain {digest} already installed")
         return f"{venv}/bin/python"
