@@ -182,11 +182,13 @@ def shard_door(tmp_path) -> tuple[list[dict], int, set[int]]:
 
 DOORS = {"cluster-aggregate": lambda p, _: cluster_door(p, "aggregate@2"),
          "cluster-checkpoint": lambda p, _: cluster_door(p, "checkpoint@3"),
-         "run": lambda p, _: run_door(p), "move": lambda p, _: move_door(p), "remote": remote_door,
+         "run": lambda p, _: run_door(p), "move": lambda p, _: move_door(p),
+         "remote": lambda p, request: remote_door(p, request.getfixturevalue("venvs")),
          "shard": lambda p, _: shard_door(p)}
 
 
 @pytest.mark.timeout(480)         # the remote door installs on two SSH hosts of a loaded machine
 @pytest.mark.parametrize("door", list(DOORS))
-def test_a_killed_ps_loses_no_round(tmp_path, door, venvs):
-    check_recovered(*DOORS[door](tmp_path, venvs))
+def test_a_killed_ps_loses_no_round(tmp_path, door, request):
+    # (only the remote door asks for the suite's install: the others need not wait for it)
+    check_recovered(*DOORS[door](tmp_path, request))
