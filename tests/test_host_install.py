@@ -138,3 +138,12 @@ def test_a_venv_that_reuses_a_python_belongs_to_that_python(sshd, venvs):
     assert sum("installing" in m for m in said) == 1, said
     assert sum("compiling the codec's loops" in m for m in said) == 1, said
     assert subprocess.run([second, "-c", "import wantrain"]).returncode == 0
+
+
+def test_the_venvs_folder_defaults_to_wantrain_venvs_then_the_home_folder(monkeypatch):
+    from wantrain.launch.install import default_venvs
+
+    monkeypatch.delenv("WANTRAIN_VENVS", raising=False)
+    assert default_venvs() == "~/.wantrain/venvs"
+    monkeypatch.setenv("WANTRAIN_VENVS", "/data/wantrain-venvs")      # what the suite sets for tutorial 06
+    assert default_venvs() == "/data/wantrain-venvs"
