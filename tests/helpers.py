@@ -32,6 +32,16 @@ def small_config(**changes) -> RunConfig:
     return RunConfig().replace(**base)
 
 
+def slowed(plan, factor: float = 4.0):
+    """The run plan with every site `factor` times slower than it says: a site computes 1/factor
+    of each time budget and sleeps the rest (the emulated part never pads past the budget), so
+    budgets, shares and the ratios between sites are the plan's while the sites leave most of
+    the CPU to the suite's other tests."""
+    for site in plan.sites:
+        plan = plan.with_site(site.name, speed_factor=factor * site.speed_factor)
+    return plan
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

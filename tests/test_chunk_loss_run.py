@@ -16,15 +16,13 @@ from wantrain.launch.run import Run, describe_scenario
 from wantrain.telemetry import read_events, rows
 
 from .cluster import check_run
-from .helpers import small_config
+from .helpers import slowed, small_config
 
 
 @pytest.mark.timeout(300)
 def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
     rounds = 8
-    plan = describe_scenario("loopback").replace(time_scale=1.0)
-    for name in plan.names:
-        plan = plan.with_site(name, speed_factor=4.0)       # mostly waiting: leaves the CPU to others
+    plan = slowed(describe_scenario("loopback").replace(time_scale=1.0))    # mostly waiting
     lossy = plan.names[1]
     plan = plan.with_site(lossy, chunk_loss=0.15, chunk_late_s=2.0)
     cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,

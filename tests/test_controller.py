@@ -83,15 +83,12 @@ def test_a_run_under_the_adaptive_controller_trains_each_site_for_its_own_budget
     from wantrain.launch.run import Run, describe_scenario
     from wantrain.telemetry import read_events, rows
 
-    from .helpers import small_config
+    from .helpers import slowed, small_config
 
     plan = describe_scenario("loopback")
     narrow = plan.names[2]
     plan = plan.with_site(narrow, bandwidth_mbps=2.0)        # its 0.8 MB delta: about 3 s on the wire
-    for name in plan.names:
-        # A quarter of each budget computing, the rest an emulated slower machine's sleep: budgets
-        # and codecs are what this checks, and three sites computing whole budgets starve the suite.
-        plan = plan.with_site(name, speed_factor=4.0)
+    plan = slowed(plan)              # budgets and codecs are what this checks, not compute
     cfg = small_config(**{"train.rounds": 4, "train.round_budget_s": 2.0, "schedule.controller": "adaptive"})
     with Run(cfg, run_dir=tmp_path / "run", plan=plan) as run:
         for _ in run.follow(timeout_s=200):

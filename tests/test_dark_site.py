@@ -18,7 +18,7 @@ from wantrain.launch.run import Run, describe_scenario
 from wantrain.telemetry import read_events, rows
 
 from .cluster import check_dark_site
-from .helpers import small_config
+from .helpers import slowed, small_config
 
 DEADLINE_S = 2.0
 
@@ -28,10 +28,7 @@ def dark_run(tmp_path, policy: str, outages: list[float], rounds: int) -> tuple[
     goes dark once per factor in `outages` (x the deadline), each time once it is back in a round.
     Returns the run's events, the dark site's name and its log."""
     plan = describe_scenario("loopback").replace(time_scale=1.0)
-    for name in plan.names:
-        # A quarter of each budget computing, the rest waiting: rounds pass the same time, and the
-        # three sites leave most of the CPU to whatever else runs (this test is mostly waiting).
-        plan = plan.with_site(name, speed_factor=4.0)
+    plan = slowed(plan)              # rounds pass the same time; this test is mostly waiting
     dark = plan.names[2]
     cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,
                           "schedule.deadline_s": DEADLINE_S, "recovery.late_policy": policy, "schedule.quorum_wait_s": 1.0})

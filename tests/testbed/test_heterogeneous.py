@@ -5,7 +5,7 @@ import pytest
 from wantrain.launch.run import Run, describe_scenario
 from wantrain.telemetry import rows, utilization
 
-from ..helpers import small_config
+from ..helpers import slowed, small_config
 
 BUDGET_S = 10.0   # the overhead per round (push, aggregate, update) is about 0.9 s here idle
 SLOWER = 4.0      # every site 4x slower than the scenario says: the same 1 : 2 : 4, a quarter of the CPU
@@ -18,13 +18,9 @@ def test_sites_of_speed_1_2_4_each_compute_the_whole_round_budget(tmp_path):
     round is the same; the share itself (about 92 % idle here) is the overhead of the PS round and
     depends on how busy the machine is: a busy one measured 88.6 %, so it is bounded loosely here
     and measured in bench/."""
-    plan = describe_scenario("heterogeneous")
-    for site in plan.sites:
-        # The emulated part of a step is a sleep, and it never pads past the budget: the shares
-        # and the ratios of steps are the scenario's, while the fast site computes a quarter of
-        # each round instead of all of it (three sites computing whole rounds starved the
-        # suite's other tests).
-        plan = plan.with_site(site.name, speed_factor=SLOWER * site.speed_factor)
+    # The shares and the ratios of steps are the scenario's; the fast site computes a quarter of
+    # each round instead of all of it (three sites computing whole rounds starved the suite).
+    plan = slowed(describe_scenario("heterogeneous"), SLOWER)
     cfg = small_config(**{"train.rounds": 3, "train.round_budget_s": BUDGET_S})
     with Run(cfg, run_dir=tmp_path / "run", plan=plan) as run:
         events = list(run.follow(timeout_s=240))
