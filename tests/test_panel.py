@@ -180,7 +180,9 @@ def test_a_row_and_the_ps_that_run_on_an_ssh_host(tmp_path, venvs):
     server = SshServer(tmp_path / "sshd")
     ssh = {"key_file": server.key_file, "known_hosts": str(server.known_hosts), "python": sys.executable,
            "reuse_site_packages": True, "venvs": venvs}
-    panel = ControlPanel("three-sites", config=small_config(), run_root=tmp_path, rounds=3, inner_steps=10, ssh=ssh)
+    # Every round waits for the SSH site (a busy machine may slow its install, join or delivery).
+    cfg = small_config(**{"schedule.quorum_wait_s": 120.0, "schedule.deadline_min_s": 120.0})
+    panel = ControlPanel("three-sites", config=cfg, run_root=tmp_path, rounds=3, inner_steps=10, ssh=ssh)
     try:
         panel.rows[2].runs_on.value = "ftp://elsewhere"
         with pytest.raises(ConfigError, match="site ap-southeast: runs on 'ftp://elsewhere'"):
