@@ -4,6 +4,7 @@ real gRPC in this process (tests/harness.py). The hostile side of a lane is test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import numpy as np
@@ -269,3 +270,73 @@ def test_lanes_settle_on_every_ack_and_forget_a_settled_round():
         assert {a.round for a in lanes.acked} == {4} and len(lanes.acked) == 5
         await lanes.close()
     asyncio.run(go())
+
+
+async def _relay(target_port: int, drop_first: int) -> tuple[asyncio.AbstractServer, list[int]]:
+    """A TCP relay on a port of its own to 127.0.0.1:`target_port` that closes the first `drop_first`
+    connections it accepts before a byte passes (as a forward that is not ready yet does)."""
+    accepted = [0]
+
+    async def pipe(reader, writer) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def serve(reader, writer) -> None:
+        accepted[0] += 1
+        if accepted[0] <= drop_first:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", target_port)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0), accepted
+
+
+@pytest.mark.timeout(60)
+def test_lanes_whose_first_connections_fail_open_once_they_connect_and_not_forever():
+    """Real gRPC in this process: a relay drops the lanes' first two connections before their
+    handshake; opening three lanes waits for gRPC to connect again, and the PS reads each LaneOpen.
+    Where every connection is dropped, opening ends by name within its bound (the session's to retry)."""
+    import grpc
+    import types
+
+    from wantrain.errors import ConnectionLostError
+    from wantrain.transport import net
+
+    opts = types.SimpleNamespace(name="a", token="t", tls=None, tls_server_name="", link_rtt_ms=0.0, link_mbps=0.0)
+
+    async def scenario():
+        opened: list[int] = []
+
+        async def lane(requests, context):
+            async for raw in requests:
+                opened.append(wire.parse_site_message(raw).lane)
+
+        server = grpc.aio.server()
+        net.add_service(server, {"Lane": grpc.stream_stream_rpc_method_handler(lane, None, bytes)})
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        relay, accepted = await _relay(port, drop_first=2)
+        dead, _ = await _relay(port, drop_first=10 ** 6)
+        try:
+            lanes = await Lanes.open(3, f"127.0.0.1:{relay.sockets[0].getsockname()[1]}", opts)
+            deadline = time.monotonic() + 20
+            while len(opened) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await lanes.close()
+            started = time.monotonic()
+            with pytest.raises(ConnectionLostError, match=r"2 lanes to 127.0.0.1:\d+: not all connected within 1 s"):
+                await Lanes.open(2, f"127.0.0.1:{dead.sockets[0].getsockname()[1]}", opts, connect_s=1.0)
+            return sorted(opened), accepted[0], time.monotonic() - started
+        finally:
+            relay.close()
+            dead.close()
+            await server.stop(None)
+
+    opened, accepted, gave_up_after = asyncio.run(scenario())
+    assert opened == [0, 1, 2]
+    assert accepted >= 5          # two dropped, then at least one connection per lane
+    assert gave_up_after < 15     # bounded (1 s asked; margin for a busy machine)

@@ -29,6 +29,7 @@ __all__ = ["Lanes"]
 log = logging.getLogger("wantrain.site")
 
 Item = LaneAck           # what an ack names: (round, item, index)
+CONNECT_S = 30.0         # how long opening lanes waits for their connections (Lanes.open)
 
 
 class Lanes:
@@ -49,10 +50,21 @@ class Lanes:
         self.readers = [asyncio.create_task(self._read(i)) for i in range(len(calls))]
 
     @classmethod
-    async def open(cls, n: int, address: str, opts) -> Lanes:
-        """`n` lanes of the site `opts.name` to the PS at `address` (its own channel each)."""
+    async def open(cls, n: int, address: str, opts, connect_s: float = CONNECT_S) -> Lanes:
+        """`n` lanes of the site `opts.name` to the PS at `address` (its own channel each).
+
+        A lane's first connection may fail where the session's did not (a forward over SSH that
+        drops a new connection before its TLS handshake, a reset on the link): gRPC connects again
+        with backoff while this waits for every channel, and only a lane still down after
+        `connect_s` ends the session (ConnectionLostError), as a lane that breaks later does."""
         channels = [net.site_channel(address, opts.tls, opts.tls_server_name, opts.link_rtt_ms, opts.link_mbps)
                     for _ in range(n)]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(c.channel_ready() for c in channels)), connect_s)
+        except asyncio.TimeoutError:
+            for c in channels:
+                await c.close()
+            raise ConnectionLostError(f"{n} lanes to {address}: not all connected within {connect_s:g} s") from None
         calls = [net.stub(c).Lane(wait_for_ready=False) for c in channels]
         for i, call in enumerate(calls):
             await call.write(wire.site_message(LaneOpen(opts.name, opts.token, i)))
