@@ -61,6 +61,9 @@ class ShardMemory:
     whole_models: bool = False
 
 
+CLOSE_S = 5.0        # how long a closing site waits for the PS (each shard) to end its stream
+
+
 class ShardedStream:
     """The session's stream to N shards. `replica` (replica.py), the site's, gives the layout, the part
     hashes, the tensor sizes and the chunk plan once the first Welcome has built it."""
@@ -105,8 +108,11 @@ class ShardedStream:
             t.cancel()
 
     async def close(self) -> None:
+        """Half-close every call, then wait (bounded) for each shard to end its stream, as
+        SingleStream.close does: the readers see each end."""
         for call in self.calls:
             await call.done_writing()
+        await asyncio.wait(self.readers, timeout=CLOSE_S)
 
     # ------------------------------------------------------------ from the shards
 

@@ -20,7 +20,7 @@ from ..transport import net, wire
 from ..transport.auth import bearer
 from ..errors import ConnectionLostError
 from .lanes import Lanes
-from .sharded import ShardedStream
+from .sharded import CLOSE_S, ShardedStream
 
 __all__ = ["Stream", "SingleStream", "addresses", "session_stream", "probe_rtt"]
 
@@ -74,10 +74,23 @@ class SingleStream:
         return wire.server_message_from_proto(raw)
 
     async def close(self) -> None:
+        """Half-close, then read to the PS's end of the stream: closing the channel at once cancels
+        the call, and the PS may then drop what was written last (the final HashReport, which it
+        waits for before it exits: serve.py)."""
         await self.call.done_writing()
+        await to_end(self.call)
 
     def stop(self) -> None:
         """Nothing runs beside the call (the channel's closing ends it)."""
+
+
+async def to_end(call, timeout_s: float = CLOSE_S) -> None:
+    """Read `call` to its end (what still comes is of no use), for at most `timeout_s`."""
+    async def read_all() -> None:
+        while await call.read() is not grpc.aio.EOF:
+            pass
+    with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
+        await asyncio.wait_for(read_all(), timeout_s)
 
 
 @contextlib.asynccontextmanager
