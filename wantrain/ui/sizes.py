@@ -1,8 +1,8 @@
 """The tutorials' size switch: `WANTRAIN_QUICK=1` shrinks rounds and steps for CI.
 
 Every tutorial picks its sizes with `sized(full, quick)`, so CI (nbmake) runs the very same
-cells and code paths as a reader does, only with fewer rounds and steps (and, in 07 and 08,
-only the arms their later cells read). Any value other than empty or "0" turns quick mode on.
+cells and code paths as a reader does, only with fewer rounds and steps (in 03, on smaller
+batches; in 07 and 08, only the arms their later cells read). Any value other than empty or "0" turns quick mode on.
 """
 
 from __future__ import annotations
