@@ -19,6 +19,7 @@ from .helpers import Proc, free_port, pid_alive, small_config, wantrain
     (["demo", "--preset", "gpt9"], "model.preset must be one of"),
     (["demo", "--corpus", "/no/such/corpus"], "corpus path '/no/such/corpus' does not exist"),
     (["demo", "--rounds", "0"], "train.rounds must be >= 1"),
+    (["demo", "--set", "train.batchsize=4"], "unknown config field 'train.batchsize'"),
 ])
 def test_cli_names_the_problem(args, needle, tmp_path):
     r = wantrain(*args, "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
@@ -196,3 +197,21 @@ def test_cli_failures_are_one_line_and_an_error_exit(args, needle, tmp_path):
     assert r.returncode != 0, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle.format(**fill) in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_demo_sets_any_config_field_by_name():
+    """`wantrain demo --set KEY=VALUE`: the value as JSON where it parses, else as text, applied after
+    the demo's own flags; a value of the wrong type or an item without "=" is named."""
+    from wantrain.commands.cli import build_parser
+    from wantrain.commands.demo import demo_config
+    from wantrain.errors import ConfigError
+
+    def cfg(*items: str):
+        return demo_config(build_parser().parse_args(["demo", "--rounds", "3", *[a for i in items for a in ("--set", i)]]))
+
+    c = cfg("train.batch_size=4", "recovery.late_policy=drop", "schedule.quorum_wait_s=2.5", "train.rounds=5")
+    assert (c.train.batch_size, c.recovery.late_policy, c.schedule.quorum_wait_s, c.train.rounds) == (4, "drop", 2.5, 5)
+    with pytest.raises(ConfigError, match="train.batch_size must be an integer, got 'four'"):
+        cfg("train.batch_size=four")
+    with pytest.raises(ConfigError, match="--set 'rounds': expected KEY=VALUE"):
+        cfg("rounds")

@@ -231,7 +231,9 @@ def test_after_a_kernel_restart_a_panel_attaches_to_the_run_that_is_going(tmp_pa
     from jupyter_client.manager import KernelManager
 
     run_dir = tmp_path / "run"
-    demo = subprocess.Popen([sys.executable, "-m", "wantrain", "demo", "--rounds", "8", "--inner-steps", "10",
+    # Small batches (a third of the default's CPU a step) and more rounds: the run lasts as long.
+    demo = subprocess.Popen([sys.executable, "-m", "wantrain", "demo", "--rounds", "12", "--inner-steps", "10",
+                             "--set", "train.batch_size=4", "--set", "model.block_size=64",
                              "--run-dir", str(run_dir), "--tensorboard", str(tmp_path / "tb")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     km = KernelManager(kernel_name="python3")
@@ -265,7 +267,7 @@ def test_after_a_kernel_restart_a_panel_attaches_to_the_run_that_is_going(tmp_pa
         again = run_cell(KERNEL_ATTACH.format(
             attach=f"panel.attach('127.0.0.1:{port}', {str(run_dir / 'observer-token')!r}, "
                    f"ca={str(run_dir / 'tls' / 'ca.pem')!r})", wait="panel.wait(300)"))
-        assert "RESULT finished [0, 1, 2, 3, 4, 5, 6, 7] 0" in again, again     # from round 0, to the end
+        assert f"RESULT finished {list(range(12))} 0" in again, again     # from round 0, to the end
         assert demo.wait(120) == 0
         # The demo wrote its telemetry as TensorBoard event files as it went (--tensorboard), and
         # TensorBoard's own reader reads them: the loss from before training to the end, and where
@@ -273,7 +275,7 @@ def test_after_a_kernel_restart_a_panel_attaches_to_the_run_that_is_going(tmp_pa
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
         acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
         acc.Reload()
-        assert [s.step for s in acc.Scalars("loss/validation")] == list(range(9))
+        assert [s.step for s in acc.Scalars("loss/validation")] == list(range(13))
         # Each site's split of each round it took part in (a delta that missed its round under load
         # has none), as the run's own log gives them.
         computing = {t.rsplit("/", 1)[1]: [s.step for s in acc.Scalars(t)]

@@ -4,9 +4,11 @@ with a progress bar, a table of its rounds and the HTML report."""
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..config import CODEC_MODES, BudgetMode, ScheduleMode, TrainConfig
 from ..config.presets import PRESETS
+from ..errors import ConfigError
 from ..telemetry import on_wire
 
 __all__ = ["add_parser", "run", "demo_config"]
@@ -25,7 +27,23 @@ def demo_config(args: argparse.Namespace):
         changes["train.inner_steps"] = args.inner_steps
     if args.round_budget is not None:
         changes["train.round_budget_s"] = args.round_budget
+    changes.update(config_settings(args.set or []))
     return cfg.replace(**changes)
+
+
+def config_settings(items: list[str]) -> dict:
+    """`--set KEY=VALUE` items as config changes: VALUE as JSON where it parses (4, 0.5, true,
+    "text"), else as the text it is (drop); RunConfig names a wrong key or value."""
+    changes = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.batch_size=4")
+        try:
+            changes[key.strip()] = json.loads(text)
+        except ValueError:
+            changes[key.strip()] = text
+    return changes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,4 +157,7 @@ def add_parser(sub) -> None:
     d.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
     d.add_argument("--tensorboard", default=None, metavar="DIR", help="also write the run's telemetry as TensorBoard "
                    "event files in DIR (needs the tensorboard package: pip install 'wantrain[tensorboard]')")
+    d.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="any run-config field, after the flags above (repeatable): --set train.batch_size=4 "
+                        "--set recovery.late_policy=drop")
     d.set_defaults(func=run)
