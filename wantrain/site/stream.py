@@ -84,13 +84,13 @@ class SingleStream:
         """Nothing runs beside the call (the channel's closing ends it)."""
 
 
-async def to_end(call, timeout_s: float = CLOSE_S) -> None:
-    """Read `call` to its end (what still comes is of no use), for at most `timeout_s`."""
+async def to_end(call, timeout_s: float | None = None) -> None:
+    """Read `call` to its end (what still comes is of no use), for at most `timeout_s` (CLOSE_S)."""
     async def read_all() -> None:
         while await call.read() is not grpc.aio.EOF:
             pass
     with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
-        await asyncio.wait_for(read_all(), timeout_s)
+        await asyncio.wait_for(read_all(), CLOSE_S if timeout_s is None else timeout_s)
 
 
 @contextlib.asynccontextmanager
