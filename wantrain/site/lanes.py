@@ -61,10 +61,12 @@ class Lanes:
                     for _ in range(n)]
         try:
             await asyncio.wait_for(asyncio.gather(*(c.channel_ready() for c in channels)), connect_s)
-        except asyncio.TimeoutError:
+        except BaseException as e:          # not connected in time, or the session ends meanwhile
             for c in channels:
                 await c.close()
-            raise ConnectionLostError(f"{n} lanes to {address}: not all connected within {connect_s:g} s") from None
+            if isinstance(e, asyncio.TimeoutError):
+                raise ConnectionLostError(f"{n} lanes to {address}: not all connected within {connect_s:g} s") from None
+            raise
         calls = [net.stub(c).Lane(wait_for_ready=False) for c in channels]
         for i, call in enumerate(calls):
             await call.write(wire.site_message(LaneOpen(opts.name, opts.token, i)))
