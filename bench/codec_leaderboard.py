@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -67,17 +66,10 @@ LAST = 3                # evaluations averaged for the final loss
 def overrides(spec: str) -> dict:
     """A codec's config overrides. A spec is a name of CODECS, optionally with changed settings after
     "@": "topk-1b@train.outer_lr=1.0@train.outer_momentum=0.5" (values read as JSON where they parse)."""
+    from wantrain.config import settings_from_text
+
     name, *changes = spec.split("@")
-    out = dict(CODECS[name])
-    for change in changes:
-        key, sep, text = change.partition("=")
-        if not sep:
-            raise ValueError(f"{spec!r}: {change!r} is not KEY=VALUE")
-        try:
-            out[key] = json.loads(text)
-        except json.JSONDecodeError:
-            out[key] = text
-    return out
+    return {**CODECS[name], **settings_from_text(changes, f"{spec!r}: ")}
 
 
 def one_run(codec: str, preset: str, seed: int, size: dict) -> dict:

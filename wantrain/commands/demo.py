@@ -4,11 +4,9 @@ with a progress bar, a table of its rounds and the HTML report."""
 from __future__ import annotations
 
 import argparse
-import json
 
-from ..config import CODEC_MODES, BudgetMode, ScheduleMode, TrainConfig
+from ..config import CODEC_MODES, BudgetMode, ScheduleMode, TrainConfig, settings_from_text
 from ..config.presets import PRESETS
-from ..errors import ConfigError
 from ..telemetry import on_wire
 
 __all__ = ["add_parser", "run", "demo_config"]
@@ -27,23 +25,8 @@ def demo_config(args: argparse.Namespace):
         changes["train.inner_steps"] = args.inner_steps
     if args.round_budget is not None:
         changes["train.round_budget_s"] = args.round_budget
-    changes.update(config_settings(args.set or []))
+    changes.update(settings_from_text(args.set or [], "--set "))
     return cfg.replace(**changes)
-
-
-def config_settings(items: list[str]) -> dict:
-    """`--set KEY=VALUE` items as config changes: VALUE as JSON where it parses (4, 0.5, true,
-    "text"), else as the text it is (drop); RunConfig names a wrong key or value."""
-    changes = {}
-    for item in items:
-        key, eq, text = item.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set train.batch_size=4")
-        try:
-            changes[key.strip()] = json.loads(text)
-        except ValueError:
-            changes[key.strip()] = text
-    return changes
 
 
 def run(args: argparse.Namespace) -> int:

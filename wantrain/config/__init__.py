@@ -31,7 +31,7 @@ from .sections import (CODEC_MODES, MAX_LANES, POLICIES, CodecConfig, DataConfig
 __all__ = ["ModelConfig", "DataConfig", "TrainConfig", "ScheduleConfig", "RecoveryConfig", "CodecConfig",
            "RobustConfig", "RunConfig", "RenamedKeyWarning", "RENAMED", "CODEC_MODES", "MAX_LANES",
            "check_site_name", "Policy", "LatePolicy", "ScheduleMode", "BudgetMode", "Importance", "Trust",
-           "NormAction", "Aggregation", "CheckMode", "parse_policy"]
+           "NormAction", "Aggregation", "CheckMode", "parse_policy", "settings_from_text"]
 
 # Keys that moved out of `train` when it was split by owner: old dotted key -> new one.
 RENAMED = {
@@ -229,3 +229,19 @@ def _coerce(f: dataclasses.Field, value: Any, name: str) -> Any:
 
 _SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "schedule": ScheduleConfig,
              "recovery": RecoveryConfig, "codec": CodecConfig, "robust": RobustConfig}
+
+
+def settings_from_text(items: list[str], where: str = "") -> dict[str, Any]:
+    """`KEY=VALUE` items (a command line's, a bench's spec) as changes for `RunConfig.replace`:
+    VALUE as JSON where it parses (4, 0.5, true, "text"), else as the text it is (drop). An item
+    without "=" is a ConfigError (prefixed by `where`); replace() names a wrong key or value."""
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"{where}{item!r}: expected KEY=VALUE, e.g. train.batch_size=4")
+        try:
+            changes[key.strip()] = json.loads(text)
+        except ValueError:
+            changes[key.strip()] = text
+    return changes
