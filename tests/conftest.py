@@ -128,3 +128,15 @@ def pytest_collection_modifyitems(config, items):
             lanes[path] = not path.endswith(".py") or bool(STARTS_PROCESSES.search(item.path.read_text()))
         if lanes[path]:
             item.add_marker(pytest.mark.processes)
+    items.sort(key=_expected_length)
+
+
+def _expected_length(item) -> int:
+    """Long tests first, so that the short ones fill the workers' last minutes (xdist hands out tests
+    in this order): the tutorials (45 to 90 s each), then the tests that start processes, then the
+    in-process ones (a second or two each). Collected last, the tutorials ran at the end of a fresh
+    clone's `make test` on one or two workers while the third sat idle: two minutes of the machine
+    at about two thirds of its CPU."""
+    if not str(item.path).endswith(".py"):
+        return 0
+    return 1 if item.get_closest_marker("processes") else 2
