@@ -37,6 +37,7 @@ from ..telemetry.watch import Observer
 from .dashboard import Dashboard
 from .placement_view import PlacementView, ranked_regions
 from .site_rows import WHERE, SiteRow, ps_host, remote_hosts, site_table
+from .sizes import panel_config
 
 __all__ = ["ControlPanel"]
 
@@ -57,7 +58,7 @@ class ControlPanel:
 
         from ..config.presets import PRESETS
 
-        self.base = config or RunConfig()
+        self.base = config or panel_config()
         self.scenario, self.run_root, self.site_threads, self.python = scenario, Path(run_root), site_threads, python
         self.restart_after_s = restart_after_s
         self.ssh = dict(ssh or {})       # for every ssh:// row: key_file, known_hosts, python, reuse_site_packages ...
