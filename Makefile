@@ -34,11 +34,12 @@ WANTRAIN_QUICK ?= 1
 # clone's pytest 849 s with three, 918-1039 s with two). Tests that change the host's network share
 # a file lock (tests/conftest.py: host_network). The heaviest tests (a browser beside a run, whole
 # multi-site runs) share the xdist group "heavy", so they run one after another on one worker
-# instead of starving each other (a loaded CI machine). `make check` runs in-process tests; half
+# instead of starving each other (a loaded CI machine); a fourth worker gained nothing (a fresh
+# clone's make test 975 s against 987 s with three). `make check` runs in-process tests; half
 # their time is spent waiting on round deadlines (a profile: 257 s of test time, 132 s of CPU), so
-# it runs three workers as well (145 s with two).
+# it runs four workers (123-126 s against 137-138 s with three, 145 s with two).
 TEST_WORKERS ?= 3
-CHECK_WORKERS ?= 3
+CHECK_WORKERS ?= 4
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -74,7 +75,8 @@ test:
 # The quick lane: the same checks, and the tests that prove their point in this process (unit and
 # in-process; tests/conftest.py leaves out every module that starts a process). Under two minutes;
 # `make test` (everything, notebooks and real processes included) is what CI runs.
-check: TESTS = $(BIN)/python -m pytest -q -n $(CHECK_WORKERS) -m "not processes" --durations=5 tests
+check: TESTS = $(BIN)/python -m pytest -q -n $(CHECK_WORKERS) -p no:nbmake -o addopts=-ra -m "not processes" \
+	--durations=5 tests
 check: $(STAMP)
 	$(BIN)/ruff check .
 	$(COMPILE)

@@ -24,10 +24,8 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # printed about its run is what the run's log says (tests/claims.py).
 
 def _keep_executed_notebooks() -> None:
-    try:
-        from nbmake.nb_run import NotebookRun
-    except ImportError:
-        return
+    from nbmake.nb_run import NotebookRun
+
     execute = NotebookRun.execute
     if getattr(execute, "keeps_copy", False):
         return
@@ -45,7 +43,11 @@ def _keep_executed_notebooks() -> None:
     NotebookRun.execute = execute_and_keep
 
 
-_keep_executed_notebooks()
+def pytest_configure(config):
+    # `make check` runs without nbmake (-p no:nbmake): it runs no tutorial, and nbmake's imports
+    # (nbformat, jsonschema's format checkers) cost each pytest process 2 s of CPU.
+    if config.pluginmanager.hasplugin("nbmake"):
+        _keep_executed_notebooks()
 
 
 def _starts_ssh_sites(item) -> bool:
