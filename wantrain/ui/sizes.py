@@ -1,10 +1,10 @@
 """The tutorials' size switch: `WANTRAIN_QUICK=1` shrinks rounds and steps for CI.
 
 Every tutorial picks its sizes with `sized(full, quick)`, so CI (nbmake) runs the very same
-cells and code paths as a reader does, only with fewer rounds and steps (in 03, on smaller
-batches; in 07 and 08, only the arms their later cells read). A `ControlPanel` given no config trains
-on smaller batches too (`panel_config`: 4 sequences of 64 tokens instead of 8 of 128, a quarter of the
-CPU a step). Any value other than empty or "0" turns quick mode on.
+cells and code paths as a reader does, only with fewer rounds and steps, their runs on smaller batches (4
+sequences of 64 tokens instead of 8 of 128: a quarter of the CPU a step; a `ControlPanel` given no
+config gets them from `panel_config`), and in 07 and 08 only the arms their later cells read. Any value
+other than empty or "0" turns quick mode on.
 """
 
 from __future__ import annotations
