@@ -7,8 +7,8 @@ too (ui/render.py). Needs the `notebook` extra (ipywidgets, anywidget, ipykernel
 from .dashboard import Dashboard, site_states
 from .panel import ControlPanel
 from .render import draw_everywhere
-from .sizes import quick_mode, sized
+from .sizes import panel_config, quick_mode, sized
 
-__all__ = ["ControlPanel", "Dashboard", "site_states", "quick_mode", "sized", "draw_everywhere"]
+__all__ = ["ControlPanel", "Dashboard", "site_states", "panel_config", "quick_mode", "sized", "draw_everywhere"]
 
 draw_everywhere()        # figures that draw in rendered notebooks too (ui/render.py)
