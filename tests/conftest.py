@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from . import durations
+
 # Property tests draw the same examples on every run, so that a red CI run can be replayed;
 # HYPOTHESIS_PROFILE=explore searches afresh (add what it finds as an @example).
 settings.register_profile("seeded", derandomize=True, database=None)
@@ -87,13 +89,23 @@ def _reap_leftover_processes():
     _LEAKED.extend(reap())
 
 
+_DURATIONS = durations.Recorder()
+
+
+def pytest_runtest_logreport(report):
+    _DURATIONS.add(report)
+
+
 def pytest_sessionfinish(session):
-    """In an xdist worker (`make test` runs two): reap its leftovers and hand their names to the
-    controller, whose summary lists them (the workers' children are not the controller's)."""
+    """In an xdist worker (`make test` runs three): reap its leftovers and hand their names to the
+    controller, whose summary lists them (the workers' children are not the controller's). In the
+    controller, or a run without workers: write the seconds each test took (tests/durations.py)."""
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         from .reaper import reap
         workeroutput["leaked"] = _LEAKED + reap(grace_s=1.0)
+    else:
+        _DURATIONS.write()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -128,15 +140,4 @@ def pytest_collection_modifyitems(config, items):
             lanes[path] = not path.endswith(".py") or bool(STARTS_PROCESSES.search(item.path.read_text()))
         if lanes[path]:
             item.add_marker(pytest.mark.processes)
-    items.sort(key=_expected_length)
-
-
-def _expected_length(item) -> int:
-    """Long tests first, so that the short ones fill the workers' last minutes (xdist hands out tests
-    in this order): the tutorials (45 to 90 s each), then the tests that start processes, then the
-    in-process ones (a second or two each). Collected last, the tutorials ran at the end of a fresh
-    clone's `make test` on one or two workers while the third sat idle: two minutes of the machine
-    at about two thirds of its CPU."""
-    if not str(item.path).endswith(".py"):
-        return 0
-    return 1 if item.get_closest_marker("processes") else 2
+    durations.longest_first(items, durations.load())
