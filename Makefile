@@ -58,10 +58,11 @@ demo: $(STAMP)
 	$(COMPILE)
 	$(BIN)/wantrain demo
 
-# mypy (40 s of one core in a fresh clone) runs beside the tests ($(TESTS)), whose workers leave
-# part of the machine idle while they wait on processes and deadlines; its report follows theirs,
-# and either failing fails the target.
-BESIDE_TYPES = $(BIN)/mypy > $(VENV)/mypy.out 2>&1 & types=$$!; $(TESTS); \
+# mypy (25-40 s of one core in a fresh clone) runs beside the tests ($(TESTS)), at the lowest CPU
+# priority: it takes what the tests leave idle while they wait on processes and deadlines, instead
+# of a core from the suite's start, when both are busy (tests/durations.py); its report follows
+# theirs, and either failing fails the target.
+BESIDE_TYPES = nice -n 19 $(BIN)/mypy > $(VENV)/mypy.out 2>&1 & types=$$!; $(TESTS); \
 	tests=$$?; wait $$types; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.out; [ $$tests = 0 ] && [ $$typed = 0 ]
 
 test: TESTS = $(KERNELS) && WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m pytest -q -n $(TEST_WORKERS) \
@@ -75,7 +76,7 @@ test:
 # The quick lane: the same checks, and the tests that prove their point in this process (unit and
 # in-process; tests/conftest.py leaves out every module that starts a process). Under two minutes;
 # `make test` (everything, notebooks and real processes included) is what CI runs.
-check: TESTS = $(BIN)/python -m pytest -q -n $(CHECK_WORKERS) -p no:nbmake -o addopts=-ra -m "not processes" \
+check: TESTS = $(BIN)/python -m pytest -q -n $(CHECK_WORKERS) --dist loadgroup -p no:nbmake -o addopts=-ra -m "not processes" \
 	--durations=5 tests
 check: $(STAMP)
 	$(BIN)/ruff check .
