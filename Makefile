@@ -60,7 +60,7 @@ demo: $(STAMP)
 
 # mypy (25-40 s of one core in a fresh clone) runs beside the tests ($(TESTS)), at the lowest CPU
 # priority: it takes what the tests leave idle while they wait on processes and deadlines, instead
-# of a core from the suite's start, when both are busy (tests/durations.py); its report follows
+# of a core at the suite's start, when both are busy; its report follows
 # theirs, and either failing fails the target.
 BESIDE_TYPES = nice -n 19 $(BIN)/mypy > $(VENV)/mypy.out 2>&1 & types=$$!; $(TESTS); \
 	tests=$$?; wait $$types; typed=$$?; echo "mypy:"; cat $(VENV)/mypy.out; [ $$tests = 0 ] && [ $$typed = 0 ]

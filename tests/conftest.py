@@ -140,4 +140,4 @@ def pytest_collection_modifyitems(config, items):
             lanes[path] = not path.endswith(".py") or bool(STARTS_PROCESSES.search(item.path.read_text()))
         if lanes[path]:
             item.add_marker(pytest.mark.processes)
-    durations.longest_first(items, durations.load(), waits=lambda item: not item.get_closest_marker("processes"))
+    durations.longest_first(items, durations.load())

@@ -1,13 +1,12 @@
-"""The order the suite runs in: longest first, from the seconds each took in a past run, with the
-in-process tests that wait on deadlines spread among the long runs of real processes.
+"""The order the suite runs in: longest test first, from the seconds each took in a past run.
 
 xdist hands tests to its workers in collection order. Longest first (the classic schedule for
-jobs on a few machines) starts the long runs at once and leaves the sub-second tests to fill the
-workers' last minutes. Ordered by kind only (tutorials, then tests that start processes, then
-in-process ones), a fresh clone's `make test` spent its last two minutes at 20 to 60 % of the CPU;
-longest first alone, still 30 to 47 %: its tail was in-process tests of 2 to 10 s, which spend
-those seconds waiting on round deadlines. Spread among the runs of real processes (which keep
-both cores busy), they cost those runs little, and the tail is left to the short tests.
+jobs on a few machines) starts the long runs at once and leaves the sub-second tests for the
+workers' last minutes. Ordered by kind only (tutorials, then tests that
+start processes, then in-process ones), a fresh clone's `make test` spent its last two minutes
+at 20 to 60 % of the CPU, the workers waiting on the round deadlines of in-process tests; longest
+first, its pytest took 857 s against 883. (Spreading the in-process tests of 2 s or more among the
+long process runs instead, since they mostly wait, measured worse: 924 s.)
 
 `tests/durations.json` holds the seconds of every test that took a second or more in a fresh
 clone's `make test` (call, setup and teardown, under the suite's own load); a test not in it is
@@ -27,7 +26,6 @@ MEASURED = Path(__file__).resolve().parents[1] / "test-output" / "durations.json
 KEPT_FROM_S = 1.0           # shorter tests are left out of the table: they are the default
 SHORT_S = 0.5               # a test the table does not name
 TUTORIAL_S = 60.0           # a tutorial it does not name
-LONG_S = 2.0                # from here on, a test is spread (in-process) or sorted (the others) as long
 
 
 def load(path: Path = STORED) -> dict[str, float]:
@@ -49,20 +47,9 @@ def expected_s(item, table: dict[str, float]) -> float:
     return SHORT_S if str(item.path).endswith(".py") else TUTORIAL_S
 
 
-def longest_first(items: list, table: dict[str, float], waits=lambda item: False) -> None:
-    """Sort `items` in place: the long tests first, those for which `waits` is true (in-process
-    tests: they wait on deadlines) spread evenly among the others, each kind longest first; then
-    the short ones, longest first. Ties keep collection order."""
-    seconds = {id(item): expected_s(item, table) for item in items}
-    long = [item for item in items if seconds[id(item)] >= LONG_S]
-    place: dict[int, tuple[float, int]] = {}
-    for kind, rank in ((True, 1), (False, 0)):
-        mine = sorted((item for item in long if bool(waits(item)) is kind), key=lambda item: -seconds[id(item)])
-        total, before = sum(seconds[id(item)] for item in mine), 0.0
-        for item in mine:               # where in its kind's total the test starts: 0 (first) to 1
-            place[id(item)] = (before / total, rank)
-            before += seconds[id(item)]
-    items.sort(key=lambda item: (0, *place[id(item)]) if id(item) in place else (1, -seconds[id(item)], 0))
+def longest_first(items: list, table: dict[str, float]) -> None:
+    """Sort `items` in place, longest expected first (ties keep collection order)."""
+    items.sort(key=lambda item: -expected_s(item, table))
 
 
 class Recorder:

@@ -24,16 +24,6 @@ def test_the_longest_test_goes_first_and_unknown_tests_by_their_kind():
         "tests/test_a.py::test_short", "tests/test_a.py::test_other"]    # unknown: short, in collection order
 
 
-def test_in_process_tests_that_wait_are_spread_among_the_long_process_tests():
-    table = {"tests/p.py::p60": 60.0, "tests/p.py::p30": 30.0, "tests/p.py::p10": 10.0,
-             "tests/i.py::i8": 8.0, "tests/i.py::i2": 2.0, "tests/i.py::i1": 1.5, "tests/p.py::p1": 1.0}
-    items = [item(f"tests/{n[0]}.py::{n}") for n in ("i1", "p1", "i2", "p10", "i8", "p30", "p60", "p0")]
-    durations.longest_first(items, table, waits=lambda i: i.nodeid.startswith("tests/i.py"))
-    # Each kind longest first, each test at its start's share of its kind's seconds: p60 0, p30 0.6,
-    # p10 0.9; i8 0, i2 0.8. Under 2 s, longest first whatever the kind.
-    assert [i.nodeid.split("::")[1] for i in items] == ["p60", "i8", "p30", "i2", "p10", "i1", "p1", "p0"]
-
-
 def test_a_group_suffix_is_dropped_but_not_a_parameter():
     assert durations.plain("tests/t.py::test_x@heavy") == "tests/t.py::test_x"
     assert durations.plain("tests/t.py::test_x[a@b]") == "tests/t.py::test_x[a@b]"
