@@ -1,22 +1,22 @@
 # The two commands of the README, plus helpers. Everything installs into .venv with exact
 # versions from constraints.txt (torch 2.13.0 is the CPU build). Packages go through uv, which
-# installs with the same pins in a fraction of pip's time and compiles their bytecode at install, in
-# parallel (where PYTHONDONTWRITEBYTECODE is set, as on CI, nothing else would write .pyc files and
-# every process would compile its imports again). pip only installs uv. Where pip is pointed at a
-# folder of wheels (PIP_FIND_LINKS: this machine's CPU build of torch is a file there), uv is pointed
-# at it too. The venv took 76 s here with torch through pip, 35 s this way.
+# installs with the same pins in a fraction of pip's time; pip only installs uv. Where pip is
+# pointed at a folder of wheels (PIP_FIND_LINKS: this machine's CPU build of torch is a file
+# there), uv is pointed at it too. The venv took 76 s here with torch through pip, 10 s this way.
+#
+# Bytecode: every command here writes .pyc files as Python imports modules, whatever the caller's
+# PYTHONDONTWRITEBYTECODE (CI sets it): the suite and the demo start hundreds of processes, and
+# under that variable each would compile its imports again (torch's alone, about 4 s of CPU). So
+# only what is imported is compiled, once: compiling the whole venv at install took 37 s more CPU
+# (30 s against 10 s for the venv) for the 85 % of its modules that nothing here imports.
+unexport PYTHONDONTWRITEBYTECODE
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
-UV     := $(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode \
+UV     := $(BIN)/uv pip install -q --python $(BIN)/python \
           $(foreach d,$(PIP_FIND_LINKS),--find-links $(d))
 STAMP  := $(VENV)/.installed
-# The project's own modules, compiled as the packages' are: they are not installed but imported
-# from the checkout, so under PYTHONDONTWRITEBYTECODE every PS, site, kernel and test worker would
-# compile them again (0.2 s of CPU a process; the suite starts hundreds). Before each command that
-# starts them, since an edit makes a .pyc stale; compileall writes only what changed.
-COMPILE := $(BIN)/python -m compileall -q -j 0 wantrain testbed tests
 # The codec's numba loops, every mode's, compiled once into numba's cache beside their source (about
 # 15 s of CPU; 0.4 s to load once cached), before
 # the tests start processes that would each compile them at once in a fresh clone or after an edit.
@@ -55,7 +55,6 @@ sysdeps:
 	bash tools/install_sysdeps.sh
 
 demo: $(STAMP)
-	$(COMPILE)
 	$(BIN)/wantrain demo
 
 # mypy (25-40 s of one core in a fresh clone) runs beside the tests ($(TESTS)), at the lowest CPU
@@ -70,7 +69,6 @@ test: TESTS = $(KERNELS) && WANTRAIN_QUICK=$(WANTRAIN_QUICK) $(BIN)/python -m py
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target $(STAMP) sysdeps
 	$(BIN)/ruff check .
-	$(COMPILE)
 	$(BESIDE_TYPES)
 
 # The quick lane: the same checks, and the tests that prove their point in this process (unit and
@@ -80,7 +78,6 @@ check: TESTS = $(BIN)/python -m pytest -q -n $(CHECK_WORKERS) --dist loadgroup -
 	--durations=5 tests
 check: $(STAMP)
 	$(BIN)/ruff check .
-	$(COMPILE)
 	$(BESIDE_TYPES)
 
 # Every benchmark, then the table of issue 12's figures from what they measured in this run
