@@ -27,7 +27,7 @@ def drain(link) -> list:
 
 def small_config(**changes) -> RunConfig:
     base = {"num_sites": 3, "train.rounds": 4, "train.inner_steps": 8, "train.batch_size": 4,
-            "model.block_size": 64, "train.eval_batches": 2, "train.warmup_steps": 4}
+            "model.preset": "micro", "model.block_size": 64, "train.eval_batches": 2, "train.warmup_steps": 4}
     base.update(changes)
     return RunConfig().replace(**base)
 

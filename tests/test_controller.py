@@ -89,7 +89,8 @@ def test_a_run_under_the_adaptive_controller_trains_each_site_for_its_own_budget
     narrow = plan.names[2]
     plan = plan.with_site(narrow, bandwidth_mbps=2.0)        # its 0.8 MB delta: about 3 s on the wire
     plan = slowed(plan)              # budgets and codecs are what this checks, not compute
-    cfg = small_config(**{"train.rounds": 4, "train.round_budget_s": 2.0, "schedule.controller": "adaptive"})
+    cfg = small_config(**{"train.rounds": 4, "train.round_budget_s": 2.0, "schedule.controller": "adaptive",
+                          "model.preset": "tiny"})          # tiny: the delta's size is the link's cost
     with Run(cfg, run_dir=tmp_path / "run", plan=plan) as run:
         for _ in run.follow(timeout_s=200):
             pass

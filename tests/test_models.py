@@ -15,7 +15,7 @@ def test_large_presets_have_exact_parameter_counts(preset, expected):
     assert count_parameters(model) == expected
 
 
-@pytest.mark.parametrize("preset", ["tiny", "llama-tiny"])
+@pytest.mark.parametrize("preset", ["micro", "tiny", "llama-tiny"])
 def test_small_presets_train_and_are_deterministic(preset):
     a, b = build_model(preset, 256, seed=3), build_model(preset, 256, seed=3)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))

@@ -85,7 +85,7 @@ def run_door(tmp_path) -> tuple[list[dict], int, set[int]]:
 def move_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     """The PS moved to another region mid-run (Run.move_ps): stopped, started again from its
     checkpoint, the sites' links now with that region's RTTs; the sites come back by themselves."""
-    rounds = 5
+    rounds = 6
     cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "schedule.quorum_wait_s": 60.0})
     with Run(cfg, run_dir=tmp_path / "run", scenario="loopback") as run:   # every site and the PS in East US
         moved = False
@@ -106,7 +106,10 @@ def move_door(tmp_path) -> tuple[list[dict], int, set[int]]:
     assert max(e["trace_rtt_ms"] for e in links if e["t"] < there["t"]) < 1.0
     after = [e for e in links if e["t"] > there["t"] + 1.0]
     assert after and all(e["trace_rtt_ms"] >= 0.95 * there["rtt_ms"][e["site"]] for e in after)
-    return events, rounds, {2, 3}
+    # The move is asked for once round 1 has committed; the rounds the PS commits before it stops
+    # depend on how busy the machine is (it resumed at 4 once), so any round after 1 and before the
+    # last is where it may resume. That it resumed where it left off is check_recovered's part.
+    return events, rounds, set(range(2, rounds))
 
 
 def remote_door(tmp_path, venvs: str) -> tuple[list[dict], int, set[int]]:

