@@ -42,7 +42,7 @@ def main() -> int:
     # Rounds last a little over their 1 s budget: enough for the outage and about 30 after it.
     rounds = int(args.outage / 1.0) + 40
     with tempfile.TemporaryDirectory() as tmp:
-        events, dark, log = dark_run(Path(tmp), args.policy, [args.outage / DEADLINE_S], rounds)
+        events, dark, log = dark_run(Path(tmp), args.policy, [args.outage / DEADLINE_S], rounds, preset="tiny")
         check_dark_site(events, dark, log, rounds, {"dropped", "kept", "deferred"})
     start = next(e for e in rows(events, "outage_start") if e["site"] == dark)
     end = next(e for e in rows(events, "outage_end") if e["site"] == dark and e["t"] > start["t"])

@@ -23,14 +23,17 @@ from .helpers import slowed, small_config
 DEADLINE_S = 2.0
 
 
-def dark_run(tmp_path, policy: str, outages: list[float], rounds: int) -> tuple[list[dict], str, str]:
+def dark_run(tmp_path, policy: str, outages: list[float], rounds: int,
+             preset: str = "micro") -> tuple[list[dict], str, str]:
     """Three unshaped sites, rounds of a 1 s budget and a fixed 2 s deadline; the third site's link
     goes dark once per factor in `outages` (x the deadline), each time once it is back in a round.
-    Returns the run's events, the dark site's name and its log."""
+    Returns the run's events, the dark site's name and its log. (bench/dark_site.py runs it with
+    the `tiny` model its figures were measured with.)"""
     plan = describe_scenario("loopback").replace(time_scale=1.0)
     plan = slowed(plan)              # rounds pass the same time; this test is mostly waiting
     dark = plan.names[2]
-    cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,
+    cfg = small_config(**{"model.preset": preset, "train.rounds": rounds, "train.inner_steps": 10,
+                          "train.round_budget_s": 1.0,
                           "schedule.deadline_s": DEADLINE_S, "recovery.late_policy": policy, "schedule.quorum_wait_s": 1.0})
     pending, back_after = list(outages), 2          # the first outage once round 2 committed with everyone
     with Run(cfg, run_dir=tmp_path / policy, plan=plan) as run:
