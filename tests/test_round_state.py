@@ -131,18 +131,23 @@ def test_what_becomes_of_a_late_delta():
 
     drop = RecoveryConfig(late_policy="drop")
     stale = RecoveryConfig(late_policy="stale", staleness_discount=0.5)
-    assert late_outcome(drop, 3, committed=4, aggregating=False)[0] == "dropped"
-    action, why = late_outcome(stale, 3, committed=4, aggregating=False)
+    assert late_outcome(drop, 3, committed=4, aggregating=False, rounds=20)[0] == "dropped"
+    action, why = late_outcome(stale, 3, committed=4, aggregating=False, rounds=20)
     assert action == "deferred" and "counts in round 4" in why and "0.5" in why
-    assert late_outcome(stale, 3, committed=5, aggregating=False)[0] == "deferred"     # 2 rounds on
-    assert late_outcome(stale, 3, committed=5, aggregating=True)[0] == "dropped"      # its next commit is 6
-    action, why = late_outcome(stale, 3, committed=9, aggregating=False)
+    assert late_outcome(stale, 3, committed=5, aggregating=False, rounds=20)[0] == "deferred"     # 2 rounds on
+    assert late_outcome(stale, 3, committed=5, aggregating=True, rounds=20)[0] == "dropped"      # its next commit is 6
+    action, why = late_outcome(stale, 3, committed=9, aggregating=False, rounds=20)
     assert action == "dropped" and "too stale" in why
     outside = RecoveryConfig(late_policy="zero-outside")
-    action, why = late_outcome(outside, 3, committed=3, aggregating=True)          # arrived while 3 commits
+    action, why = late_outcome(outside, 3, committed=3, aggregating=True, rounds=20)          # arrived while 3 commits
     assert action == "deferred" and "applied when round 4 commits" in why and "outside the outer momentum" in why
-    assert late_outcome(outside, 3, committed=6, aggregating=False)[0] == "dropped"
-    action, why = late_outcome(RecoveryConfig(late_policy="rescale"), 3, committed=4, aggregating=False)
+    assert late_outcome(outside, 3, committed=6, aggregating=False, rounds=20)[0] == "dropped"
+    # The run's last round: no commit comes after it, so nothing is deferred to one.
+    action, why = late_outcome(outside, 9, committed=10, aggregating=False, rounds=10)
+    assert action == "dropped" and "the run's last round" in why
+    assert late_outcome(outside, 8, committed=9, aggregating=True, rounds=10)[0] == "dropped"   # 9 commits last
+    assert late_outcome(outside, 8, committed=9, aggregating=False, rounds=10)[0] == "deferred"  # 9 is open
+    action, why = late_outcome(RecoveryConfig(late_policy="rescale"), 3, committed=4, aggregating=False, rounds=20)
     assert action == "dropped" and "stood in for it" in why
 
 

@@ -118,7 +118,7 @@ class ClosePolicy:
     def late_delta(self, site: str, up: Upload, current: int, aggregating: bool) -> DeltaOutcome:
         """A delta that arrived after its round closed: dropped, or deferred to the next commit (rounds
         then keeps it), as recovery.late_policy says; what the site hears, and why."""
-        action, reason = late_outcome(self.recovery, up.round, current, aggregating)
+        action, reason = late_outcome(self.recovery, up.round, current, aggregating, self.train.rounds)
         self.recorder.emit("late_delta", round=up.round, site=site, rounds_late=current - up.round,
                            action=action, policy=self.recovery.late_policy, reason=reason)
         if action == "deferred":

@@ -123,11 +123,13 @@ def stale_weight(tokens: float, staleness: int, discount: float) -> float:
     return tokens * discount ** staleness
 
 
-def late_outcome(recovery: RecoveryConfig, late_round: int, committed: int, aggregating: bool) -> tuple[str, str]:
+def late_outcome(recovery: RecoveryConfig, late_round: int, committed: int, aggregating: bool,
+                 rounds: int) -> tuple[str, str]:
     """What becomes of a delta of `late_round` that arrived after its round closed, `committed` rounds
-    being committed (and the next one being aggregated, or not): ("deferred", why) if it will count in
-    the next commit it can reach ("stale": discounted, in the mean; "zero-outside": at its share of
-    its own round, outside the outer momentum; at most MAX_STALENESS rounds on), else ("dropped", why)."""
+    being committed (and the next one being aggregated, or not), in a run of `rounds`: ("deferred",
+    why) if it will count in the next commit it can reach ("stale": discounted, in the mean;
+    "zero-outside": at its share of its own round, outside the outer momentum; at most MAX_STALENESS
+    rounds on, and before the run ends), else ("dropped", why)."""
     counts_in = committed + (1 if aggregating else 0)
     closed = (f"round {late_round} committed without it" if committed > late_round
               else f"round {late_round} closed without it") + " (its deadline passed)"
@@ -135,6 +137,9 @@ def late_outcome(recovery: RecoveryConfig, late_round: int, committed: int, aggr
     policy = f"late_policy {late_policy}"
     if not late_policy.applies_late:
         return "dropped", f"{closed}; {policy}: a late delta is never applied ({late_policy.unapplied_fate()})"
+    if counts_in >= rounds:         # deferred, it would wait for a commit that never comes
+        return "dropped", (f"{closed}, and it was the run's last round: there is no later commit to count "
+                           f"it in")
     if counts_in - late_round > MAX_STALENESS:
         return "dropped", (f"{closed}, and the next commit it could count in is round {counts_in}, more than "
                            f"{MAX_STALENESS} rounds later: too stale to apply")
