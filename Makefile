@@ -2,7 +2,8 @@
 # versions from constraints.txt (torch 2.13.0 is the CPU build). Packages go through uv, which
 # installs with the same pins in a fraction of pip's time; pip only installs uv. Where pip is
 # pointed at a folder of wheels (PIP_FIND_LINKS: this machine's CPU build of torch is a file
-# there), uv is pointed at it too. The venv took 76 s here with torch through pip, 10-12 s this way (uv's cache warm).
+# there), uv is pointed at it too. The venv took 76 s here with torch through pip, 10-12 s this
+# way (uv's cache warm).
 #
 # Bytecode: every command here writes .pyc files as Python imports modules, whatever the caller's
 # PYTHONDONTWRITEBYTECODE (CI sets it): the suite and the demo start hundreds of processes, and
