@@ -1,14 +1,15 @@
-"""The order the suite runs in, from the seconds each test took in a past run: the long tests
-longest first, the middling ones spread among them, the short ones last.
+"""The order the suite runs in: longest test first, from the seconds each took in a past run.
 
 xdist hands tests to its workers in collection order. Longest first (the classic schedule for
-jobs on a few machines) starts the long runs at once and leaves the short tests for the workers'
-last minutes. Ordered by kind only (tutorials, then tests that start processes, then in-process
-ones), a fresh clone's `make test` spent its last two minutes at 20 to 60 % of the CPU. Longest
-first, once the suite's multi-site tests trained a smaller model, its last 130 s still ran at 20
-to 64 %: the tests of 1.5 to 8 s, which mostly wait (on round deadlines, timeouts, a link's rate
-or an outage), three at a time. They are now spread evenly among the long tests, where the other
-two workers keep both cores busy, and the tail is left to the sub-second tests, which compute.
+jobs on a few machines) starts the long runs at once and leaves the sub-second tests for the
+workers' last minutes. Ordered by kind only (tutorials, then tests that
+start processes, then in-process ones), a fresh clone's `make test` spent its last two minutes
+at 20 to 60 % of the CPU, the workers waiting on the round deadlines of in-process tests; longest
+first, its pytest took 857 s against 883. Spreading the tests that mostly wait among the long runs
+measured worse twice: the in-process tests of 2 s or more, 924 s; every test of 1.5 to 8 s, 932 and
+935 s against 898 and 930 for longest first in the same hours. Those tests still leave the last
+two minutes at 20 to 64 % of the CPU; a schedule by each test's CPU (tools/cpu_per_test.py) rather
+than its seconds is the next thing to try.
 
 `tests/durations.json` holds the seconds of every test that took a second or more in a fresh
 clone's `make test` (call, setup and teardown, under the suite's own load); a test not in it is
@@ -28,8 +29,6 @@ MEASURED = Path(__file__).resolve().parents[1] / "test-output" / "durations.json
 KEPT_FROM_S = 1.0           # shorter tests are left out of the table: they are the default
 SHORT_S = 0.5               # a test the table does not name
 TUTORIAL_S = 60.0           # a tutorial it does not name
-MIDDLING_S = 1.5            # from here up to LONG_S a test is spread among the long ones
-LONG_S = 8.0
 
 
 def load(path: Path = STORED) -> dict[str, float]:
@@ -52,22 +51,8 @@ def expected_s(item, table: dict[str, float]) -> float:
 
 
 def longest_first(items: list, table: dict[str, float]) -> None:
-    """Sort `items` in place: the long tests longest first, each middling test where its share of
-    the middling tests' seconds matches the long tests' share before it, then the short tests
-    longest first. Ties keep collection order."""
-    seconds = [expected_s(item, table) for item in items]
-    long = sorted((i for i, s in enumerate(seconds) if s >= LONG_S), key=lambda i: -seconds[i])
-    middling = sorted((i for i, s in enumerate(seconds) if MIDDLING_S <= s < LONG_S), key=lambda i: -seconds[i])
-    short = sorted((i for i, s in enumerate(seconds) if s < MIDDLING_S), key=lambda i: -seconds[i])
-    at: dict[int, float] = {}               # where each long or middling test starts, 0 to 1 of its kind
-    for kind in (long, middling):
-        total, before = sum(seconds[i] for i in kind) or 1.0, 0.0
-        for i in kind:
-            at[i] = before / total
-            before += seconds[i]
-    firsts = set(long)
-    spread = sorted(long + middling, key=lambda i: (at[i], i not in firsts))
-    items[:] = [items[i] for i in spread + short]
+    """Sort `items` in place, longest expected first (ties keep collection order)."""
+    items.sort(key=lambda item: -expected_s(item, table))
 
 
 class Recorder:

@@ -19,19 +19,9 @@ def test_the_longest_test_goes_first_and_unknown_tests_by_their_kind():
     durations.longest_first(items, table)
     assert [i.nodeid for i in items] == [
         "notebooks/09-new.ipynb::09-new.ipynb",                 # a tutorial the table does not know: long
-        "tests/test_b.py::test_mid[x]",                         # middling: from the start of the long ones
         "tests/test_a.py::test_long@heavy",                     # xdist's group suffix ignored
+        "tests/test_b.py::test_mid[x]",
         "tests/test_a.py::test_short", "tests/test_a.py::test_other"]    # unknown: short, in collection order
-
-
-def test_middling_tests_are_spread_among_the_long_ones_and_short_ones_come_last():
-    table = {"t.py::long1": 40.0, "t.py::long2": 30.0, "t.py::long3": 20.0, "t.py::long4": 10.0,
-             "t.py::mid1": 6.0, "t.py::mid2": 4.0, "t.py::mid3": 2.0, "t.py::one": 1.2}
-    items = [item(n) for n in ["t.py::unknown", *sorted(table)]]
-    durations.longest_first(items, table)
-    # long ones start at 0, 0.4, 0.7, 0.9 of their 100 s; middling ones at 0, 0.5, 0.83 of their 12
-    assert [i.nodeid for i in items] == ["t.py::long1", "t.py::mid1", "t.py::long2", "t.py::mid2", "t.py::long3",
-                                         "t.py::mid3", "t.py::long4", "t.py::one", "t.py::unknown"]
 
 
 def test_a_group_suffix_is_dropped_but_not_a_parameter():
