@@ -25,8 +25,11 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
     plan = slowed(describe_scenario("loopback").replace(time_scale=1.0))    # mostly waiting
     lossy = plan.names[1]
     plan = plan.with_site(lossy, chunk_loss=0.15, chunk_late_s=2.0)
-    cfg = small_config(**{"train.rounds": rounds, "train.inner_steps": 10, "train.round_budget_s": 1.0,
-                          "schedule.deadline_s": 4.0, "recovery.late_policy": "zero-outside", "recovery.partial_deltas": True,
+    # tiny: enough chunks a round that 15 % loss leaves some parity group one member short, for the
+    # PS to rebuild (with micro's fewer chunks a busy run once rebuilt none)
+    cfg = small_config(**{"model.preset": "tiny", "train.rounds": rounds, "train.inner_steps": 10,
+                          "train.round_budget_s": 1.0, "schedule.deadline_s": 4.0,
+                          "recovery.late_policy": "zero-outside", "recovery.partial_deltas": True,
                           "recovery.loss_budget": 0.2, "recovery.reliable_rounds": 2, "schedule.quorum_wait_s": 1.0,
                           "recovery.critical_copies": True, "recovery.parity_share": 0.5,
                           "recovery.lanes": 0})    # the Session's path; over lanes, hedges: test_lanes.py
