@@ -138,8 +138,8 @@ def late_outcome(recovery: RecoveryConfig, late_round: int, committed: int, aggr
     if not late_policy.applies_late:
         return "dropped", f"{closed}; {policy}: a late delta is never applied ({late_policy.unapplied_fate()})"
     if counts_in >= rounds:         # deferred, it would wait for a commit that never comes
-        return "dropped", (f"{closed}, and it was the run's last round: there is no later commit to count "
-                           f"it in")
+        return "dropped", (f"{closed}, and the run's last round (round {rounds - 1}) has closed: there is no "
+                           f"later commit to count it in")
     if counts_in - late_round > MAX_STALENESS:
         return "dropped", (f"{closed}, and the next commit it could count in is round {counts_in}, more than "
                            f"{MAX_STALENESS} rounds later: too stale to apply")
