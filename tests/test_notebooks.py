@@ -60,15 +60,17 @@ def test_tutorial_sizes_go_through_the_switch(name):
 
 
 @pytest.mark.parametrize("quick", ["1", "0"])
-def test_a_panel_without_a_config_trains_on_smaller_batches_only_in_quick_mode(monkeypatch, quick):
+def test_a_panel_without_a_config_trains_a_smaller_model_on_smaller_batches_only_in_quick_mode(monkeypatch, quick):
     from wantrain.config import RunConfig
     from wantrain.ui.sizes import QUICK_ENV, panel_config
 
     monkeypatch.setenv(QUICK_ENV, quick)
     cfg, default = panel_config(), RunConfig()
-    sizes = (default.train.batch_size, default.model.block_size)
-    assert (cfg.train.batch_size, cfg.model.block_size) == ((4, 64) if quick == "1" else sizes)
-    assert cfg.replace(**{"train.batch_size": sizes[0], "model.block_size": sizes[1]}) == default   # nothing else
+    sizes = (default.train.batch_size, default.model.block_size, default.model.preset)
+    assert (cfg.train.batch_size, cfg.model.block_size, cfg.model.preset) == (
+        (4, 64, "micro") if quick == "1" else sizes)
+    assert cfg.replace(**{"train.batch_size": sizes[0], "model.block_size": sizes[1],
+                          "model.preset": sizes[2]}) == default   # nothing else
 
 
 def test_the_claims_check_catches_a_count_the_run_does_not_support():

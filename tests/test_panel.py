@@ -27,6 +27,8 @@ def test_panel_settings_become_the_config_and_bad_ones_name_the_problem(tmp_path
     panel = ControlPanel("three-sites", config=small_config(), run_root=tmp_path, rounds=3, inner_steps=7)
     cfg = panel.config()
     assert (cfg.train.rounds, cfg.train.inner_steps, cfg.num_sites) == (3, 7, 3)
+    assert cfg.model.preset == "micro"          # the config's model unless the panel is told another
+    assert ControlPanel("three-sites", config=small_config(), preset="tiny").config().model.preset == "tiny"
     assert cfg.sites == ("us-west", "eu-west", "ap-southeast") or list(cfg.sites) == ["us-west", "eu-west", "ap-southeast"]
     panel.work.value = "time budget"
     panel.budget.value = 4.5

@@ -50,7 +50,7 @@ class ControlPanel:
     """Widgets over one `Run` at a time; `start()`, `stop()` and the fault methods are what the
     buttons call, so code and clicks do the same thing."""
 
-    def __init__(self, scenario: str | Path = "three-sites", *, preset: str = "tiny", rounds: int = 8,
+    def __init__(self, scenario: str | Path = "three-sites", *, preset: str | None = None, rounds: int = 8,
                  inner_steps: int = 30, round_budget_s: float | None = None, codec: str = "int8-huffman",
                  config: RunConfig | None = None, run_root: str | Path = "runs", site_threads: int = 1,
                  restart_after_s: float = 2.0, python: str = sys.executable, ssh: dict | None = None) -> None:
@@ -76,7 +76,8 @@ class ControlPanel:
             row.log.on_click(lambda _, r=row: self.show_log(r.site))
 
         # ---- the run's settings
-        self.preset = W.Dropdown(options=sorted(PRESETS), value=preset, description="model")
+        # The model the config names unless told otherwise: a config's preset is never overridden unasked.
+        self.preset = W.Dropdown(options=sorted(PRESETS), value=preset or self.base.model.preset, description="model")
         self.rounds = W.BoundedIntText(rounds, min=1, max=100_000, description="rounds")
         self.work = W.ToggleButtons(options=["inner steps", "time budget"],
                                     value="time budget" if round_budget_s else "inner steps")
