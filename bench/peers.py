@@ -1,0 +1,208 @@
+"""wantrain against what its users would pick instead, on the same emulated WAN (issue 57; first arm: Flower).
+
+Every arm trains the same GPT (`tiny`, its seed), on the same data shards and batches, with the same
+inner AdamW steps, to the same target validation loss evaluated the same way (the PS's validation
+batches), read on the same wall-clock grid (bench/time_to_target.py's sizes and reader), and every
+site reaches its server through the same testbed link (`python -m testbed links`: the scenario's
+delay, bandwidth, loss and outages, one proxy per site). Bytes each way are read off those links for
+every arm alike (what crossed the emulated WAN, framing and control included).
+
+Arms:
+    wantrain-paper     wantrain as the DiLoCo paper ran it: fixed inner steps, fp32 deltas and updates,
+                       Nesterov outer step (time_to_target's diloco-fp32)
+    wantrain-best      wantrain's default: INT8 + Huffman both ways (time_to_target's diloco-int8-huffman)
+    flower-fedavgm     Flower (flwr, pinned in the peers' venv), its legacy server and clients over its gRPC
+                       stream: FedAvgM with DiLoCo's outer lr and momentum as server lr and momentum
+                       (heavy-ball, where DiLoCo's is Nesterov), each client running wantrain's inner loop
+                       for the same steps (bench/peers_flower.py); fp32 parameters whole each way
+
+Not built yet (issue 57): torchft and hivemind, which connect their peers directly and need the
+testbed's per-namespace delay; faults; `small`; the lossy scenario with outages.
+
+    make peers                                         # the peers' venv (.venv-peers), once
+    python bench/peers.py [--quick] [--seeds 3] [--scenario three-sites] [--arms flower-fedavgm,wantrain-paper]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save_to
+from time_to_target import SIZES, arm_config, run_events, summary
+
+from wantrain.launch.plan import RunPlan
+from wantrain.launch.run import describe_scenario
+from wantrain.telemetry import rows
+from wantrain.telemetry.compare import time_to_target
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+ARMS = {"wantrain-paper": "diloco-fp32", "wantrain-best": "diloco-int8-huffman", "flower-fedavgm": "diloco-fp32"}
+STARTUP_S = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def link_bytes(events: list[dict], until: float) -> tuple[int, int]:
+    """Bytes up and down over every site's link by time `until` (the links' last row before it)."""
+    last: dict[str, dict] = {}
+    for e in rows(events, "link"):
+        if e["t"] <= until:
+            last[e["site"]] = e
+    return sum(e["bytes_up"] for e in last.values()), sum(e["bytes_down"] for e in last.values())
+
+
+def _jsonl(path: Path) -> list[dict]:
+    """The lines of a JSON-lines file written by another process as it goes (a last, half-written line
+    is left for the next read)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out
+
+
+def _wait_file(path: Path, procs: list[subprocess.Popen], timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while not path.exists() or not path.stat().st_size:
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"{dead[0].args[:4]} exited with {dead[0].returncode} before {path.name} appeared")
+        if time.time() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def run_flower(size: dict, seed: int, scenario: str, folder: Path) -> list[dict]:
+    """Flower's run through the scenario's links, stopped at the target or cap_s after round 0 started;
+    its events (the server's and the links')."""
+    if not PEERS_PYTHON.exists():
+        raise SystemExit(f"{PEERS_PYTHON} is missing: `make peers` builds the peers' venv (flwr pinned there)")
+    plan = describe_scenario(scenario)
+    cfg = arm_config(ARMS["flower-fedavgm"], size, seed, list(plan.names))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(cfg.to_json())
+    (folder / "plan.json").write_text(plan.to_json())
+    events_file, links_log, listening = folder / "events.jsonl", folder / "links.jsonl", folder / "listening.json"
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    script = str(ROOT / "bench" / "peers_flower.py")
+    procs: list[subprocess.Popen] = []
+
+    def start(argv: list[str], name: str) -> subprocess.Popen:
+        log = open(folder / f"{name}.log", "wb")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                             start_new_session=True)
+        procs.append(p)
+        return p
+
+    try:
+        start([str(PEERS_PYTHON), script, "server", "--config", str(folder / "config.json"), "--port", str(port),
+               "--events", str(events_file)], "server")
+        start([sys.executable, "-m", "testbed", "links", "--plan", str(folder / "plan.json"),
+               "--target", f"127.0.0.1:{port}", "--listening", str(listening), "--log", str(links_log)], "links")
+        _wait_file(listening, procs, 60)
+        dials = {s.name: s.dial for s in RunPlan.read(listening).sites}
+        for k, name in enumerate(plan.names):
+            start([str(PEERS_PYTHON), script, "client", "--config", str(folder / "config.json"), "--site", name,
+                   "--index", str(k), "--server", str(dials[name])], f"client-{name}")
+        t0, started = time.time(), None
+        while True:
+            events = _jsonl(events_file)
+            if started is None and (s := rows(events, "round_start")):
+                started = s[0]["t"]
+            ends = rows(events, "round_end")
+            if ends and ends[-1]["val_loss"] <= size["target"]:
+                break
+            if started is not None and time.time() - started > size["cap_s"]:
+                break
+            if started is None and time.time() - t0 > STARTUP_S:
+                raise TimeoutError(f"Flower's round 0 did not start within {STARTUP_S:.0f} s: see {folder}")
+            if procs[0].poll() is not None:      # the server ended: every round done (or it failed)
+                if procs[0].returncode != 0:
+                    raise RuntimeError(f"Flower's server exited with {procs[0].returncode}: "
+                                       f"{(folder / 'server.log').read_text()[-2000:]}")
+                break
+            time.sleep(0.25)
+        time.sleep(2.5)         # the links' next row: bytes up to the last round's end
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+    return _jsonl(events_file) + _jsonl(links_log)
+
+
+def outcome_row(events: list[dict], size: dict) -> dict:
+    o = time_to_target(events, size["target"], size["cadence_s"])
+    if o is None:
+        raise RuntimeError("no round committed")
+    t_end = next((e["t"] for e in rows(events, "round_end") if e["round"] == o.round), events[-1]["t"])
+    up, down = link_bytes(events, t_end + 5.0)
+    return {"outcome": o, "link_up_mb": up / 1e6, "link_down_mb": down / 1e6}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="one seed of short runs")
+    p.add_argument("--seeds", type=int, help="seeds per arm (quick: 1, full: 3)")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--scenario", default="three-sites")
+    p.add_argument("--out", default="peers", help="result name under bench/results, or a path ending in .json")
+    args = p.parse_args()
+    size = dict(SIZES["quick" if args.quick else "full"])
+    arms = args.arms.split(",")
+    if unknown := set(arms) - set(ARMS):
+        p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    seeds = range(args.seeds or size["seeds"])
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="wantrain-peers-") as tmp:
+        for arm in arms:
+            measured = []
+            for seed in seeds:
+                folder = Path(tmp) / f"{arm}-{seed}"
+                events = (run_flower(size, seed, args.scenario, folder) if arm == "flower-fedavgm"
+                          else run_events(ARMS[arm], size, seed, args.scenario, Path(tmp), name=f"{arm}-{seed}"))
+                m = outcome_row(events, size)
+                o = m["outcome"]
+                measured.append(m)
+                print(f"{arm} seed {seed}: {'reached' if o.reached else 'did not reach'} {size['target']} at round "
+                      f"{o.round} after {o.time_s:.1f} s (val loss {o.val_loss:.4f}); over the links "
+                      f"{m['link_up_mb']:.2f} MB up, {m['link_down_mb']:.2f} MB down", flush=True)
+            results[arm] = {**summary([m["outcome"] for m in measured]),
+                            "link_up_mb": [round(m["link_up_mb"], 3) for m in measured],
+                            "link_down_mb": [round(m["link_down_mb"], 3) for m in measured]}
+    print(f"\n{args.scenario}: time to validation loss <= {size['target']} (median over the seeds that reached it)")
+    print(f"{'arm':<16} {'reached':>7} {'time s':>8} {'range s':>11} {'rounds':>8} {'MB up':>8} {'MB down':>8}")
+    for arm, r in results.items():
+        t = f"{r['time_s']:.1f}" if r["time_s"] is not None else "-"
+        spread = "{:.1f}-{:.1f}".format(*r["time_s_range"]) if r.get("time_s_range") else "-"
+        print(f"{arm:<16} {r['reached']:>7} {t:>8} {spread:>11} {','.join(map(str, r['rounds'])):>8} "
+              f"{sorted(r['link_up_mb'])[len(r['link_up_mb']) // 2]:>8.2f} "
+              f"{sorted(r['link_down_mb'])[len(r['link_down_mb']) // 2]:>8.2f}")
+    save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "target": size["target"],
+                       "seeds": len(seeds), "cadence_s": size["cadence_s"], "arms": results})
+
+
+if __name__ == "__main__":
+    main()
