@@ -10,7 +10,10 @@ every arm alike (what crossed the emulated WAN, framing and control included).
 Arms:
     wantrain-paper     wantrain as the DiLoCo paper ran it: fixed inner steps, fp32 deltas and updates,
                        Nesterov outer step (time_to_target's diloco-fp32)
-    wantrain-best      wantrain's default: INT8 + Huffman both ways (time_to_target's diloco-int8-huffman)
+    wantrain-default   wantrain's defaults: INT8 + Huffman both ways (time_to_target's diloco-int8-huffman)
+    wantrain-best      the fastest of time_to_target's arms on this scenario in its stored figures
+                       (bench/published/time_to_target.json: the adaptive controller on three-sites), chosen
+                       from those figures, not tuned to this run
     flower-fedavgm     Flower (flwr, pinned in the peers' venv), its legacy server and clients over its gRPC
                        stream: FedAvgM with DiLoCo's outer lr and momentum as server lr and momentum
                        (heavy-ball, where DiLoCo's is Nesterov), each client running wantrain's inner loop
@@ -37,16 +40,31 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_to
-from time_to_target import SIZES, arm_config, run_events, summary
+from time_to_target import SIZES, arm_config, budget_s, run_events, summary
 
+from wantrain.config import RunConfig
 from wantrain.launch.plan import RunPlan
 from wantrain.launch.run import describe_scenario
 from wantrain.telemetry import rows
+from wantrain.models import step_seconds
 from wantrain.telemetry.compare import time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
-ARMS = {"wantrain-paper": "diloco-fp32", "wantrain-best": "diloco-int8-huffman", "flower-fedavgm": "diloco-fp32"}
+ARMS = {"wantrain-paper": "diloco-fp32", "wantrain-default": "diloco-int8-huffman", "wantrain-best": "",
+        "flower-fedavgm": "diloco-fp32"}
+PUBLISHED = ROOT / "bench" / "published" / "time_to_target.json"
+
+
+def best_arm(scenario: str) -> str:
+    """time_to_target's arm with the lowest stored median time to the target on `scenario`."""
+    from wantrain.telemetry.compare import Spread, read_published
+
+    table = read_published(str(PUBLISHED))["scenarios"].get(scenario)
+    if not table:
+        raise SystemExit(f"{PUBLISHED} has no figures for {scenario!r}: wantrain-best cannot be chosen; "
+                         f"run bench/time_to_target.py --scenario {scenario} first")
+    return min(table, key=lambda arm: Spread.of(table[arm]).centre)
 STARTUP_S = 300.0
 
 
@@ -175,6 +193,12 @@ def main() -> None:
     if unknown := set(arms) - set(ARMS):
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     seeds = range(args.seeds or size["seeds"])
+    plan = describe_scenario(args.scenario)
+    step = step_seconds(RunConfig().model.preset, RunConfig().train.batch_size, RunConfig().model.block_size)
+    size["budget_s"] = budget_s(size, [s.speed_factor for s in plan.sites], step)   # for a time-budgeted best arm
+    chosen = {**ARMS, "wantrain-best": best_arm(args.scenario) if "wantrain-best" in arms else ""}
+    print(f"{args.scenario}: wantrain-best is time_to_target's {chosen['wantrain-best'] or '-'}; "
+          f"time budget {size['budget_s']:.2f} s where an arm has one", flush=True)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="wantrain-peers-") as tmp:
         for arm in arms:
@@ -182,7 +206,7 @@ def main() -> None:
             for seed in seeds:
                 folder = Path(tmp) / f"{arm}-{seed}"
                 events = (run_flower(size, seed, args.scenario, folder) if arm == "flower-fedavgm"
-                          else run_events(ARMS[arm], size, seed, args.scenario, Path(tmp), name=f"{arm}-{seed}"))
+                          else run_events(chosen[arm], size, seed, args.scenario, Path(tmp), name=f"{arm}-{seed}"))
                 m = outcome_row(events, size)
                 o = m["outcome"]
                 measured.append(m)
@@ -201,7 +225,8 @@ def main() -> None:
               f"{sorted(r['link_up_mb'])[len(r['link_up_mb']) // 2]:>8.2f} "
               f"{sorted(r['link_down_mb'])[len(r['link_down_mb']) // 2]:>8.2f}")
     save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "target": size["target"],
-                       "seeds": len(seeds), "cadence_s": size["cadence_s"], "arms": results})
+                       "seeds": len(seeds), "cadence_s": size["cadence_s"], "budget_s": size["budget_s"],
+                       "wantrain_best": chosen["wantrain-best"], "flower": "flwr 1.42.0", "arms": results})
 
 
 if __name__ == "__main__":
