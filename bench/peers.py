@@ -136,9 +136,10 @@ def run_flower(size: dict, seed: int, scenario: str, folder: Path) -> list[dict]
                "--target", f"127.0.0.1:{port}", "--listening", str(listening), "--log", str(links_log)], "links")
         _wait_file(listening, procs, 60)
         dials = {s.name: s.dial for s in RunPlan.read(listening).sites}
-        for k, name in enumerate(plan.names):
-            start([str(PEERS_PYTHON), script, "client", "--config", str(folder / "config.json"), "--site", name,
-                   "--index", str(k), "--server", str(dials[name])], f"client-{name}")
+        for k, site in enumerate(plan.sites):     # each on its machine's speed, as a wantrain site is
+            start([str(PEERS_PYTHON), script, "client", "--config", str(folder / "config.json"), "--site", site.name,
+                   "--index", str(k), "--server", str(dials[site.name]), "--speed-factor", str(site.speed_factor)],
+                  f"client-{site.name}")
         t0, started = time.time(), None
         while True:
             events = _jsonl(events_file)

@@ -4,12 +4,13 @@ Runs under the peers' own venv (`make peers`, `.venv-peers`): flwr pins `packagi
 project's venv does not allow, so Flower never shares a process with wantrain's PS or sites.
 
     python bench/peers_flower.py server --config CFG.json --port PORT --events EVENTS.jsonl
-    python bench/peers_flower.py client --config CFG.json --site NAME --index K --server HOST:PORT
+    python bench/peers_flower.py client --config CFG.json --site NAME --index K --server HOST:PORT [--speed-factor F]
 
 What is the same as a wantrain run of CFG: the model and its seed, each site's data shard and batches,
-the inner AdamW steps and their learning-rate schedule (wantrain.site.train.InnerLoop, whose optimizer
-state a client keeps from round to round as a wantrain site does), the validation batches and how the
-loss is computed (wantrain.ps.model.GlobalModel). What is Flower's: the transport (its gRPC stream,
+the speed of each site's machine (the scenario's speed factor), the inner AdamW steps and their
+learning-rate schedule (wantrain.site.train.InnerLoop, whose optimizer state a client keeps from round
+to round as a wantrain site does), the validation batches and how the loss is computed
+(wantrain.ps.model.GlobalModel). What is Flower's: the transport (its gRPC stream,
 the parameters sent whole as fp32 arrays each way), the rounds (a round waits for every client), and
 the outer step, FedAvgM: momentum v = m v + g, then w -= lr v with the server learning rate and
 momentum set to DiLoCo's outer lr and momentum; DiLoCo's outer step is Nesterov (w -= lr (g + m v)).
@@ -102,7 +103,7 @@ def client(args) -> int:
 
     cfg = _config(args.config)
     torch.set_num_threads(1)
-    inner = build_inner(cfg, args.index, 0, torch.device("cpu"), args.site)
+    inner = build_inner(cfg, args.index, 0, torch.device("cpu"), args.site, args.speed_factor)
     names = list(flat_copy(inner.model))
     tokens_per_step = cfg.train.batch_size * cfg.model.block_size
 
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--site", required=True)
     c.add_argument("--index", type=int, required=True)
     c.add_argument("--server", required=True)
+    c.add_argument("--speed-factor", type=float, default=1.0,
+                   help="the scenario's: pad each inner step to act like a machine this many times slower")
     args = p.parse_args(argv)
     return serve(args) if args.role == "server" else client(args)
 
