@@ -40,13 +40,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import save_to
-from time_to_target import SIZES, arm_config, budget_s, run_events, summary
+from time_to_target import SIZES, arm_config, run_events, set_budget, summary
 
-from wantrain.config import RunConfig
 from wantrain.launch.plan import RunPlan
 from wantrain.launch.run import describe_scenario
 from wantrain.telemetry import rows
-from wantrain.models import step_seconds
 from wantrain.telemetry.compare import time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,9 +192,7 @@ def main() -> None:
     if unknown := set(arms) - set(ARMS):
         p.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     seeds = range(args.seeds or size["seeds"])
-    plan = describe_scenario(args.scenario)
-    step = step_seconds(RunConfig().model.preset, RunConfig().train.batch_size, RunConfig().model.block_size)
-    size["budget_s"] = budget_s(size, [s.speed_factor for s in plan.sites], step)   # for a time-budgeted best arm
+    set_budget(size, describe_scenario(args.scenario))      # for a time-budgeted best arm
     chosen = {**ARMS, "wantrain-best": best_arm(args.scenario) if "wantrain-best" in arms else ""}
     print(f"{args.scenario}: wantrain-best is time_to_target's {chosen['wantrain-best'] or '-'}; "
           f"time budget {size['budget_s']:.2f} s where an arm has one", flush=True)

@@ -107,6 +107,14 @@ def budget_s(size: dict, speed_factors: list[float], step: float) -> float:
     return round(size["inner_steps"] * step * statistics.median(speed_factors), 2)
 
 
+def set_budget(size: dict, plan) -> float:
+    """Put a time-budgeted arm's budget for the scenario `plan` into `size`; this machine's step time."""
+    base = RunConfig()
+    step = step_seconds(base.model.preset, base.train.batch_size, base.model.block_size)
+    size["budget_s"] = budget_s(size, [s.speed_factor for s in plan.sites], step)
+    return step
+
+
 def arm_config(arm: str, size: dict, seed: int, sites: list[str]) -> RunConfig:
     """`size` holds what the harness chose for this scenario: its budget_s too, where an arm needs it."""
     spec = {**ARMS, **EXTRA_ARMS}[arm]
@@ -220,9 +228,7 @@ def main() -> None:
     seeds = range(args.seeds or size["seeds"])
     plan = describe_scenario(args.scenario)
     slowest = plan.names[-1]     # the scenario lists its slowest link last
-    base = RunConfig()
-    step = step_seconds(base.model.preset, base.train.batch_size, base.model.block_size)
-    size["budget_s"] = budget_s(size, [s.speed_factor for s in plan.sites], step)
+    step = set_budget(size, plan)
     print(f"{args.scenario}: an inner step takes {step * 1e3:.0f} ms here; time budget {size['budget_s']:.2f} s "
           f"({size['inner_steps']} steps of the median site); loss read every {size['cadence_s']} s", flush=True)
     results: dict[str, dict] = {}
