@@ -3,7 +3,7 @@
     handle = await backend.open(site, target=(ps_host, ps_port), up=trace, down=trace)
     handle.connect        (host, port) the site dials instead of the PS
     handle.exec_prefix    what to put before the site's command line (e.g. `ip netns exec ...`)
-    handle.proxy          the LinkProxy in the path (byte counts, resets)
+    handle.proxy          the LinkProxy in the path (byte counts, resets), if there is one
     handle.state(t)       the trace state in force
     await handle.close()
 
@@ -11,6 +11,11 @@
 `kernel` (root, Linux): the site runs in its own network namespace; htb and nftables do rate,
 loss and outages, following the trace; netem does delay where the kernel has it, else a
 LinkProxy on the host end of the veth adds the delay line (and still counts bytes, resets).
+`kernel-relay` (root, Linux): the kernel backend with no proxy at all; the delay relay (a TUN
+device per namespace, delay_relay.py) delays every packet the site sends, and the host forwards
+between sites: for systems whose sites connect to each other or speak anything but one TCP
+stream to a server (gloo, libp2p). The site dials the target itself, at the host's address on
+its veth when the target is on the host's loopback (the target must listen there too).
 The tcconfig backend shapes an interface of a real host instead (tcconfig_backend.py).
 """
 
@@ -27,28 +32,34 @@ from .kernel import KernelLink
 from .proxy import LinkProxy
 from .trace import LinkState, Trace
 
-__all__ = ["LinkHandle", "ProxyBackend", "KernelBackend", "BACKENDS", "get_backend", "without_rate"]
+__all__ = ["LinkHandle", "ProxyBackend", "KernelBackend", "KernelRelayBackend", "BACKENDS", "get_backend", "without_rate"]
 
 
 @dataclass
 class LinkHandle:
     site: str
     connect: tuple[str, int]
-    proxy: LinkProxy
+    proxy: LinkProxy | None
     up: Trace
     exec_prefix: list[str] = field(default_factory=list)
     kernel: KernelLink | None = None
+    down: Trace | None = None
+    t0: float = 0.0                 # the loop time the link's traces start at
     _follower: asyncio.Task | None = None
 
     def state(self, t: float) -> LinkState:
-        return self.proxy.state(self.up, t)
+        return self.proxy.state(self.up, t) if self.proxy else self.up.at(t)
+
+    def elapsed(self) -> float:
+        return asyncio.get_running_loop().time() - (self.proxy.t0 if self.proxy else self.t0)
 
     async def close(self) -> None:
         if self._follower:
             self._follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._follower
-        await self.proxy.stop()
+        if self.proxy:
+            await self.proxy.stop()
         if self.kernel:
             await asyncio.to_thread(self.kernel.destroy)
 
@@ -105,20 +116,40 @@ class KernelBackend:
     async def _follow(self, h: LinkHandle) -> None:
         assert h.kernel is not None          # a kernel link's handle always has one
         kernel = h.kernel
-        loop = asyncio.get_running_loop()
-        t0 = h.proxy.t0
         current = None
         while True:
-            st = h.state(loop.time() - t0)
-            want = (st.bandwidth_mbps if not st.down else kernel.rate_mbps, st.loss,
-                    kernel.delay_ms if kernel.needs_proxy_delay else st.delay_ms, st.down)
+            st = h.state(h.elapsed())
+            if h.down is not None:           # the relay carries both directions' delay
+                delay = (st.delay_ms + h.down.at(h.elapsed()).delay_ms) / 2
+            else:
+                delay = kernel.delay_ms if kernel.needs_proxy_delay else st.delay_ms
+            want = (st.bandwidth_mbps if not st.down else kernel.rate_mbps, st.loss, delay, st.down)
             if want != current:
                 await asyncio.to_thread(kernel.apply, *want)
                 current = want
             await asyncio.sleep(self.step_s)
 
 
-BACKENDS = {"proxy": ProxyBackend, "kernel": KernelBackend}
+class KernelRelayBackend(KernelBackend):
+    """The kernel backend with the delay relay in place of a proxy: nothing between the site and
+    what it dials but its own namespace's kernel, so any protocol and any peer is shaped."""
+
+    name = "kernel-relay"
+
+    async def open(self, site: str, target: tuple[str, int], up: Trace, down: Trace) -> LinkHandle:
+        st, st_down = up.at(0), down.at(0)
+        link = KernelLink(site, rate_mbps=st.bandwidth_mbps if st.bandwidth_mbps > 0 else math.inf, loss=st.loss,
+                          delay_ms=(st.delay_ms + st_down.delay_ms) / 2, relay=True, peer_to_peer=True)
+        await asyncio.to_thread(link.create)
+        host, port = target
+        connect = (link.host_ip if host in ("127.0.0.1", "localhost") else host, port)
+        handle = LinkHandle(site, connect, None, up, link.exec_prefix(), link, down,
+                            asyncio.get_running_loop().time())
+        handle._follower = asyncio.create_task(self._follow(handle))
+        return handle
+
+
+BACKENDS = {"proxy": ProxyBackend, "kernel": KernelBackend, "kernel-relay": KernelRelayBackend}
 
 
 def get_backend(name: str):

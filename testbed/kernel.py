@@ -9,7 +9,12 @@ site side `wt<k>s`, 10.231.k.2; our own test hosts, nothing else is ever address
     outage   nftables drops everything on the receiving side (dropping on the sender's own
              interface kills the TCP connection after about 8 s; on the receiver TCP just waits)
     delay    netem where the kernel has it; where it does not (this project's CI kernels), the
-             delay comes from the proxy's delay line placed in front (see `needs_proxy_delay`)
+             delay comes from the proxy's delay line placed in front (see `needs_proxy_delay`),
+             or, with `relay=True`, from the delay relay (delay_relay.py): every route in the
+             namespace leads to a TUN device whose reader holds each packet, then sends it out
+             on the veth; so any protocol, to any peer, is delayed, with no proxy in the path
+    peers    with `peer_to_peer=True` the host forwards between site namespaces (gloo, libp2p:
+             sites that connect to each other), and its loss and outage rules cover that traffic
 
 Every requested effect is read back from the kernel (`tc -j`, `nft -j`) and a missing one is an
 error that says which. `destroy()` (also on errors, and `cleanup_all()` for leftovers of a killed
@@ -25,6 +30,9 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
+
+from .delay_relay import DelayRelay
 
 __all__ = ["KernelLink", "KernelBackendError", "check_support", "netem_available", "cleanup_all", "htb_rates"]
 
@@ -103,10 +111,14 @@ class KernelLink:
     rate_mbps: float = math.inf
     loss: float = 0.0
     delay_ms: float = 0.0           # one way, each direction
+    relay: bool = False             # delay every packet by the TUN relay (no netem, no proxy needed)
+    peer_to_peer: bool = False      # the host forwards between sites' namespaces
 
     def __post_init__(self) -> None:
         self.k: int | None = None
         self.down = False
+        self._relay: DelayRelay | None = None
+        self._forwards = False          # this link holds the host's forwarding on
 
     # ---------------------------------------------------------------- names
     @property
@@ -134,8 +146,12 @@ class KernelLink:
         return f"{PREFIX}_{self.k}"
 
     @property
+    def tun_if(self) -> str:
+        return f"{PREFIX}{self.k}d"
+
+    @property
     def needs_proxy_delay(self) -> bool:
-        return self.delay_ms > 0 and not netem_available()
+        return self.delay_ms > 0 and not self.relay and not netem_available()
 
     def exec_prefix(self) -> list[str]:
         """Prefix a command line with this to run it inside the site's namespace."""
@@ -161,6 +177,13 @@ class KernelLink:
                 _run(where + ["nft", "add", "table", "inet", self.table])
                 _run(where + ["nft", "add", "chain", "inet", self.table, "input",
                               "{ type filter hook input priority -10; policy accept; }"])
+            if self.peer_to_peer:
+                _run(["nft", "add", "chain", "inet", self.table, "forward",
+                      "{ type filter hook forward priority -10; policy accept; }"])
+                _forwarding(+1)
+                self._forwards = True
+            if self.relay:
+                self._start_relay()
             self.apply(self.rate_mbps, self.loss, self.delay_ms, False)
         except Exception:
             self.destroy()
@@ -172,10 +195,33 @@ class KernelLink:
         end and the host table. Never raises; safe to call twice."""
         if self.k is None:
             return
+        if self._relay:
+            self._relay.stop()
+            self._relay = None
+        if self._forwards:
+            _forwarding(-1)
+            self._forwards = False
         _run(["nft", "delete", "table", "inet", self.table], check=False)
         _run(["ip", "link", "del", self.host_if], check=False)
         _run(["ip", "netns", "del", self.ns], check=False)
         self.k = None
+
+    def _start_relay(self) -> None:
+        """Every route of the namespace to the TUN device, whose reader (the relay) sends each
+        packet out on the veth when its delay is over."""
+        ns = ["ip", "-n", self.ns]
+        _run(ns + ["tuntap", "add", "dev", self.tun_if, "mode", "tun"])
+        _run(ns + ["link", "set", self.tun_if, "up", "mtu", "1500"])
+        # Replies come in on the veth while the route back leads to the TUN: no reverse-path check.
+        for conf in ("all", "default", self.site_if):
+            _run(self.exec_prefix() + ["sysctl", "-q", "-w", f"net.ipv4.conf.{conf}.rp_filter=0"])
+        _run(ns + ["route", "del", f"{SUBNET}.{self.k}.0/30", "dev", self.site_if])
+        _run(ns + ["route", "add", "default", "dev", self.tun_if, "src", self.site_ip])
+        mac = Path(f"/sys/class/net/{self.host_if}/address").read_text().strip()
+        try:
+            self._relay = DelayRelay(self.exec_prefix(), self.tun_if, self.site_if, mac, 2 * self.delay_ms)
+        except RuntimeError as e:
+            raise KernelBackendError(str(e)) from None
 
     def __enter__(self) -> KernelLink:
         return self.create()
@@ -187,7 +233,9 @@ class KernelLink:
     def apply(self, rate_mbps: float, loss: float, delay_ms: float, down: bool) -> None:
         """Put a link state in force (both directions), then check that the kernel has it."""
         self.rate_mbps, self.loss, self.delay_ms, self.down = rate_mbps, loss, delay_ms, down
-        kernel_delay = delay_ms if netem_available() else 0.0
+        kernel_delay = delay_ms if netem_available() and not self.relay else 0.0
+        if self._relay:         # the whole round trip's delay on the site's sending side
+            self._relay.set_delay(2 * delay_ms)
         for where, dev in (([], self.host_if), (self.exec_prefix(), self.site_if)):
             _run(where + ["tc", "qdisc", "del", "dev", dev, "root"], check=False)
             if not math.isinf(rate_mbps):
@@ -201,14 +249,18 @@ class KernelLink:
                 _run(where + ["tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{kernel_delay}ms"])
         # Receiving side of each direction: the site's namespace for the downlink, the host
         # (packets arriving from the site's veth) for the uplink.
-        for where, match in ((self.exec_prefix(), []), ([], ["iifname", self.host_if])):
-            _run(where + ["nft", "flush", "chain", "inet", self.table, "input"])
-            _run(where + ["nft", "add", "rule", "inet", self.table, "input", *match, "counter"])
+        # With peers, the host's forward hook is the receiving side of what a site sends another.
+        hooks = [(self.exec_prefix(), "input", []), ([], "input", ["iifname", self.host_if])]
+        if self.peer_to_peer:
+            hooks.append(([], "forward", ["iifname", self.host_if]))
+        for where, chain, match in hooks:
+            _run(where + ["nft", "flush", "chain", "inet", self.table, chain])
+            _run(where + ["nft", "add", "rule", "inet", self.table, chain, *match, "counter"])
             if down:
-                _run(where + ["nft", "add", "rule", "inet", self.table, "input", *match, "counter", "drop"])
+                _run(where + ["nft", "add", "rule", "inet", self.table, chain, *match, "counter", "drop"])
             elif loss > 0:
                 threshold = int(round(loss * 1_000_000))
-                _run(where + ["nft", "add", "rule", "inet", self.table, "input", *match, "numgen", "random",
+                _run(where + ["nft", "add", "rule", "inet", self.table, chain, *match, "numgen", "random",
                               "mod", "1000000", "<", str(threshold), "counter", "drop"])
         self.verify()
 
@@ -219,37 +271,56 @@ class KernelLink:
             kinds = {q.get("kind") for q in qdiscs}
             if not math.isinf(self.rate_mbps) and "htb" not in kinds:
                 raise KernelBackendError(f"rate limit on {dev} is not in place (qdiscs: {sorted(kinds)})")
-            if self.delay_ms > 0 and netem_available() and "netem" not in kinds:
+            if self.delay_ms > 0 and netem_available() and not self.relay and "netem" not in kinds:
                 raise KernelBackendError(f"netem delay on {dev} is not in place")
             if not math.isinf(self.rate_mbps):
                 rates = htb_rates(where, dev)
                 want = self.rate_mbps * 1e6
                 if not any(abs(r - want) <= 0.01 * want for r in rates):
                     raise KernelBackendError(f"htb on {dev} has rates {rates} bit/s, wanted {want:.0f}")
-        for where in (self.exec_prefix(), []):
-            rules = self._rules(where)
+        for where, chain in self._chains():
+            rules = self._rules(where, chain)
             drops = [r for r in rules if any("drop" in e for e in r["expr"])]
             if (self.down or self.loss > 0) != bool(drops):
                 raise KernelBackendError(f"nftables drop rule in {'the site namespace' if where else 'the host'} "
-                                         f"is {'missing' if not drops else 'left over'}")
+                                         f"({chain}) is {'missing' if not drops else 'left over'}")
+        if self._relay and not self._relay.alive:
+            raise KernelBackendError(f"the delay relay of {self.ns} has stopped (exit code {self._relay.proc.poll()})")
 
-    def _rules(self, where: list[str]) -> list[dict]:
-        out = json.loads(_run(where + ["nft", "-j", "list", "chain", "inet", self.table, "input"]).stdout)
+    def _chains(self) -> list[tuple[list[str], str]]:
+        return [(self.exec_prefix(), "input"), ([], "input")] + ([([], "forward")] if self.peer_to_peer else [])
+
+    def _rules(self, where: list[str], chain: str = "input") -> list[dict]:
+        out = json.loads(_run(where + ["nft", "-j", "list", "chain", "inet", self.table, chain]).stdout)
         return [x["rule"] for x in out["nftables"] if "rule" in x]
 
-    def counters(self) -> dict[str, tuple[int, int]]:
-        """Packets (seen, dropped) on the receiving side: {'downlink': ..., 'uplink': ...}."""
-        out = {}
-        for name, where in (("downlink", self.exec_prefix()), ("uplink", [])):
-            seen = dropped = 0
-            for r in self._rules(where):
-                packets = next((e["counter"]["packets"] for e in r["expr"] if "counter" in e), 0)
-                if any("drop" in e for e in r["expr"]):
-                    dropped = packets
-                else:
-                    seen = packets
-            out[name] = (seen, dropped)
-        return out
+    def counters(self, unit: str = "packets") -> dict[str, tuple[int, int]]:
+        """Packets (or `unit="bytes"`) (seen, dropped) on the receiving side of each direction:
+        {'downlink': ..., 'uplink': ...}; a site's traffic to other sites counts in its uplink."""
+        out = {"downlink": [0, 0], "uplink": [0, 0]}
+        for where, chain in self._chains():
+            counts = out["downlink" if where else "uplink"]
+            for r in self._rules(where, chain):
+                n = next((e["counter"][unit] for e in r["expr"] if "counter" in e), 0)
+                counts[1 if any("drop" in e for e in r["expr"]) else 0] += n
+        return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+_forwarders = 0
+_forwarding_was = "0"
+
+
+def _forwarding(change: int) -> None:
+    """Count links that need the host to forward between namespaces; on for the first, back to what
+    it was after the last."""
+    global _forwarders, _forwarding_was
+    sysctl = Path("/proc/sys/net/ipv4/ip_forward")
+    if change > 0 and _forwarders == 0:
+        _forwarding_was = sysctl.read_text().strip()
+        sysctl.write_text("1")
+    _forwarders += change
+    if change < 0 and _forwarders == 0:
+        sysctl.write_text(_forwarding_was)
 
 
 def cleanup_all() -> list[str]:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -77,9 +78,10 @@ def test_htb_rate_on_real_tcp_both_ways(mbps):
 
 @root_only
 @pytest.mark.timeout(240)
-def test_nftables_loss_rate_is_within_a_binomial_band():
+@pytest.mark.parametrize("relay", [False, True], ids=["veth", "relay"])
+def test_nftables_loss_rate_is_within_a_binomial_band(relay):
     p = 0.05
-    with KernelLink("loss", loss=p) as link:
+    with KernelLink("loss", loss=p, relay=relay) as link:
         transfer(link.exec_prefix(), link.site_ip, [], 3_000_000)
         seen, dropped = link.counters()["downlink"]
     assert seen > 1000
@@ -118,6 +120,48 @@ def test_everything_is_removed_also_after_a_failure():
     # A failing setup (an impossible rate) cleans up too, and says why.
     with pytest.raises(KernelBackendError):
         KernelLink("bad", rate_mbps=-5).create()
+    assert state() == ([], [], [])
+
+
+PING = """
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def ping():
+    t = time.monotonic(); s.sendall(b"p"); assert s.recv(1) == b"p"; return time.monotonic() - t
+print(min(ping() for _ in range(9)) * 1000)
+"""
+
+ECHO = """
+import socket, sys
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1); print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+while b := c.recv(1):
+    c.sendall(b)
+"""
+
+
+@root_only
+@pytest.mark.timeout(180)
+def test_the_relay_delays_what_sites_send_each_other_and_counts_it_as_the_senders_uplink():
+    forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text()
+    with KernelLink("a", delay_ms=20, relay=True, peer_to_peer=True) as a, \
+            KernelLink("b", delay_ms=5, relay=True, peer_to_peer=True) as b:
+        assert not a.needs_proxy_delay and Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() == "1"
+        echo = subprocess.Popen(a.exec_prefix() + [sys.executable, "-c", ECHO, a.site_ip], stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            port = echo.stdout.readline().strip()
+            ms = float(subprocess.run(b.exec_prefix() + [sys.executable, "-c", PING, a.site_ip, port],
+                                      capture_output=True, text=True, check=True, timeout=60).stdout)
+        finally:
+            echo.kill()
+            echo.wait()
+        b_up, b_down = b.counters("bytes")["uplink"], b.counters("bytes")["downlink"]
+    # Each side's whole round-trip delay leaves with what it sends: 2 x 20 + 2 x 5 ms.
+    assert 49 <= ms <= 62, ms
+    assert b_up[0] > 0 and b_down[0] > 0 and b_up[1] == b_down[1] == 0, (b_up, b_down)
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text() == forwarding     # as it was
     assert state() == ([], [], [])
 
 
