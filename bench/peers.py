@@ -1,4 +1,4 @@
-"""wantrain against what its users would pick instead, on the same emulated WAN (issue 57; first arm: Flower).
+"""wantrain against what its users would pick instead, on the same emulated WAN (issue 57: Flower, torchft).
 
 Every arm trains the same GPT (`tiny`, its seed), on the same data shards and batches, with the same
 inner AdamW steps, to the same target validation loss evaluated the same way (the PS's validation
@@ -18,9 +18,15 @@ Arms:
                        stream: FedAvgM with DiLoCo's outer lr and momentum as server lr and momentum
                        (heavy-ball, where DiLoCo's is Nesterov), each client running wantrain's inner loop
                        for the same steps (bench/peers_flower.py); fp32 parameters whole each way
+    torchft-diloco     torchft (pinned in the peers' venv): its lighthouse and one replica group per site,
+                       its DiLoCo (fp32 pseudo-gradient bucketized into one gloo allreduce, Nesterov outer
+                       step with DiLoCo's lr and momentum) around wantrain's inner loop (bench/peers_torchft.py).
+                       Its sites connect to each other, which no proxy can sit between: each site runs in its
+                       own network namespace behind the testbed's kernel-relay link (root): htb, nftables and
+                       the delay relay shape every packet; bytes are the kernel's counts (IP packets, headers
+                       included: about 4 % more than a proxy's payload counts for the same traffic)
 
-Not built yet (issue 57): torchft and hivemind, which connect their peers directly and need the
-testbed's per-namespace delay; faults; `small`; the lossy scenario with outages.
+Not built yet (issue 57): hivemind; faults; `small`; comm-bound and the lossy scenario with outages.
 
     make peers                                         # the peers' venv (.venv-peers), once
     python bench/peers.py [--quick] [--seeds 3] [--scenario three-sites] [--arms flower-fedavgm,wantrain-paper]
@@ -50,7 +56,8 @@ from wantrain.telemetry.compare import time_to_target
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 ARMS = {"wantrain-paper": "diloco-fp32", "wantrain-default": "diloco-int8-huffman", "wantrain-best": "",
-        "flower-fedavgm": "diloco-fp32"}
+        "flower-fedavgm": "diloco-fp32", "torchft-diloco": "diloco-fp32"}
+PEER_RUNNERS = {"flower-fedavgm": "run_flower", "torchft-diloco": "run_torchft"}
 PUBLISHED = ROOT / "bench" / "published" / "time_to_target.json"
 
 
@@ -170,6 +177,110 @@ def run_flower(size: dict, seed: int, scenario: str, folder: Path) -> list[dict]
     return _jsonl(events_file) + _jsonl(links_log)
 
 
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def _start(procs: list[subprocess.Popen], folder: Path, argv: list[str], name: str, env: dict) -> subprocess.Popen:
+    log = open(folder / f"{name}.log", "wb")
+    p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                         start_new_session=True)
+    procs.append(p)
+    return p
+
+
+def run_torchft(size: dict, seed: int, scenario: str, folder: Path) -> list[dict]:
+    """torchft's DiLoCo, a replica group per site, each site in its own namespace behind its
+    scenario link (the testbed's kernel-relay backend: root), stopped at the target or cap_s after
+    round 0 started. Its events: each site's, the evaluated global models' `round_end`, the links'."""
+    from testbed.kernel import site_end
+
+    from wantrain.data import load_run_data
+    from wantrain.ps.model import GlobalModel
+
+    if not PEERS_PYTHON.exists():
+        raise SystemExit(f"{PEERS_PYTHON} is missing: `make peers` builds the peers' venv (torchft pinned there)")
+    if os.geteuid() != 0:
+        raise SystemExit("torchft's sites connect to each other: each runs in its own network namespace, "
+                         "which needs root (the testbed's kernel-relay backend)")
+    import torch
+
+    plan = describe_scenario(scenario)
+    cfg = arm_config(ARMS["torchft-diloco"], size, seed, list(plan.names))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(cfg.to_json())
+    (folder / "plan.json").write_text(plan.to_json())
+    links_log, listening, port_file = folder / "links.jsonl", folder / "listening.json", folder / "lighthouse.port"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    script = str(ROOT / "bench" / "peers_torchft.py")
+    procs: list[subprocess.Popen] = []
+    tok, corpus = load_run_data(cfg.data)
+    model = GlobalModel(cfg, tok.vocab_size, corpus.val)
+    evaluated: list[dict] = []
+    try:
+        _start(procs, folder, [str(PEERS_PYTHON), script, "lighthouse", "--min-replicas", str(len(plan.sites)),
+                               "--port-file", str(port_file)], "lighthouse", env)
+        _wait_file(port_file, procs, 60)
+        port = int(port_file.read_text())
+        _start(procs, folder, [sys.executable, "-m", "testbed", "links", "--plan", str(folder / "plan.json"),
+                               "--backend", "kernel-relay", "--target", f"127.0.0.1:{port}",
+                               "--listening", str(listening), "--log", str(links_log)], "links", env)
+        _wait_file(listening, procs, 60)
+        for k, s in enumerate(RunPlan.read(listening).sites):
+            address, interface = site_end(s.host)
+            _start(procs, folder, [*s.exec_prefix, str(PEERS_PYTHON), script, "site", "--config",
+                                   str(folder / "config.json"), "--site", s.name, "--index", str(k),
+                                   "--lighthouse", f"http://{s.host}:{s.port}", "--address", address,
+                                   "--out", str(folder), "--sites", str(len(plan.sites)),
+                                   "--speed-factor", str(s.speed_factor)],
+                   f"site-{s.name}", {**env, "GLOO_SOCKET_IFNAME": interface})
+        t0, started = time.time(), None
+        while True:
+            events = [e for f in folder.glob("events-*.jsonl") for e in _jsonl(f)]
+            if started is None and (s0 := rows(events, "round_start")):
+                started = min(e["t"] for e in s0)
+            for snap in sorted(folder.glob("snap-*.pt"), key=lambda f: int(f.stem.split("-")[1])):
+                r = int(snap.stem.split("-")[1])
+                if any(e["round"] == r for e in evaluated):
+                    continue
+                state = torch.load(snap)
+                for name, t in state["model"].items():
+                    if name in model.views:
+                        model.views[name][...] = t.numpy().reshape(model.views[name].shape)
+                evaluated.append({"kind": "round_end", "t": state["t"], "round": r, "val_loss": model.evaluate(),
+                                  "wire_bytes": 0,
+                                  "sites": sorted({e["site"] for e in rows(events, "site_round")
+                                                   if e["round"] == r and e["committed"]})})
+            if evaluated and min(e["val_loss"] for e in evaluated) <= size["target"]:
+                break
+            if started is not None and time.time() - started > size["cap_s"]:
+                break
+            if started is None and time.time() - t0 > STARTUP_S:
+                raise TimeoutError(f"torchft's round 0 did not start within {STARTUP_S:.0f} s: see {folder}")
+            if all(p.poll() is not None for p in procs[2:]):
+                break               # every site ended: its rounds done (or failed: see the logs)
+            time.sleep(0.25)
+        time.sleep(2.5)             # the links' next row: bytes up to the last round's end
+    finally:
+        _stop(procs)
+    events = [e for f in folder.glob("events-*.jsonl") for e in _jsonl(f)]
+    for e in evaluated:                          # every site that committed the round, now all have said
+        e["sites"] = sorted({s["site"] for s in rows(events, "site_round") if s["round"] == e["round"] and s["committed"]})
+    starts = {}
+    for e in rows(events, "round_start"):        # a round starts when its first site starts it
+        starts[e["round"]] = min(starts.get(e["round"], e["t"]), e["t"])
+    return ([{"kind": "round_start", "t": t, "round": r} for r, t in sorted(starts.items())] + rows(events, "site_round")
+            + sorted(evaluated, key=lambda e: e["round"]) + _jsonl(links_log))
+
+
 def outcome_row(events: list[dict], size: dict) -> dict:
     o = time_to_target(events, size["target"], size["cadence_s"])
     if o is None:
@@ -202,7 +313,7 @@ def main() -> None:
             measured = []
             for seed in seeds:
                 folder = Path(tmp) / f"{arm}-{seed}"
-                events = (run_flower(size, seed, args.scenario, folder) if arm == "flower-fedavgm"
+                events = (globals()[PEER_RUNNERS[arm]](size, seed, args.scenario, folder) if arm in PEER_RUNNERS
                           else run_events(chosen[arm], size, seed, args.scenario, Path(tmp), name=f"{arm}-{seed}"))
                 m = outcome_row(events, size)
                 o = m["outcome"]

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
                                                        "link listens")
     ln.add_argument("--log", default=None, help="JSONL file of link telemetry")
     ln.add_argument("--control", default=None, help="file of JSON commands, one per line (outage now)")
+    ln.add_argument("--backend", default=None, choices=("proxy", "kernel", "kernel-relay"),
+                    help="instead of the scenario's (kernel-relay, root: each site in its own namespace, every "
+                         "packet delayed by the testbed's relay, no proxy; for peers that connect to each other)")
     sh = sub.add_parser("shape", help="shape one site's link on this host with tcconfig or htb (its plan entry "
                                       "names the backend and the interface), until stopped")
     sh.add_argument("--plan", required=True)

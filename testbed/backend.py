@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .kernel import KernelLink
-from .proxy import LinkProxy
+from .proxy import LinkProxy, LinkStats
 from .trace import LinkState, Trace
 
 __all__ = ["LinkHandle", "ProxyBackend", "KernelBackend", "KernelRelayBackend", "BACKENDS", "get_backend", "without_rate"]
@@ -37,6 +37,9 @@ __all__ = ["LinkHandle", "ProxyBackend", "KernelBackend", "KernelRelayBackend", 
 
 @dataclass
 class LinkHandle:
+    """One site's open link: where the site dials, what it runs under, and the link's state and counts
+    (from its proxy, or for a proxy-less kernel-relay link from its traces and the kernel's counters)."""
+
     site: str
     connect: tuple[str, int]
     proxy: LinkProxy | None
@@ -44,14 +47,54 @@ class LinkHandle:
     exec_prefix: list[str] = field(default_factory=list)
     kernel: KernelLink | None = None
     down: Trace | None = None
-    t0: float = 0.0                 # the loop time the link's traces start at
+    t0: float = 0.0                 # the loop time the link's traces start at (no proxy)
     _follower: asyncio.Task | None = None
+    _forced_down: tuple[float, float] | None = None     # (from, until) in link seconds (no proxy)
 
     def state(self, t: float) -> LinkState:
-        return self.proxy.state(self.up, t) if self.proxy else self.up.at(t)
+        """The uplink's state at link time t."""
+        return self.states(t)[0]
+
+    def states(self, t: float) -> tuple[LinkState, LinkState]:
+        """(up, down) at link time t: the traces', unless an outage was forced."""
+        down_trace = self.down or self.up
+        if self.proxy:
+            return self.proxy.state(self.up, t), self.proxy.state(down_trace, t)
+        up, down = self.up.at(t), down_trace.at(t)
+        if self._forced_down is not None and self._forced_down[0] <= t < self._forced_down[1]:
+            up, down = LinkState(up.delay_ms, 0.0, up.loss), LinkState(down.delay_ms, 0.0, down.loss)
+        return up, down
 
     def elapsed(self) -> float:
         return asyncio.get_running_loop().time() - (self.proxy.t0 if self.proxy else self.t0)
+
+    def force_outage(self, duration_s: float) -> None:
+        """Take the link down now for duration_s seconds (both directions), on top of its traces."""
+        if self.proxy:
+            return self.proxy.force_outage(duration_s)
+        if not 0 < duration_s <= 200:
+            raise ValueError(f"an outage lasts (0, 200] s, got {duration_s}")
+        now = self.elapsed()
+        self._forced_down = (now, now + duration_s)
+
+    def reset(self) -> int:
+        """Abort the link's connections (a proxy's); a kernel-relay link has none of its own: 0."""
+        return self.proxy.reset() if self.proxy else 0
+
+    def stats(self) -> LinkStats:
+        """Bytes each way and connections: the proxy's (payload), or the kernel's (IP packets, seen
+        on the receiving side of each direction)."""
+        if self.proxy:
+            return self.proxy.stats
+        assert self.kernel is not None          # a link has a proxy or a kernel link
+        counts = self.kernel.counters("bytes")
+        return LinkStats(bytes_up=counts["uplink"][0], bytes_down=counts["downlink"][0])
+
+    def retrace(self, up: Trace, down: Trace) -> None:
+        """Follow these traces from now on (the PS moved)."""
+        if self.proxy:
+            self.proxy.up, self.proxy.down = up, down
+        self.up, self.down = up, down
 
     async def close(self) -> None:
         if self._follower:
@@ -70,7 +113,7 @@ class ProxyBackend:
     async def open(self, site: str, target: tuple[str, int], up: Trace, down: Trace) -> LinkHandle:
         proxy = LinkProxy(target, up, down, name=site)
         port = await proxy.start()
-        return LinkHandle(site, ("127.0.0.1", port), proxy, up)
+        return LinkHandle(site, ("127.0.0.1", port), proxy, up, down=down)
 
 
 def without_rate(t: Trace) -> Trace:
@@ -109,7 +152,7 @@ class KernelBackend:
         except Exception:
             await asyncio.to_thread(link.destroy)
             raise
-        handle = LinkHandle(site, (link.host_ip, port), proxy, up, link.exec_prefix(), link)
+        handle = LinkHandle(site, (link.host_ip, port), proxy, up, link.exec_prefix(), link, down)
         handle._follower = asyncio.create_task(self._follow(handle))
         return handle
 
@@ -118,9 +161,9 @@ class KernelBackend:
         kernel = h.kernel
         current = None
         while True:
-            st = h.state(h.elapsed())
-            if h.down is not None:           # the relay carries both directions' delay
-                delay = (st.delay_ms + h.down.at(h.elapsed()).delay_ms) / 2
+            st, st_down = h.states(h.elapsed())
+            if h.proxy is None:              # the relay carries both directions' delay
+                delay = (st.delay_ms + st_down.delay_ms) / 2
             else:
                 delay = kernel.delay_ms if kernel.needs_proxy_delay else st.delay_ms
             want = (st.bandwidth_mbps if not st.down else kernel.rate_mbps, st.loss, delay, st.down)

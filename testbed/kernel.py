@@ -34,7 +34,8 @@ from pathlib import Path
 
 from .delay_relay import DelayRelay
 
-__all__ = ["KernelLink", "KernelBackendError", "check_support", "netem_available", "cleanup_all", "htb_rates"]
+__all__ = ["KernelLink", "KernelBackendError", "check_support", "netem_available", "cleanup_all", "htb_rates",
+           "site_end"]
 
 PREFIX = "wt"
 SUBNET = "10.231"
@@ -94,6 +95,15 @@ def netem_available() -> bool:
     return _netem
 
 
+def site_end(host_ip: str) -> tuple[str, str]:
+    """(address, interface) of the site's end of the veth whose host end has `host_ip`: what a
+    program inside the namespace advertises to its peers, and binds (gloo's GLOO_SOCKET_IFNAME)."""
+    m = re.fullmatch(rf"{re.escape(SUBNET)}\.(\d+)\.1", host_ip)
+    if not m:
+        raise KernelBackendError(f"{host_ip} is not the host end of a kernel link ({SUBNET}.K.1)")
+    return f"{SUBNET}.{m.group(1)}.2", f"{PREFIX}{m.group(1)}s"
+
+
 def _free_index() -> int:
     used = set(_run(["ip", "-o", "link", "show"]).stdout.split())
     for k in range(1, 250):
@@ -119,6 +129,9 @@ class KernelLink:
         self.down = False
         self._relay: DelayRelay | None = None
         self._forwards = False          # this link holds the host's forwarding on
+        self._applied: tuple[float, float, float, bool] | None = None     # what apply() last put in force
+        self._applied_rules = False
+        self._carried: dict[tuple[str, str], list[int]] = {}     # counts of rules since flushed
 
     # ---------------------------------------------------------------- names
     @property
@@ -161,6 +174,7 @@ class KernelLink:
     def create(self) -> KernelLink:
         check_support()
         self.k = _free_index()
+        self._applied, self._applied_rules, self._carried = None, False, {}
         try:
             _run(["ip", "netns", "add", self.ns])
             _run(["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.site_if, "netns", self.ns])
@@ -231,11 +245,24 @@ class KernelLink:
 
     # ---------------------------------------------------------------- shaping
     def apply(self, rate_mbps: float, loss: float, delay_ms: float, down: bool) -> None:
-        """Put a link state in force (both directions), then check that the kernel has it."""
+        """Put a link state in force (both directions), then check that the kernel has it. Only what
+        changed is redone: a trace moves its delay every step, which the relay takes in stride."""
+        before = self._applied
         self.rate_mbps, self.loss, self.delay_ms, self.down = rate_mbps, loss, delay_ms, down
+        self._applied = (rate_mbps, loss, delay_ms, down)
         kernel_delay = delay_ms if netem_available() and not self.relay else 0.0
         if self._relay:         # the whole round trip's delay on the site's sending side
             self._relay.set_delay(2 * delay_ms)
+        redo_tc = before is None or before[0] != rate_mbps or (kernel_delay > 0 and before[2] != delay_ms)
+        redo_nft = before is None or (before[1], before[3]) != (loss, down)
+        if redo_tc:
+            self._apply_tc(rate_mbps, kernel_delay)
+        if redo_nft:
+            self._apply_nft(loss, down)
+        if redo_tc or redo_nft:
+            self.verify()
+
+    def _apply_tc(self, rate_mbps: float, kernel_delay: float) -> None:
         for where, dev in (([], self.host_if), (self.exec_prefix(), self.site_if)):
             _run(where + ["tc", "qdisc", "del", "dev", dev, "root"], check=False)
             if not math.isinf(rate_mbps):
@@ -247,13 +274,16 @@ class KernelLink:
                                   f"{kernel_delay}ms"])
             elif kernel_delay > 0:
                 _run(where + ["tc", "qdisc", "add", "dev", dev, "root", "netem", "delay", f"{kernel_delay}ms"])
+
+    def _apply_nft(self, loss: float, down: bool) -> None:
         # Receiving side of each direction: the site's namespace for the downlink, the host
-        # (packets arriving from the site's veth) for the uplink.
-        # With peers, the host's forward hook is the receiving side of what a site sends another.
-        hooks = [(self.exec_prefix(), "input", []), ([], "input", ["iifname", self.host_if])]
-        if self.peer_to_peer:
-            hooks.append(([], "forward", ["iifname", self.host_if]))
-        for where, chain, match in hooks:
+        # (packets arriving from the site's veth) for the uplink; with peers, the host's forward
+        # hook is the receiving side of what a site sends another. The counts so far are kept.
+        if self._applied_rules:
+            self._carried = self._counts()
+        self._applied_rules = True
+        for where, chain in self._chains():
+            match = ["iifname", self.host_if] if not where else []
             _run(where + ["nft", "flush", "chain", "inet", self.table, chain])
             _run(where + ["nft", "add", "rule", "inet", self.table, chain, *match, "counter"])
             if down:
@@ -262,7 +292,6 @@ class KernelLink:
                 threshold = int(round(loss * 1_000_000))
                 _run(where + ["nft", "add", "rule", "inet", self.table, chain, *match, "numgen", "random",
                               "mod", "1000000", "<", str(threshold), "counter", "drop"])
-        self.verify()
 
     def verify(self) -> None:
         """Read the shaping back from the kernel; raise naming any effect that is not in place."""
@@ -294,16 +323,23 @@ class KernelLink:
         out = json.loads(_run(where + ["nft", "-j", "list", "chain", "inet", self.table, chain]).stdout)
         return [x["rule"] for x in out["nftables"] if "rule" in x]
 
+    def _counts(self) -> dict[tuple[str, str], list[int]]:
+        """{(unit, direction): [seen, dropped]} since create(), rule flushes included."""
+        out = {k: list(v) for k, v in self._carried.items()}
+        for where, chain in self._chains():
+            direction = "downlink" if where else "uplink"
+            for r in self._rules(where, chain):
+                counter: dict = next((e["counter"] for e in r["expr"] if "counter" in e), {})
+                for unit in ("packets", "bytes"):
+                    counts = out.setdefault((unit, direction), [0, 0])
+                    counts[1 if any("drop" in e for e in r["expr"]) else 0] += counter.get(unit, 0)
+        return out
+
     def counters(self, unit: str = "packets") -> dict[str, tuple[int, int]]:
         """Packets (or `unit="bytes"`) (seen, dropped) on the receiving side of each direction:
         {'downlink': ..., 'uplink': ...}; a site's traffic to other sites counts in its uplink."""
-        out = {"downlink": [0, 0], "uplink": [0, 0]}
-        for where, chain in self._chains():
-            counts = out["downlink" if where else "uplink"]
-            for r in self._rules(where, chain):
-                n = next((e["counter"][unit] for e in r["expr"] if "counter" in e), 0)
-                counts[1 if any("drop" in e for e in r["expr"]) else 0] += n
-        return {k: (v[0], v[1]) for k, v in out.items()}
+        counts = self._counts()
+        return {d: (counts.get((unit, d), [0, 0])[0], counts.get((unit, d), [0, 0])[1]) for d in ("downlink", "uplink")}
 
 
 _forwarders = 0

@@ -68,17 +68,19 @@ def moved(sc: Scenario, ps_region: str, handles: dict) -> Scenario:
     except KeyError as e:
         raise ValueError(str(e).strip("'\"")) from None
     for name, (up, down) in traces.items():
-        proxy = handles[name].proxy
         if next(s for s in sc.sites if s.name == name).backend == "kernel":    # its host's htb does the rate
             up, down = without_rate(up), without_rate(down)
-        proxy.up, proxy.down = up, down
+        handles[name].retrace(up, down)
     return there
 
 
 async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_file: Path | None,
-                    interval_s: float = 0.1, stop: asyncio.Event | None = None, control: Path | None = None) -> None:
+                    interval_s: float = 0.1, stop: asyncio.Event | None = None, control: Path | None = None,
+                    backend_name: str | None = None) -> None:
+    """`backend_name` overrides the scenario's (`kernel-relay`: no proxy, for peers that connect to
+    each other; bench/peers.py)."""
     stop = stop or asyncio.Event()
-    backend = get_backend(sc.backend)
+    backend = get_backend(backend_name or sc.backend)
     handles = {}
     try:
         for site in sc.sites:
@@ -94,12 +96,11 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
         for h in handles.values():
             await h.close()
         raise
-    proxies = {name: h.proxy for name, h in handles.items()}
     t0 = time.time()
     listening = plan_of(sc, handles)
     listening.write(plan_file)
     log = open(log_file, "a", buffering=1) if log_file else None
-    was_down = {name: False for name in proxies}
+    was_down = {name: False for name in handles}
     spikes_seen: set = set()
     resets_due = {s.name: sorted(r * sc.time_scale for r in s.resets) for s in sc.sites}
     tick = 0
@@ -115,39 +116,39 @@ async def run_links(sc: Scenario, target: tuple[str, int], plan_file: Path, log_
         while not stop.is_set():
             now = time.time()
             for cmd in commands.read():
-                p = proxies.get(str(cmd.get("site")))
+                target_link = handles.get(str(cmd.get("site")))
                 try:
                     if "ps_region" in cmd:
                         sc = moved(sc, str(cmd["ps_region"]), handles)
                         write({"kind": "ps_moved", "t": now, "ps_region": sc.ps_region,
-                               "rtt_ms": {s.name: sc.rtt_ms(s) for s in sc.sites if s.name in proxies}})
+                               "rtt_ms": {s.name: sc.rtt_ms(s) for s in sc.sites if s.name in handles}})
                         continue
-                    if p is None:
+                    if target_link is None:
                         raise ValueError(f"no link {cmd.get('site')!r}")
-                    p.force_outage(float(cmd["outage_s"]))
+                    target_link.force_outage(float(cmd["outage_s"]))
                     forced.add(cmd["site"])
                 except (ValueError, KeyError, TypeError) as e:   # a bad command is logged, never fatal
                     write({"kind": "command_error", "t": now, "command": cmd, "error": str(e)})
-            for name, p in proxies.items():
-                el = p.elapsed()
-                up, down = p.state(p.up, el), p.state(p.down, el)
+            for name, h in handles.items():
+                el = h.elapsed()
+                up, down = h.states(el)
                 if up.down != was_down[name]:
                     write({"kind": "outage_start" if up.down else "outage_end", "t": now, "site": name,
                            **({"forced": True} if name in forced else {})})
                     was_down[name] = up.down
                     if not up.down:
                         forced.discard(name)
-                for ev in p.up.events:
-                    if isinstance(ev, Spike) and ev.start_s <= el % p.up.duration_s < ev.start_s + ev.duration_s \
+                for ev in h.up.events:
+                    if isinstance(ev, Spike) and ev.start_s <= el % h.up.duration_s < ev.start_s + ev.duration_s \
                             and (name, ev) not in spikes_seen:
                         spikes_seen.add((name, ev))
                         write({"kind": "spike", "t": now, "site": name, "extra_delay_ms": ev.extra_delay_ms})
                 while resets_due[name] and el >= resets_due[name][0]:
                     resets_due[name].pop(0)
-                    write({"kind": "reset", "t": now, "site": name, "connections": p.reset()})
-                s = p.stats
+                    write({"kind": "reset", "t": now, "site": name, "connections": h.reset()})
                 if tick % 5:   # events are checked every tick, link rows written every fifth
                     continue
+                s = h.stats()
                 write({"kind": "link", "t": now, "site": name, "delay_up_ms": up.delay_ms,
                        "delay_down_ms": down.delay_ms, "trace_rtt_ms": up.delay_ms + down.delay_ms,
                        "bandwidth_mbps": None if math.isinf(up.bandwidth_mbps) else up.bandwidth_mbps,
@@ -177,7 +178,7 @@ def main_links(args) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await run_links(sc, (host, int(port)), Path(args.listening), Path(args.log) if args.log else None,
-                        stop=stop, control=Path(args.control) if args.control else None)
+                        stop=stop, control=Path(args.control) if args.control else None, backend_name=args.backend)
 
     asyncio.run(go())
     return 0

@@ -118,3 +118,53 @@ def test_outage(backend):
         # Real packets are dropped, so real TCP backs off its retransmission timer during the
         # outage and resumes at the next timer after it: up to about the outage length later.
         assert 1.8 <= gap <= 4.2, gap
+
+
+SEND = r"""
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+s.sendall(b"\0" * int(sys.argv[3])); s.shutdown(socket.SHUT_WR); s.recv(1)
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel backend needs root (CI runs as root)")
+def test_the_links_runner_drives_kernel_relay_links_and_counts_their_bytes(tmp_path):
+    """`python -m testbed links --backend kernel-relay`, in process: the plan says where each site
+    runs (its namespace) and dials (the host's end of its veth), and the link rows count what the
+    site sent, read off the kernel (no proxy to count it)."""
+    import dataclasses
+    from pathlib import Path
+
+    from testbed.links import run_links
+    from testbed.scenario import load_scenario
+    from wantrain.launch.plan import RunPlan
+
+    sc = load_scenario("three-sites")
+    sc = dataclasses.replace(sc, sites=sc.sites[:1])
+    plan, log = tmp_path / "plan.json", tmp_path / "links.jsonl"
+
+    async def go() -> None:
+        server, port = await echo_server("0.0.0.0")
+        stop = asyncio.Event()
+        links = asyncio.create_task(run_links(sc, ("127.0.0.1", port), plan, log, stop=stop,
+                                              backend_name="kernel-relay"))
+        try:
+            while not plan.exists() and not links.done():
+                await asyncio.sleep(0.05)
+            site = RunPlan.read(plan).sites[0]
+            assert site.exec_prefix[:3] == ("ip", "netns", "exec") and site.host.startswith("10.231.")
+            proc = await asyncio.create_subprocess_exec(*site.exec_prefix, sys.executable, "-c", SEND, site.host,
+                                                        str(site.port), "300000")
+            assert await asyncio.wait_for(proc.wait(), 60) == 0
+            await asyncio.sleep(1.0)            # the next link row
+        finally:
+            stop.set()
+            await links
+            server.close()
+
+    asyncio.run(go())
+    rows = [json.loads(line) for line in Path(log).read_text().splitlines()]
+    last = [r for r in rows if r["kind"] == "link"][-1]
+    assert last["bytes_up"] >= 300_000 and last["bytes_down"] > 0, last
+    assert 0 < last["trace_rtt_ms"] and last["resets"] == 0, last
