@@ -111,8 +111,9 @@ bench: $(STAMP)
 	if [ "$(LARGE)" = 1 ]; then $(BIN)/python bench/large_model.py --preset llama3-1b --push; fi
 	$(BIN)/python bench/table.py
 
-# The peers' venv for bench/peers.py (Flower; wantrain itself, editable, for the clients' inner loop):
-# apart from .venv, whose pins it cannot share (flwr wants packaging < 26). Not part of `make test`.
+# The peers' venv for bench/peers.py (Flower, torchft, hivemind; wantrain itself, editable, for their
+# sites' inner loop): apart from .venv, whose pins it cannot share (flwr wants packaging < 26). Not
+# part of `make test`.
 PEERS := .venv-peers
 peers: $(PEERS)/.installed
 $(PEERS)/.installed: pyproject.toml constraints.txt

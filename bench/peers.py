@@ -26,7 +26,11 @@ Arms:
                        the delay relay shape every packet; bytes are the kernel's counts (IP packets, headers
                        included: about 4 % more than a proxy's payload counts for the same traffic)
 
-Not built yet (issue 57): hivemind; faults; `small`; comm-bound and the lossy scenario with outages.
+    hivemind-diloco    hivemind (pinned in the peers' venv; its wheel carries its p2pd daemon): DiLoCo over its
+                       DHT and DecentralizedAverager, every site in the group (bench/peers_hivemind.py), fp32,
+                       Nesterov outer step; sites in namespaces as torchft's
+
+Not built yet (issue 57): faults; `small`; comm-bound and the lossy scenario with outages.
 
     make peers                                         # the peers' venv (.venv-peers), once
     python bench/peers.py [--quick] [--seeds 3] [--scenario three-sites] [--arms flower-fedavgm,wantrain-paper]
@@ -56,8 +60,7 @@ from wantrain.telemetry.compare import time_to_target
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
 ARMS = {"wantrain-paper": "diloco-fp32", "wantrain-default": "diloco-int8-huffman", "wantrain-best": "",
-        "flower-fedavgm": "diloco-fp32", "torchft-diloco": "diloco-fp32"}
-PEER_RUNNERS = {"flower-fedavgm": "run_flower", "torchft-diloco": "run_torchft"}
+        "flower-fedavgm": "diloco-fp32", "torchft-diloco": "diloco-fp32", "hivemind-diloco": "diloco-fp32"}
 PUBLISHED = ROOT / "bench" / "published" / "time_to_target.json"
 
 
@@ -197,51 +200,58 @@ def _start(procs: list[subprocess.Popen], folder: Path, argv: list[str], name: s
     return p
 
 
-def run_torchft(size: dict, seed: int, scenario: str, folder: Path) -> list[dict]:
-    """torchft's DiLoCo, a replica group per site, each site in its own namespace behind its
-    scenario link (the testbed's kernel-relay backend: root), stopped at the target or cap_s after
-    round 0 started. Its events: each site's, the evaluated global models' `round_end`, the links'."""
+def run_in_namespaces(arm: str, size: dict, seed: int, scenario: str, folder: Path) -> list[dict]:
+    """A peer whose sites connect to each other (torchft, hivemind): each site in its own network
+    namespace behind its scenario link (the testbed's kernel-relay backend: root), stopped at the
+    target or cap_s after round 0 started. Its events: each site's, the evaluated global models'
+    `round_end`, the links'."""
     from testbed.kernel import site_end
 
     from wantrain.data import load_run_data
     from wantrain.ps.model import GlobalModel
 
     if not PEERS_PYTHON.exists():
-        raise SystemExit(f"{PEERS_PYTHON} is missing: `make peers` builds the peers' venv (torchft pinned there)")
+        raise SystemExit(f"{PEERS_PYTHON} is missing: `make peers` builds the peers' venv ({arm}'s pins are there)")
     if os.geteuid() != 0:
-        raise SystemExit("torchft's sites connect to each other: each runs in its own network namespace, "
+        raise SystemExit(f"{arm}'s sites connect to each other: each runs in its own network namespace, "
                          "which needs root (the testbed's kernel-relay backend)")
     import torch
 
     plan = describe_scenario(scenario)
-    cfg = arm_config(ARMS["torchft-diloco"], size, seed, list(plan.names))
+    cfg = arm_config(ARMS[arm], size, seed, list(plan.names))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(cfg.to_json())
     (folder / "plan.json").write_text(plan.to_json())
     links_log, listening, port_file = folder / "links.jsonl", folder / "listening.json", folder / "lighthouse.port"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    script = str(ROOT / "bench" / "peers_torchft.py")
     procs: list[subprocess.Popen] = []
     tok, corpus = load_run_data(cfg.data)
     model = GlobalModel(cfg, tok.vocab_size, corpus.val)
     evaluated: list[dict] = []
     try:
-        _start(procs, folder, [str(PEERS_PYTHON), script, "lighthouse", "--min-replicas", str(len(plan.sites)),
-                               "--port-file", str(port_file)], "lighthouse", env)
-        _wait_file(port_file, procs, 60)
-        port = int(port_file.read_text())
+        target_port = 9                     # nothing listens: hivemind's sites dial only each other
+        if arm == "torchft-diloco":         # its lighthouse, on the host: every site dials it
+            _start(procs, folder, [str(PEERS_PYTHON), str(ROOT / "bench" / "peers_torchft.py"), "lighthouse",
+                                   "--min-replicas", str(len(plan.sites)), "--port-file", str(port_file)],
+                   "lighthouse", env)
+            _wait_file(port_file, procs, 60)
+            target_port = int(port_file.read_text())
         _start(procs, folder, [sys.executable, "-m", "testbed", "links", "--plan", str(folder / "plan.json"),
-                               "--backend", "kernel-relay", "--target", f"127.0.0.1:{port}",
+                               "--backend", "kernel-relay", "--target", f"127.0.0.1:{target_port}",
                                "--listening", str(listening), "--log", str(links_log)], "links", env)
         _wait_file(listening, procs, 60)
+        services = len(procs)
         for k, s in enumerate(RunPlan.read(listening).sites):
+            assert s.host is not None, f"the links wrote no address for {s.name}"
             address, interface = site_end(s.host)
-            _start(procs, folder, [*s.exec_prefix, str(PEERS_PYTHON), script, "site", "--config",
-                                   str(folder / "config.json"), "--site", s.name, "--index", str(k),
-                                   "--lighthouse", f"http://{s.host}:{s.port}", "--address", address,
-                                   "--out", str(folder), "--sites", str(len(plan.sites)),
-                                   "--speed-factor", str(s.speed_factor)],
-                   f"site-{s.name}", {**env, "GLOO_SOCKET_IFNAME": interface})
+            common = ["--config", str(folder / "config.json"), "--site", s.name, "--index", str(k), "--address",
+                      address, "--out", str(folder), "--sites", str(len(plan.sites)), "--speed-factor",
+                      str(s.speed_factor)]
+            argv = ([str(ROOT / "bench" / "peers_torchft.py"), "site", *common, "--lighthouse",
+                     f"http://{s.host}:{s.port}"] if arm == "torchft-diloco"
+                    else [str(ROOT / "bench" / "peers_hivemind.py"), *common])
+            _start(procs, folder, [*s.exec_prefix, str(PEERS_PYTHON), *argv], f"site-{s.name}",
+                   {**env, "GLOO_SOCKET_IFNAME": interface})
         t0, started = time.time(), None
         while True:
             events = [e for f in folder.glob("events-*.jsonl") for e in _jsonl(f)]
@@ -256,16 +266,14 @@ def run_torchft(size: dict, seed: int, scenario: str, folder: Path) -> list[dict
                     if name in model.views:
                         model.views[name][...] = t.numpy().reshape(model.views[name].shape)
                 evaluated.append({"kind": "round_end", "t": state["t"], "round": r, "val_loss": model.evaluate(),
-                                  "wire_bytes": 0,
-                                  "sites": sorted({e["site"] for e in rows(events, "site_round")
-                                                   if e["round"] == r and e["committed"]})})
+                                  "wire_bytes": 0})
             if evaluated and min(e["val_loss"] for e in evaluated) <= size["target"]:
                 break
             if started is not None and time.time() - started > size["cap_s"]:
                 break
             if started is None and time.time() - t0 > STARTUP_S:
-                raise TimeoutError(f"torchft's round 0 did not start within {STARTUP_S:.0f} s: see {folder}")
-            if all(p.poll() is not None for p in procs[2:]):
+                raise TimeoutError(f"{arm}'s round 0 did not start within {STARTUP_S:.0f} s: see {folder}")
+            if all(p.poll() is not None for p in procs[services:]):
                 break               # every site ended: its rounds done (or failed: see the logs)
             time.sleep(0.25)
         time.sleep(2.5)             # the links' next row: bytes up to the last round's end
@@ -274,7 +282,7 @@ def run_torchft(size: dict, seed: int, scenario: str, folder: Path) -> list[dict
     events = [e for f in folder.glob("events-*.jsonl") for e in _jsonl(f)]
     for e in evaluated:                          # every site that committed the round, now all have said
         e["sites"] = sorted({s["site"] for s in rows(events, "site_round") if s["round"] == e["round"] and s["committed"]})
-    starts = {}
+    starts: dict[int, float] = {}
     for e in rows(events, "round_start"):        # a round starts when its first site starts it
         starts[e["round"]] = min(starts.get(e["round"], e["t"]), e["t"])
     return ([{"kind": "round_start", "t": t, "round": r} for r, t in sorted(starts.items())] + rows(events, "site_round")
@@ -313,8 +321,12 @@ def main() -> None:
             measured = []
             for seed in seeds:
                 folder = Path(tmp) / f"{arm}-{seed}"
-                events = (globals()[PEER_RUNNERS[arm]](size, seed, args.scenario, folder) if arm in PEER_RUNNERS
-                          else run_events(chosen[arm], size, seed, args.scenario, Path(tmp), name=f"{arm}-{seed}"))
+                if arm == "flower-fedavgm":
+                    events = run_flower(size, seed, args.scenario, folder)
+                elif arm in ("torchft-diloco", "hivemind-diloco"):
+                    events = run_in_namespaces(arm, size, seed, args.scenario, folder)
+                else:
+                    events = run_events(chosen[arm], size, seed, args.scenario, Path(tmp), name=f"{arm}-{seed}")
                 m = outcome_row(events, size)
                 o = m["outcome"]
                 measured.append(m)

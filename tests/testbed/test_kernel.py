@@ -78,10 +78,10 @@ def test_htb_rate_on_real_tcp_both_ways(mbps):
 
 @root_only
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("relay", [False, True], ids=["veth", "relay"])
-def test_nftables_loss_rate_is_within_a_binomial_band(relay):
+def test_nftables_loss_rate_is_within_a_binomial_band():
+    # With the delay relay in the path (the same nftables rule as without; the relay must add no loss).
     p = 0.05
-    with KernelLink("loss", loss=p, relay=relay) as link:
+    with KernelLink("loss", loss=p, relay=True) as link:
         transfer(link.exec_prefix(), link.site_ip, [], 3_000_000)
         seen, dropped = link.counters()["downlink"]
     assert seen > 1000
