@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--sites", type=int, required=True)
     p.add_argument("--speed-factor", type=float, default=1.0)
-    p.add_argument("--matchmaking-s", type=float, default=1.0)
+    p.add_argument("--matchmaking-s", type=float, default=2.0)
     p.add_argument("--step-timeout-s", type=float, default=300.0)
     args = p.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)      # `kill -USR1` prints where a stuck site is
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     averager = hivemind.DecentralizedAverager([torch.zeros_like(q) for q in params], dht, start=True,
                                               prefix="wantrain_diloco", target_group_size=args.sites,
                                               min_group_size=args.sites, min_matchmaking_time=args.matchmaking_s,
-                                              request_timeout=10.0)
+                                              request_timeout=0.75 * args.matchmaking_s)   # below it, as hivemind asks
     outer = torch.optim.SGD(params, lr=cfg.train.outer_lr, momentum=cfg.train.outer_momentum, nesterov=True)
     tokens_per_step = cfg.train.batch_size * cfg.model.block_size
     log("join")
