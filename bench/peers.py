@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -57,7 +58,7 @@ from time_to_target import SIZES, arm_config, run_events, set_budget, summary
 from wantrain.launch.plan import RunPlan
 from wantrain.launch.run import describe_scenario
 from wantrain.telemetry import rows
-from wantrain.telemetry.compare import time_to_target
+from wantrain.telemetry.compare import Outcome, time_to_target
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
@@ -287,9 +288,11 @@ def run_in_namespaces(arm: str, size: dict, seed: int, scenario: str, folder: Pa
 
 
 def outcome_row(events: list[dict], size: dict) -> dict:
+    """The run against the target; a run that committed no round (hivemind's first group that never
+    formed) is a run that did not reach it, at the cap, its loss unknown (NaN), its bytes counted."""
     o = time_to_target(events, size["target"], size["cadence_s"])
     if o is None:
-        raise RuntimeError("no round committed")
+        o = Outcome(size["target"], False, -1, size["cap_s"], math.nan, 0.0, 0.0)
     t_end = next((e["t"] for e in rows(events, "round_end") if e["round"] == o.round), events[-1]["t"])
     up, down = link_bytes(events, t_end + 5.0)
     return {"outcome": o, "link_up_mb": up / 1e6, "link_down_mb": down / 1e6}
