@@ -82,12 +82,13 @@ def test_a_site_rejoining_over_a_stalled_download_catches_up(tmp_path):
     enough for a and c to commit at least two rounds; b loads the model of its Welcome, applies
     every update since, and trains on with a hash equal to the PS's. A model of 44 MB, so the PS's
     download is still in flight when the rounds commit (a small one fits in gRPC's buffers).
-    Rounds are 2 s compute budgets, not a number of steps, so that the 12 s stall spans a few
+    Rounds are 2 s compute budgets, not a number of steps, so that the 18 s stall spans a few
     rounds and leaves a few after it however fast or busy the machine is (with fixed steps, a
     faster PS round once let a and c finish all 10 rounds inside the stall). Each site computes a
     quarter of its budget and waits the rest (`--speed-factor 4`): rounds last as long, the machine
-    does a quarter of the training (this test is about the download, not the steps)."""
-    rounds = 9
+    does a quarter of the training (this test is about the download, not the steps). With a 12 s
+    stall and 9 rounds, a make test beside a busy core saw rounds of over 6 s: one round in the stall."""
+    rounds = 11
     cfg = small_config(sites=["a", "b", "c"], **{
         "model.preset": "small", "train.rounds": rounds, "train.inner_steps": 4, "train.round_budget_s": 2.0,
         "schedule.quorum_wait_s": 0.5, "schedule.deadline_min_s": 30.0, "schedule.deadline_initial_s": 120.0})
@@ -98,7 +99,7 @@ def test_a_site_rejoining_over_a_stalled_download_catches_up(tmp_path):
             c.start_site(name)
         c.wait_event("round_end", round=0)
         killed = c.kill(c.sites["b"])
-        c.start_site("b", "--stall", "download=12")
+        c.start_site("b", "--stall", "download=18")
         events = c.finish(timeout=280)
     finally:
         c.close()
