@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
+
+from peer_site import SiteRecord
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,10 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     inner = build_inner(cfg, args.index, 0, torch.device("cpu"), args.site, args.speed_factor)
     params = [q for q in inner.model.parameters() if q.requires_grad]
     out = Path(args.out)
-    events = open(out / f"events-{args.site}.jsonl", "a", buffering=1)
-
-    def log(kind: str, **fields) -> None:
-        events.write(json.dumps({"kind": kind, "t": time.time(), "site": args.site, **fields}) + "\n")
+    record = SiteRecord(out, args.site)
+    log = record.log
 
     with socket.socket() as probe:              # hivemind announces an explicit port, never 0
         probe.bind((args.address, 0))
@@ -83,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                                               request_timeout=0.75 * args.matchmaking_s)   # below it, as hivemind asks
     outer = torch.optim.SGD(params, lr=cfg.train.outer_lr, momentum=cfg.train.outer_momentum, nesterov=True)
     tokens_per_step = cfg.train.batch_size * cfg.model.block_size
-    log("join")
-    while sum('"join"' in f.read_text() for f in out.glob("events-*.jsonl")) < args.sites:
-        time.sleep(0.05)                          # round 0 starts once every site is ready
+    record.join_and_wait(args.sites)      # round 0 starts once every site is ready
     for r in range(cfg.train.rounds):
         log("round_start", round=r)
         start = [q.detach().clone() for q in params]
@@ -106,12 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         log("site_round", round=r, steps=seg.steps, tokens=seg.steps * tokens_per_step, compute_s=seg.compute_s,
             committed=committed, participants=len(group) if group else 1, wire_bytes=0)
         if committed:
-            snap = out / f"snap-{r}.pt"
-            if not snap.exists():
-                tmp = out / f".snap-{r}-{args.site}.pt"
-                torch.save({"t": time.time(), "round": r, "site": args.site,
-                            "model": {k: v.detach().clone() for k, v in inner.model.state_dict().items()}}, tmp)
-                tmp.rename(snap)
+            record.save_committed(r, inner.model)
     log("leave")
     averager.shutdown()
     dht.shutdown()

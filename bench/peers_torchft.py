@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import json
 import signal
 import socket
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+from peer_site import SiteRecord
 
 
 def _config(path: str):
@@ -77,10 +78,8 @@ def site(args) -> int:
     inner = build_inner(cfg, args.index, 0, torch.device("cpu"), args.site, args.speed_factor)
     model = inner.model
     out = Path(args.out)
-    events = open(out / f"events-{args.site}.jsonl", "a", buffering=1)
-
-    def log(kind: str, **fields) -> None:
-        events.write(json.dumps({"kind": kind, "t": time.time(), "site": args.site, **fields}) + "\n")
+    record = SiteRecord(out, args.site)
+    log = record.log
 
     class RoundMarker(torch.optim.Optimizer):
         """A step that changes nothing: DiLoCo's hooks on it run the round's outer sync."""
@@ -110,11 +109,7 @@ def site(args) -> int:
                             nesterov=True)
     marker = RoundMarker(model.parameters())
     tokens_per_step = cfg.train.batch_size * cfg.model.block_size
-    log("join")
-    # Round 0 starts once every site is ready, as a wantrain PS opens it once its sites have joined
-    # (and Flower's server once its clients have): a site that imports torch faster waits here.
-    while sum('"join"' in f.read_text() for f in out.glob("events-*.jsonl")) < args.sites:
-        time.sleep(0.05)
+    record.join_and_wait(args.sites)      # round 0 starts once every site is ready
     # Bucketized: one allreduce for the whole pseudo-gradient. Unbucketized, each tensor is an allreduce
     # of its own, a few round trips each: 45 s rounds on three-sites, for 2-3 s of compute.
     with DiLoCo(manager, [model], marker, outer, sync_every=1, backup_device=torch.device("cpu"),
@@ -129,12 +124,7 @@ def site(args) -> int:
                 compute_s=seg.compute_s, committed=committed, participants=manager.num_participants(),
                 wire_bytes=0)                              # bench/peers.py reads bytes off the links
             if committed:
-                snap = out / f"snap-{r}.pt"
-                if not snap.exists():
-                    tmp = out / f".snap-{r}-{args.site}.pt"
-                    torch.save({"t": time.time(), "round": r, "site": args.site,
-                                "model": {k: v.detach().clone() for k, v in model.state_dict().items()}}, tmp)
-                    tmp.rename(snap)
+                record.save_committed(r, model)
     log("leave")
     manager.shutdown(wait=False)
     return 0
