@@ -75,4 +75,8 @@ def test_late_chunks_count_in_two_parts_and_every_replica_agrees(tmp_path):
     rebuilt = marks["chunks rebuilt from parity"]
     assert set(rebuilt.y) == {lossy} and len(rebuilt.x) == sum(e["rebuilt"] > 0 for e in mine)
     others = [n for n in plan.names if n != lossy]
-    assert all(set(others) <= set(e["sites"]) for e in ends)           # the others were never held back
+    # The others were never held back by it: one is missing from a round only where it was late itself (a
+    # busy machine's), or not counted on from the round's start because it was late before
+    late = {(e["round"], e["site"]) for e in rows(events, "late_delta")}
+    missing = [(e["round"], n) for e in ends for n in others if n not in e["sites"]]
+    assert all(m in late or m[1] not in starts[m[0]]["sites"] for m in missing), (missing, late)
