@@ -71,6 +71,9 @@ def best_arm(scenario: str) -> str:
     """time_to_target's arm with the lowest stored median time to the target on `scenario`."""
     from wantrain.telemetry.compare import Spread, read_published
 
+    from testbed.scenario import load_scenario
+
+    scenario = load_scenario(scenario).name          # a file's scenario: by the name it gives itself
     table = read_published(str(PUBLISHED))["scenarios"].get(scenario)
     if not table:
         raise SystemExit(f"{PUBLISHED} has no figures for {scenario!r}: wantrain-best cannot be chosen; "
@@ -287,6 +290,27 @@ def run_in_namespaces(arm: str, size: dict, seed: int, scenario: str, folder: Pa
             + sorted(evaluated, key=lambda e: e["round"]) + _jsonl(links_log))
 
 
+def outage_outcomes(events: list[dict]) -> list[dict]:
+    """For each outage of a site's link (the links' `outage_start` / `outage_end`): how long it was
+    dark, how many rounds committed meanwhile (0: the run waited for it), and how long after its link
+    came back a committed round counted it again (None: none did before the run stopped; `ended`
+    says whether any round committed after the outage at all)."""
+    ends = rows(events, "round_end")
+    out = []
+    for start in rows(events, "outage_start"):
+        site = start["site"]
+        if not ends or start["t"] > ends[-1]["t"]:
+            continue                    # it began after the run's last round: the run had stopped
+        stop = next((e["t"] for e in rows(events, "outage_end") if e["site"] == site and e["t"] >= start["t"]),
+                    ends[-1]["t"])      # (no end: the links stopped while it was dark)
+        back = next((e for e in ends if e["t"] > stop and site in e.get("sites", ())), None)
+        out.append({"site": site, "dark_s": round(stop - start["t"], 1),
+                    "rounds_during": sum(1 for e in ends if start["t"] < e["t"] <= stop),
+                    "back_s": None if back is None else round(back["t"] - stop, 1),
+                    "ended": any(e["t"] > stop for e in ends)})
+    return out
+
+
 def outcome_row(events: list[dict], size: dict) -> dict:
     """The run against the target; a run that committed no round (hivemind's first group that never
     formed) is a run that did not reach it, at the cap, its loss unknown (NaN), its bytes counted."""
@@ -295,7 +319,7 @@ def outcome_row(events: list[dict], size: dict) -> dict:
         o = Outcome(size["target"], False, -1, size["cap_s"], math.nan, 0.0, 0.0)
     t_end = next((e["t"] for e in rows(events, "round_end") if e["round"] == o.round), events[-1]["t"])
     up, down = link_bytes(events, t_end + 5.0)
-    return {"outcome": o, "link_up_mb": up / 1e6, "link_down_mb": down / 1e6}
+    return {"outcome": o, "link_up_mb": up / 1e6, "link_down_mb": down / 1e6, "outages": outage_outcomes(events)}
 
 
 def main() -> None:
@@ -333,9 +357,15 @@ def main() -> None:
                 print(f"{arm} seed {seed}: {'reached' if o.reached else 'did not reach'} {size['target']} at round "
                       f"{o.round} after {o.time_s:.1f} s (val loss {o.val_loss:.4f}); over the links "
                       f"{m['link_up_mb']:.2f} MB up, {m['link_down_mb']:.2f} MB down", flush=True)
+                for d in m["outages"]:
+                    back = (f"counted again {d['back_s']:.1f} s after its link came back" if d["back_s"] is not None
+                            else "not counted again before the run stopped")
+                    print(f"    {d['site']} dark {d['dark_s']:.0f} s: {d['rounds_during']} rounds committed meanwhile; "
+                          f"{back}", flush=True)
             results[arm] = {**summary([m["outcome"] for m in measured]),
                             "link_up_mb": [round(m["link_up_mb"], 3) for m in measured],
-                            "link_down_mb": [round(m["link_down_mb"], 3) for m in measured]}
+                            "link_down_mb": [round(m["link_down_mb"], 3) for m in measured],
+                            "outages": [m["outages"] for m in measured]}
     print(f"\n{args.scenario}: time to validation loss <= {size['target']} (median over the seeds that reached it)")
     print(f"{'arm':<16} {'reached':>7} {'time s':>8} {'range s':>11} {'rounds':>8} {'MB up':>8} {'MB down':>8}")
     for arm, r in results.items():

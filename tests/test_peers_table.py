@@ -1,0 +1,36 @@
+"""bench/peers.py's reading of a run, from the events any arm writes (wantrain's PS, Flower's server,
+the namespaced peers' evaluated rounds, and the links' rows): what the table says of an outage. The
+runs themselves need the peers' venv and root (`make peers`; docs/peers.md), so they are the bench's."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))           # bench/peers.py
+import peers  # noqa: E402
+
+
+def _ends(*rounds):
+    return [{"kind": "round_end", "t": t, "round": r, "val_loss": 3.0, "sites": sites} for r, t, sites in rounds]
+
+
+def test_an_outage_the_run_went_on_through_and_the_site_came_back_from():
+    events = [{"kind": "outage_start", "t": 10.0, "site": "c"}, {"kind": "outage_end", "t": 20.0, "site": "c"},
+              *_ends((0, 5.0, ["a", "b", "c"]), (1, 12.0, ["a", "b"]), (2, 18.0, ["a", "b"]),
+                     (3, 21.0, ["a", "b"]), (4, 24.5, ["a", "b", "c"]))]
+    assert peers.outage_outcomes(events) == [{"site": "c", "dark_s": 10.0, "rounds_during": 2, "back_s": 4.5,
+                                              "ended": True}]
+
+
+def test_a_run_that_waited_for_the_dark_site_and_one_that_stopped_before_it_was_back():
+    waited = [{"kind": "outage_start", "t": 10.0, "site": "c"}, {"kind": "outage_end", "t": 20.0, "site": "c"},
+              *_ends((0, 9.0, ["a", "b", "c"]), (1, 23.0, ["a", "b", "c"]))]
+    assert peers.outage_outcomes(waited) == [{"site": "c", "dark_s": 10.0, "rounds_during": 0, "back_s": 3.0,
+                                              "ended": True}]
+    stopped = [{"kind": "outage_start", "t": 10.0, "site": "c"}, {"kind": "outage_end", "t": 20.0, "site": "c"},
+               *_ends((0, 9.0, ["a", "b", "c"]), (1, 15.0, ["a", "b"]))]
+    assert peers.outage_outcomes(stopped) == [{"site": "c", "dark_s": 10.0, "rounds_during": 1, "back_s": None,
+                                               "ended": False}]      # the run stopped while it was dark
+    later = [*stopped, *_ends((2, 21.0, ["a", "b"]))]
+    assert peers.outage_outcomes(later) == [{"site": "c", "dark_s": 10.0, "rounds_during": 1, "back_s": None,
+                                             "ended": True}]
