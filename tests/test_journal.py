@@ -71,6 +71,35 @@ def test_a_restarted_ps_replays_the_journal_bit_identically(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_a_round_committed_but_not_logged_is_logged_by_the_replay(tmp_path):
+    """A PS stopped between a round's commit (its journal record) and its round_end event: the PS
+    that replays the round logs the event as the commit measured it, once, marked replayed."""
+    cfg = small_config(num_sites=2, **{"train.rounds": 6, "train.checkpoint_every": 3})
+
+    async def scenario():
+        ps = ParameterServer(cfg, run_dir=tmp_path)
+        a, b = enter(ps, Join("a")), enter(ps, Join("b"))
+        for r in range(2):
+            await play_round(ps, [a, b], seed=10 * r)
+        ps.recorder.close()
+        log = tmp_path / "events.jsonl"
+        lines = log.read_text().splitlines(keepends=True)
+        (cut,) = [i for i, ln in enumerate(lines) if '"kind":"round_end"' in ln and '"round":1,' in ln]
+        lost = json.loads(lines[cut])
+        log.write_text("".join(lines[:cut]))             # the stop came before round 1's event was written
+        again = ParameterServer(cfg, run_dir=tmp_path)
+        again.recorder.close()
+        ends = [json.loads(ln) for ln in log.read_text().splitlines() if '"kind":"round_end"' in ln]
+        assert [e["round"] for e in ends] == [0, 1] and ends[1]["replayed"] is True and "replayed" not in ends[0]
+        skip = ("v", "seq", "t", "elapsed_s", "replayed")
+        assert {k: v for k, v in ends[1].items() if k not in skip} == {k: v for k, v in lost.items() if k not in skip}
+        ParameterServer(cfg, run_dir=tmp_path).recorder.close()          # a second restart logs it no more
+        assert sum('"kind":"round_end"' in ln for ln in log.read_text().splitlines()) == 2
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(120)
 def test_updates_the_controller_sent_in_int4_replay_bit_identically(tmp_path):
     """Once a site is link-bound the adaptive controller sends every update in int4 + Huffman
     (ps/controller.py); the journal records that, and a restarted PS replays those rounds exactly."""

@@ -258,22 +258,23 @@ class Committer:
             log.warning("alert: %s", alert["message"])
         aggregate_s = time.time() - t0
         self.ledger.advance(result.model_hash, result.val_loss)
+        recovered = recovery(self.cfg.recovery.late_policy, close, missing, len(self.model.plan),
+                             counted_chunks, side)
+        framed = await asyncio.to_thread(framed_bytes, update)
+        end = round_end(round_, result, stats, verdicts, accepted, missed, closed_s, time.time() - started_at,
+                        aggregate_s, recovered, framed)
         if self.journal is not None:      # the commit point: durable before anyone hears of the round
             chunks = {**counted_chunks, **{k: frozenset(range(len(self.model.plan))) - up.counted
                                            for k, up in accepted_stale.items() if up.counted}}
             record = commit_record(self.ledger, self.screen, self.check, round_, parts, side, verdicts,
                                    {**{k: up.round for k, up in used.items()}, **dict.fromkeys(counted_chunks, round_)},
                                    self.cfg.recovery.late_policy, chunks, set(counted_chunks), update_mode)
-            await asyncio.to_thread(self.journal.commit, record)
+            # with its round_end event: a PS stopped before it logged the event logs it when it replays the round
+            await asyncio.to_thread(self.journal.commit, {**record, "round_end": end})
+        self.recorder.emit("round_end", **end)
         finished = self.ledger.round >= self.cfg.train.rounds
         if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
             self.checkpoints.start()
-        recovered = recovery(self.cfg.recovery.late_policy, close, missing, len(self.model.plan),
-                             counted_chunks, side)
-        framed = await asyncio.to_thread(framed_bytes, update)
-        self.recorder.emit("round_end", **round_end(round_, result, stats, verdicts, accepted, missed,
-                                                    closed_s, time.time() - started_at, aggregate_s,
-                                                    recovered, framed))
         tail = 0
         if split:
             update, tail = await asyncio.to_thread(self._split, round_, update)

@@ -91,10 +91,11 @@ def commit_record(ledger: Ledger, screen: Screen, check: CommitCheck, round_: in
 
 
 def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen, check: CommitCheck,
-           catchup: Catchup) -> int:
-    """Apply the journal's rounds after the loaded full state; returns how many. Each must give the
-    parameter hash it recorded (CheckpointError otherwise: the journal belongs to other parameters).
-    The replayed rounds' updates go to `catchup`, for sites that come back holding an earlier model."""
+           catchup: Catchup) -> list[dict]:
+    """Apply the journal's rounds after the loaded full state; returns their commit records. Each
+    must give the parameter hash it recorded (CheckpointError otherwise: the journal belongs to other
+    parameters). The replayed rounds' updates go to `catchup`, for sites that come back holding an
+    earlier model."""
     records = journal.commits_from(ledger.round)
     for rec in records:
         if rec["run_id"] != ledger.run_id:
@@ -123,7 +124,7 @@ def replay(journal: Journal, ledger: Ledger, model: GlobalModel, screen: Screen,
         keys = [parse_key(c["key"]) for c in rec["contributions"] if not c.get("missing")]   # the result, as sent
         catchup.add(rec["round"], msgs, RoundResult(rec["round"], model_hash, tuple(s for s, r in keys if r is None),
                                                     ledger.val_loss, tuple(s for s, r in keys if r is not None)))
-    return len(records)
+    return records
 
 
 def come_up(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, check: CommitCheck,
@@ -150,7 +151,13 @@ def come_up(cfg: RunConfig, ledger: Ledger, model: GlobalModel, screen: Screen, 
             checkpoints.write(snapshot(cfg, ledger, model, screen, check))
         return catchup
     if journal is not None and (replayed := replay(journal, ledger, model, screen, check, catchup)):
-        log.info("replayed %d journaled round(s) after the checkpoint of round %d", replayed, ledger.round - replayed)
+        log.info("replayed %d journaled round(s) after the checkpoint of round %d", len(replayed),
+                 ledger.round - len(replayed))
+        # A PS stopped between a round's commit and its round_end event: the event, as the commit measured it
+        logged = {e["round"] for e in recorder.rows("round_end")}
+        for rec in replayed:
+            if rec["round"] not in logged and "round_end" in rec:
+                recorder.emit("round_end", **rec["round_end"], replayed=True)
     recorder.emit("restart", round=ledger.round, run_id=ledger.run_id)
     log.info("resumed run %s from its checkpoint at round %d (%s)", ledger.run_id, ledger.round, ledger.hash)
     return catchup

@@ -117,6 +117,12 @@ class Recorder:
             notify()
         return event
 
+    def rows(self, kind: str) -> list[dict[str, Any]]:
+        """The events of one kind recorded so far (this process's and, after a restart, the log's)."""
+        with self._lock:
+            lines = list(self.events)
+        return [e for e in map(json.loads, lines) if e["kind"] == kind]
+
     def since(self, seq: int) -> list[str]:
         with self._lock:
             return self.events[seq:]
