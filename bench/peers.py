@@ -30,10 +30,14 @@ Arms:
                        DHT and DecentralizedAverager, every site in the group (bench/peers_hivemind.py), fp32,
                        Nesterov outer step; sites in namespaces as torchft's
 
-Not built yet (issue 57): faults; `small`; comm-bound and the lossy scenario with outages.
+A scenario's outages (comm-bound's: its slowest link dark for 200 s of trace time, twice) are read
+off the links' rows for every arm alike (`outage_outcomes`): the rounds committed while the site was
+dark, and how long after its link came back a round counted it again.
+
+Not built yet (issue 57): a site killed and restarted; `small`; a quick form in `make test`.
 
     make peers                                         # the peers' venv (.venv-peers), once
-    python bench/peers.py [--quick] [--seeds 3] [--scenario three-sites] [--arms flower-fedavgm,wantrain-paper]
+    python bench/peers.py [--quick] [--seeds 3] [--scenario three-sites|bench/scenarios/comm-bound.toml] [--arms ...]
 """
 
 from __future__ import annotations
@@ -295,7 +299,7 @@ def outage_outcomes(events: list[dict]) -> list[dict]:
     dark, how many rounds committed meanwhile (0: the run waited for it), and how long after its link
     came back a committed round counted it again (None: none did before the run stopped; `ended`
     says whether any round committed after the outage at all)."""
-    ends = rows(events, "round_end")
+    ends, starts = rows(events, "round_end"), rows(events, "round_start")
     out = []
     for start in rows(events, "outage_start"):
         site = start["site"]
@@ -303,6 +307,8 @@ def outage_outcomes(events: list[dict]) -> list[dict]:
             continue                    # it began after the run's last round: the run had stopped
         stop = next((e["t"] for e in rows(events, "outage_end") if e["site"] == site and e["t"] >= start["t"]),
                     ends[-1]["t"])      # (no end: the links stopped while it was dark)
+        if stop <= starts[0]["t"]:
+            continue                    # over before round 0 started: start-up, outside the timed window
         back = next((e for e in ends if e["t"] > stop and site in e.get("sites", ())), None)
         out.append({"site": site, "dark_s": round(stop - start["t"], 1),
                     "rounds_during": sum(1 for e in ends if start["t"] < e["t"] <= stop),
@@ -374,6 +380,14 @@ def main() -> None:
         print(f"{arm:<16} {r['reached']:>7} {t:>8} {spread:>11} {','.join(map(str, r['rounds'])):>8} "
               f"{sorted(r['link_up_mb'])[len(r['link_up_mb']) // 2]:>8.2f} "
               f"{sorted(r['link_down_mb'])[len(r['link_down_mb']) // 2]:>8.2f}")
+    print("\nOutages of the scenario's links (every seed): the run went on while it was dark / the site counted again after")
+    for arm, r in results.items():
+        seen = [d for run in r["outages"] for d in run]
+        if seen:
+            back = sorted(d["back_s"] for d in seen if d["back_s"] is not None)
+            print(f"{arm:<16} {len(seen)} outages: went on through {sum(d['rounds_during'] > 0 for d in seen)}; "
+                  f"site back in {len(back)}" + (f", {back[len(back) // 2]:.1f} s after (median)" if back else "")
+                  + f"; the run stopped before it was back in {sum(not d['ended'] for d in seen)}")
     save_to(args.out, {"size": "quick" if args.quick else "full", "scenario": args.scenario, "target": size["target"],
                        "seeds": len(seeds), "cadence_s": size["cadence_s"], "budget_s": size["budget_s"],
                        "wantrain_best": chosen["wantrain-best"], "flower": "flwr 1.42.0", "arms": results})

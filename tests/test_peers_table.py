@@ -10,27 +10,32 @@ sys.path.insert(0, str(ROOT / "bench"))           # bench/peers.py
 import peers  # noqa: E402
 
 
-def _ends(*rounds):
-    return [{"kind": "round_end", "t": t, "round": r, "val_loss": 3.0, "sites": sites} for r, t, sites in rounds]
+def _run(*rounds, outage=(10.0, 20.0)):
+    """Round 0 starting at 4 s, rounds ending at the times given, site c dark over `outage`."""
+    return [{"kind": "round_start", "t": 4.0, "round": 0},
+            {"kind": "outage_start", "t": outage[0], "site": "c"}, {"kind": "outage_end", "t": outage[1], "site": "c"},
+            *({"kind": "round_end", "t": t, "round": r, "val_loss": 3.0, "sites": sites} for r, t, sites in rounds)]
 
 
 def test_an_outage_the_run_went_on_through_and_the_site_came_back_from():
-    events = [{"kind": "outage_start", "t": 10.0, "site": "c"}, {"kind": "outage_end", "t": 20.0, "site": "c"},
-              *_ends((0, 5.0, ["a", "b", "c"]), (1, 12.0, ["a", "b"]), (2, 18.0, ["a", "b"]),
-                     (3, 21.0, ["a", "b"]), (4, 24.5, ["a", "b", "c"]))]
+    events = _run((0, 5.0, ["a", "b", "c"]), (1, 12.0, ["a", "b"]), (2, 18.0, ["a", "b"]), (3, 21.0, ["a", "b"]),
+                  (4, 24.5, ["a", "b", "c"]))
     assert peers.outage_outcomes(events) == [{"site": "c", "dark_s": 10.0, "rounds_during": 2, "back_s": 4.5,
                                               "ended": True}]
 
 
 def test_a_run_that_waited_for_the_dark_site_and_one_that_stopped_before_it_was_back():
-    waited = [{"kind": "outage_start", "t": 10.0, "site": "c"}, {"kind": "outage_end", "t": 20.0, "site": "c"},
-              *_ends((0, 9.0, ["a", "b", "c"]), (1, 23.0, ["a", "b", "c"]))]
+    waited = _run((0, 9.0, ["a", "b", "c"]), (1, 23.0, ["a", "b", "c"]))
     assert peers.outage_outcomes(waited) == [{"site": "c", "dark_s": 10.0, "rounds_during": 0, "back_s": 3.0,
                                               "ended": True}]
-    stopped = [{"kind": "outage_start", "t": 10.0, "site": "c"}, {"kind": "outage_end", "t": 20.0, "site": "c"},
-               *_ends((0, 9.0, ["a", "b", "c"]), (1, 15.0, ["a", "b"]))]
+    stopped = _run((0, 9.0, ["a", "b", "c"]), (1, 15.0, ["a", "b"]))
     assert peers.outage_outcomes(stopped) == [{"site": "c", "dark_s": 10.0, "rounds_during": 1, "back_s": None,
                                                "ended": False}]      # the run stopped while it was dark
-    later = [*stopped, *_ends((2, 21.0, ["a", "b"]))]
+    later = _run((0, 9.0, ["a", "b", "c"]), (1, 15.0, ["a", "b"]), (2, 21.0, ["a", "b"]))
     assert peers.outage_outcomes(later) == [{"site": "c", "dark_s": 10.0, "rounds_during": 1, "back_s": None,
                                              "ended": True}]
+
+
+def test_an_outage_over_before_round_0_or_after_the_last_round_is_not_the_runs():
+    assert peers.outage_outcomes(_run((0, 9.0, ["a", "b", "c"]), outage=(1.0, 3.0))) == []     # start-up
+    assert peers.outage_outcomes(_run((0, 9.0, ["a", "b", "c"]), outage=(12.0, 15.0))) == []   # after the run
