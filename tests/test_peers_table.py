@@ -39,3 +39,18 @@ def test_a_run_that_waited_for_the_dark_site_and_one_that_stopped_before_it_was_
 def test_an_outage_over_before_round_0_or_after_the_last_round_is_not_the_runs():
     assert peers.outage_outcomes(_run((0, 9.0, ["a", "b", "c"]), outage=(1.0, 3.0))) == []     # start-up
     assert peers.outage_outcomes(_run((0, 9.0, ["a", "b", "c"]), outage=(12.0, 15.0))) == []   # after the run
+
+
+def test_the_verdict_compares_wantrains_best_with_the_best_peer_that_reached_the_target():
+    from wantrain.telemetry.compare import peers_verdict
+
+    published = {"command": "python bench/peers.py", "seeds": 3, "seeds_by_scenario": {"b": 1}, "scenarios": {
+        "a": {"wantrain-paper": [40, 38, 44], "wantrain-best": [30, 28, 32], "torchft-diloco": [50, 48, 52],
+              "flower-fedavgm": [70, 66, 72]},
+        "b": {"wantrain-best": [32, 32, 32], "torchft-diloco": [96, 96, 96], "flower-fedavgm": None},
+        "c": {"wantrain-best": [20, 20, 20], "hivemind-diloco": None}}}
+    lines = peers_verdict(published)
+    assert lines[2] == "  wantrain-best against the best peer, torchft-diloco: 1.67x sooner (goal >= 2x): not met"
+    assert lines[3].startswith("b (1 seed): ") and lines[3].endswith("; not reached within the cap: flower-fedavgm")
+    assert lines[4] == "  wantrain-best against the best peer, torchft-diloco: 3.00x sooner (goal >= 2x): met"
+    assert lines[6] == "  wantrain-best: no peer reached the target"

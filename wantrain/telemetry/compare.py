@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from . import on_wire, rows, utilization
 
 __all__ = ["Outcome", "time_to_target", "on_grid", "counted_tokens", "Spread", "against", "faster", "read_published",
-           "loss_recovery_verdict", "time_to_target_verdict"]
+           "loss_recovery_verdict", "time_to_target_verdict", "peers_verdict"]
 
 
 @dataclass(frozen=True)
@@ -211,4 +211,31 @@ def time_to_target_verdict(published: dict, scenario: str) -> list[str]:
             x = Spread.of(g["value"])
             lines.append(f"{g['what']}: goal >= {g['at_least']:g}, measured {x} ({g['source']}): "
                          f"{against(x, at_least=g['at_least'])}")
+    return lines
+
+
+PEERS_GOAL = 2.0         # issue 57: wantrain at least this many times faster to the target than the best peer
+
+
+def peers_verdict(published: dict) -> list[str]:
+    """The stored figures of bench/peers.py as lines a tutorial prints: per scenario, wantrain's best
+    arm against the best peer that reached the target (the medians), and the arms that did not."""
+    lines = [f"stored: {published['command']}"]
+    for scenario, table in published["scenarios"].items():
+        seeds = published.get("seeds_by_scenario", {}).get(scenario, published["seeds"])
+        reached = {a: Spread.of(v) for a, v in table.items() if v is not None}
+        ours = min((a for a in reached if a.startswith("wantrain")), key=lambda a: reached[a].centre)
+        peers = [a for a in reached if not a.startswith("wantrain")]
+        missed = [a for a in table if a not in reached]
+        line = (f"{scenario} ({seeds} seed{'s' if seeds > 1 else ''}): seconds to the target: "
+                + ", ".join(f"{a} {s}" for a, s in reached.items())
+                + (f"; not reached within the cap: {', '.join(missed)}" if missed else ""))
+        lines.append(line)
+        if peers:
+            best = min(peers, key=lambda a: reached[a].centre)
+            ratio = reached[best].centre / reached[ours].centre
+            lines.append(f"  {ours} against the best peer, {best}: {ratio:.2f}x sooner (goal >= {PEERS_GOAL:g}x): "
+                         f"{'met' if ratio >= PEERS_GOAL else 'not met'}")
+        else:
+            lines.append(f"  {ours}: no peer reached the target")
     return lines
