@@ -271,7 +271,7 @@ class Committer:
                                    self.cfg.recovery.late_policy, chunks, set(counted_chunks), update_mode)
             # with its round_end event: a PS stopped before it logged the event logs it when it replays the round
             await asyncio.to_thread(self.journal.commit, {**record, "round_end": end})
-        self.recorder.emit("round_end", **end)
+        self.recorder.emit("round_end", **{**end, "round_s": time.time() - started_at})     # the commit included
         finished = self.ledger.round >= self.cfg.train.rounds
         if self.checkpoints is not None and (self.ledger.round % self.cfg.train.checkpoint_every == 0 or finished):
             self.checkpoints.start()
